@@ -1,0 +1,47 @@
+# Set-up and tests. `make setup` then `make test`; see README.md.
+
+PYTHON ?= python3.11
+VENV := .venv
+VENV_PYTHON := $(VENV)/bin/python
+TENSORFLOW := tensorflow-cpu==2.18.1 tf-keras==2.18.0
+HOROVOD_VERSION := 0.28.1
+# Horovod ships only as source and compiles against one TensorFlow ABI, so its wheel is cached
+# per Horovod and TensorFlow version, outside the clone: a fresh clone reuses it.
+WHEEL_CACHE ?= $(HOME)/.cache/caramel/horovod-$(HOROVOD_VERSION)-tf2.18.1-cp311
+HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-fast clean
+
+setup: $(VENV)/.setup-done
+
+$(VENV)/.setup-done: pyproject.toml Makefile
+	@command -v cmake >/dev/null || { echo "cmake is needed to build Horovod: apt-get install cmake"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV_PYTHON) -m pip install --quiet --upgrade pip setuptools wheel
+	@echo "--- installing TensorFlow (CPU)"
+	$(VENV_PYTHON) -m pip install --quiet $(TENSORFLOW)
+	@if ls $(WHEEL_CACHE)/horovod-*.whl >/dev/null 2>&1; then \
+		echo "--- using the cached Horovod wheel in $(WHEEL_CACHE)"; \
+	else \
+		echo "--- building Horovod $(HOROVOD_VERSION) with Gloo (takes 2-5 minutes, once)"; \
+		$(HOROVOD_BUILD_ENV) $(VENV_PYTHON) -m pip wheel --no-build-isolation --no-deps \
+			--wheel-dir $(WHEEL_CACHE) horovod==$(HOROVOD_VERSION); \
+	fi
+	$(VENV_PYTHON) -m pip install --quiet $(WHEEL_CACHE)/horovod-*.whl
+	@echo "--- installing Caramel"
+	$(VENV_PYTHON) -m pip install --quiet -e '.[test]'
+	$(VENV_PYTHON) -c "import horovod.tensorflow, caramel.api" 
+	@touch $@
+	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
+
+test: setup
+	$(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
+
+# Unit tests only, without the end-to-end runs of real workers.
+test-fast: setup
+	$(VENV_PYTHON) -m pytest -m 'not e2e' $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info runtime/*.egg-info

@@ -1,0 +1,277 @@
+"""The CaramelJob API: the one definition used by `caramel run`, the operator and the CRD.
+
+Every field carries a docstring; pydantic turns them into schema descriptions, so the
+generated CRD shows them in `kubectl explain`. Field names are camelCase on the wire, as in
+every Kubernetes API, and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "caramel.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "CaramelJob"
+
+# A DNS-1035 label, as Kubernetes requires of Service names; worker pods are named
+# "<job>-worker-<index>", so the job name leaves room for that suffix within 63 characters.
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+JOB_NAME_MAX_LENGTH = 52
+
+MiB = 1024 * 1024
+
+
+class ApiModel(BaseModel):
+    """Base of every API type: camelCase aliases, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+# A Kubernetes resource quantity such as 2, "500m" or "4Gi".
+Quantity = Annotated[
+    int | Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")],
+    Field(description="A Kubernetes quantity, such as 2, 500m or 4Gi."),
+]
+
+
+class Resources(ApiModel):
+    """Compute resources of each worker container, as in a Kubernetes container spec."""
+
+    requests: dict[str, Quantity] = {}
+    """Minimum resources the scheduler reserves for each worker, e.g. {cpu: 2, memory: 4Gi}."""
+
+    limits: dict[str, Quantity] = {}
+    """Maximum resources each worker may use, e.g. {memory: 8Gi}."""
+
+
+class Workers(ApiModel):
+    """The gang of identical workers that train together."""
+
+    replicas: int = Field(2, ge=1, le=4096)
+    """Number of workers (pods in a cluster, process groups under `caramel run`)."""
+
+    slots_per_worker: int = Field(1, ge=1, le=64)
+    """Training processes per worker (Horovod slots); the job runs replicas x slotsPerWorker ranks."""
+
+    resources: Resources = Resources()
+    """Resources of each worker container."""
+
+    template: dict[str, Any] = {}
+    """Overrides merged into every worker pod: a Kubernetes PodTemplateSpec fragment with
+    `metadata` (labels, annotations) and `spec` (nodeSelector, tolerations, volumes, ...).
+    Ignored by `caramel run`."""
+
+
+class CleanPodPolicy(StrEnum):
+    """Which worker pods are deleted when the job finishes."""
+
+    NONE = "None"
+    RUNNING = "Running"
+    ALL = "All"
+
+
+class RunPolicy(ApiModel):
+    """How the job as a whole is run, restarted and cleaned up (as in Kubeflow's runPolicy)."""
+
+    backoff_limit: int = Field(3, ge=0, le=100)
+    """Whole-gang restarts allowed after a worker fails before the job is marked Failed."""
+
+    active_deadline_seconds: int | None = Field(None, ge=1)
+    """Seconds the job may run, counted from its start, before it is stopped and marked Failed."""
+
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    """Seconds after the job finishes (Succeeded or Failed) before it is deleted; unset keeps it."""
+
+    clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
+    """Pods deleted when the job finishes: None keeps all, Running deletes the pods still running
+    (so failed pods and their logs survive), All deletes every pod."""
+
+    suspend: bool = False
+    """When true the job's pods are deleted and the job waits; setting it back to false resumes it."""
+
+
+class Ordering(StrEnum):
+    """The order in which gradients are transferred."""
+
+    AUTO = "auto"
+    TIC = "tic"
+    ARRIVAL = "arrival"
+
+
+class Batching(StrEnum):
+    """How gradients are grouped into transfers."""
+
+    AUTO = "auto"
+    FIXED = "fixed"
+    OFF = "off"
+
+
+class Scheduling(ApiModel):
+    """Caramel's communication scheduling. The defaults choose everything automatically."""
+
+    ordering: Ordering = Ordering.AUTO
+    """Transfer order: tic sends first the parameters the next forward pass reads first (TicTac);
+    arrival keeps the order backpropagation produces gradients in (Horovod's); auto lets Caramel
+    choose, which today is tic."""
+
+    batching: Batching = Batching.AUTO
+    """Grouping of gradients into transfers: off sends every tensor on its own; fixed packs
+    buckets of up to maxBucketBytes; auto lets Caramel plan the buckets, which while all gradients
+    are handed over together is the fewest buckets of up to maxBucketBytes."""
+
+    min_bucket_bytes: int = Field(64 * 1024, ge=1)
+    """Smallest transfer the batching planner may choose, in bytes."""
+
+    max_bucket_bytes: int = Field(64 * MiB, ge=1)
+    """Largest transfer, in bytes: bigger buckets are not formed and bigger tensors are pipelined
+    in chunks of at most this size."""
+
+    replan_interval_steps: int = Field(50, ge=1)
+    """Steps between re-plans of the batching from fresh bandwidth observations."""
+
+    @model_validator(mode="after")
+    def _bucket_bounds_ordered(self) -> Scheduling:
+        if self.min_bucket_bytes > self.max_bucket_bytes:
+            raise ValueError(
+                f"minBucketBytes ({self.min_bucket_bytes}) must not exceed "
+                f"maxBucketBytes ({self.max_bucket_bytes})"
+            )
+        return self
+
+
+class Rendezvous(ApiModel):
+    """Where the workers meet: Horovod's Gloo rendezvous server, run by worker 0."""
+
+    port: int = Field(29400, ge=1024, le=65535)
+    """TCP port of the rendezvous server on worker 0."""
+
+    network_interface: str | None = None
+    """Network interface Gloo binds to (HOROVOD_GLOO_IFACE); unset lets Gloo use the address the
+    worker's hostname resolves to."""
+
+
+class Metrics(ApiModel):
+    """Prometheus metrics served by every training process."""
+
+    enabled: bool = True
+    """Serve per-iteration metrics over HTTP."""
+
+    port: int = Field(9401, ge=1024, le=65535)
+    """Port of rank 0's metrics endpoint; processes that share a host use the following ports."""
+
+
+class Checkpoint(ApiModel):
+    """Periodic checkpoints, written by rank 0 and restored on every start."""
+
+    path: str = Field(min_length=1)
+    """Directory of the checkpoints; it must survive restarts (a volume in a cluster)."""
+
+    interval_steps: int = Field(100, ge=1)
+    """Steps between checkpoints; the last step is always checkpointed."""
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the training processes."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Variable name."""
+
+    value: str = ""
+    """Variable value."""
+
+
+class CaramelJobSpec(ApiModel):
+    """What to train and how to run it."""
+
+    image: str | None = None
+    """Container image holding the Caramel runtime and the training code; defaults to the
+    operator's runtime image. Ignored by `caramel run`."""
+
+    script: str | None = None
+    """Python training script run by every rank with the worker's Python interpreter. Give
+    either script or command."""
+
+    command: list[str] | None = Field(None, min_length=1)
+    """Command run by every rank instead of a script, as an argv list."""
+
+    args: list[str] = []
+    """Arguments appended to the script or command."""
+
+    working_dir: str | None = None
+    """Working directory of the training processes; defaults to the image's (in a cluster) or the
+    current directory (under `caramel run`)."""
+
+    env: list[EnvVar] = []
+    """Extra environment variables for the training processes."""
+
+    workers: Workers = Workers()
+    """The worker gang."""
+
+    run_policy: RunPolicy = RunPolicy()
+    """Restarts, deadlines and clean-up."""
+
+    caramel: Scheduling = Scheduling()
+    """Communication scheduling settings."""
+
+    rendezvous: Rendezvous = Rendezvous()
+    """Where workers meet."""
+
+    metrics: Metrics = Metrics()
+    """Per-iteration Prometheus metrics."""
+
+    checkpoint: Checkpoint | None = None
+    """Periodic checkpoints; unset disables them."""
+
+    @model_validator(mode="after")
+    def _one_entrypoint(self) -> CaramelJobSpec:
+        if (self.script is None) == (self.command is None):
+            raise ValueError("give exactly one of script or command")
+        return self
+
+
+class ObjectMeta(BaseModel):
+    """The parts of Kubernetes object metadata Caramel reads; the rest is kept as it is."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1, max_length=JOB_NAME_MAX_LENGTH, pattern=JOB_NAME_PATTERN)
+    """Job name: lower-case letters, digits and '-', starting with a letter, at most 52 characters."""
+
+    namespace: str = "default"
+    """Namespace of the job."""
+
+
+class CaramelJob(ApiModel):
+    """A data-parallel TensorFlow training job run as a gang of Horovod workers."""
+
+    api_version: Literal["caramel.dev/v1alpha1"] = API_VERSION
+    """API version: caramel.dev/v1alpha1."""
+
+    kind: Literal["CaramelJob"] = KIND
+    """Kind: CaramelJob."""
+
+    metadata: ObjectMeta
+    """Standard Kubernetes object metadata."""
+
+    spec: CaramelJobSpec
+    """The job's desired state."""
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def world_size(self) -> int:
+        """Number of training processes (Horovod ranks) in the job."""
+        return self.spec.workers.replicas * self.spec.workers.slots_per_worker

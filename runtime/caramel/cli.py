@@ -1,0 +1,138 @@
+"""The `caramel` command: `caramel run JOB.yaml [--workers N]` trains a CaramelJob on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from caramel import __version__
+from caramel.jobfile import JobFileError, load_job, parse_job
+from caramel.launcher import LaunchError, LocalRun, RunOutcome
+from caramel.progress import ProgressReport, format_report
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+WORKER_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red"]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="caramel", description="Faster data-parallel TensorFlow training.")
+    parser.add_argument("--version", action="version", version=f"caramel {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run a CaramelJob on this machine, its workers as local processes",
+        description="Run a CaramelJob on this machine: the same YAML `kubectl apply` takes, with no cluster.",
+    )
+    run.add_argument("job_file", metavar="JOB.yaml", help="a CaramelJob manifest")
+    run.add_argument("--workers", type=positive_int, metavar="N", help="override spec.workers.replicas")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # soft_wrap: long log lines and error messages stay whole, for people and for grep alike.
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        job = load_job(args.job_file)
+        if args.workers is not None:
+            document = job.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            document["spec"].setdefault("workers", {})["replicas"] = args.workers
+            job = parse_job(document, source=f"{args.job_file} with --workers {args.workers}")
+    except JobFileError as error:
+        console.print(f"[red]error:[/] {escape(str(error))}")
+        return EXIT_BAD_INPUT
+
+    workers = job.spec.workers
+    console.print(
+        f"[bold]caramel run[/] {job.name}: {workers.replicas} worker(s) x {workers.slots_per_worker} slot(s) "
+        f"= {job.world_size} rank(s)"
+    )
+    display = ProgressDisplay(console)
+    try:
+        with display:
+            outcome = LocalRun(job, display.log, display.progress).run()
+    except LaunchError as error:
+        console.print(f"[red]error:[/] {escape(str(error))}")
+        return EXIT_BAD_INPUT
+    print_outcome(console, job.name, outcome)
+    if outcome.succeeded:
+        return 0
+    return EXIT_INTERRUPTED if outcome.reason == "interrupted" else EXIT_FAILED
+
+
+class ProgressDisplay:
+    """Worker logs above a progress bar on a terminal; plain lines (progress included) elsewhere."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar = Progress(
+            TextColumn("[bold]step"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn("loss {task.fields[loss]}  {task.fields[step_time]}/step  {task.fields[throughput]} ex/s"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not console.is_terminal,
+        )
+        self.task = self.bar.add_task("train", total=None, loss="-", step_time="-", throughput="-")
+
+    def __enter__(self) -> ProgressDisplay:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.bar.__exit__(*exc_info)
+
+    def log(self, worker: int, line: str) -> None:
+        colour = WORKER_COLOURS[worker % len(WORKER_COLOURS)]
+        self.console.print(f"[{colour}]{escape(line)}[/]")
+
+    def progress(self, report: ProgressReport) -> None:
+        if not self.console.is_terminal:
+            self.console.print(format_report(report))
+            return
+        self.bar.update(
+            self.task,
+            completed=report.step,
+            total=report.total,
+            loss=f"{report.loss:.4f}",
+            step_time=f"{report.step_seconds * 1000:.1f} ms",
+            throughput=f"{report.examples_per_second:,.0f}",
+        )
+
+
+def print_outcome(console: Console, name: str, outcome: RunOutcome) -> None:
+    if outcome.succeeded:
+        console.print(f"[green bold]Succeeded[/] {name} in {outcome.wall_seconds:.1f} s")
+        first, last = outcome.first_report, outcome.last_report
+        if first and last:
+            console.print(
+                f"  steps {last.step}/{last.total}   loss {first.loss:.4f} -> {last.loss:.4f}   "
+                f"median step {last.step_seconds * 1000:.1f} ms   {last.examples_per_second:,.0f} examples/s"
+            )
+        return
+    console.print(f"[red bold]Failed[/] {name}: {escape(outcome.reason)} after {outcome.wall_seconds:.1f} s")
+    if outcome.last_lines:
+        console.print(f"  last lines of worker {outcome.failed_worker}:")
+        for line in outcome.last_lines:
+            console.print(f"  | {escape(line)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The worker entrypoint: `python -m caramel.entrypoint -- TRAINING COMMAND...`.
+
+It reads the environment contract, serves (worker 0) or awaits (the others) the rendezvous,
+then runs one training process per slot with that slot's ranks. Every output line is prefixed
+with its rank. If any training process fails, the others are stopped and the worker exits
+with the failed process's status, so the whole gang can be restarted together.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from caramel.contract import WorkerContract, slot_env
+from caramel.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
+from caramel.rendezvous import RendezvousServer, wait_for_rendezvous
+
+# Worker 0 may start well after the others (a slow image pull, a busy scheduler).
+RENDEZVOUS_WAIT_SECONDS = 600
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m caramel.entrypoint -- TRAINING COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    try:
+        contract = WorkerContract.from_env()
+    except RuntimeError as error:
+        print(f"caramel-worker: {error}", file=sys.stderr)
+        return 2
+
+    def say(message: str) -> None:
+        print(f"worker {contract.worker_index} | {message}", flush=True)
+
+    server = None
+    if contract.worker_index == 0:
+        server = RendezvousServer(contract.rendezvous_port, contract.hosts, contract.world_size)
+        server.start()
+        say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
+    else:
+        wait_for_rendezvous(
+            contract.rendezvous_addr,
+            contract.rendezvous_port,
+            RENDEZVOUS_WAIT_SECONDS,
+            on_wait=lambda waited: say(
+                f"waiting for the rendezvous at {contract.rendezvous_addr}:{contract.rendezvous_port} ({waited:.0f} s)"
+            ),
+        )
+    try:
+        return _run_slots(contract, argv, say)
+    finally:
+        if server:
+            server.stop()
+
+
+def _run_slots(contract: WorkerContract, argv: list[str], say) -> int:
+    processes = {}
+    pumps = []
+    for slot in range(contract.slots_per_worker):
+        env = {**os.environ, **slot_env(os.environ, slot)}
+        rank = int(env["HOROVOD_RANK"])
+        process = spawn(argv, env)
+        processes[rank] = process
+        pumps.append(pump_lines(process.stdout, lambda line, rank=rank: print(f"rank {rank} | {line}", flush=True)))
+
+    stopping = False
+
+    def stop(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    status = 0
+    while processes and not stopping:
+        for rank, process in list(processes.items()):
+            returncode = process.poll()
+            if returncode is None:
+                continue
+            del processes[rank]
+            if returncode != 0:
+                say(f"rank {rank} {describe_exit(returncode)}; stopping the other ranks")
+                status = exit_code(returncode)
+                stopping = True
+                break
+        time.sleep(0.1)
+    if processes:
+        stop_groups(list(processes.values()))
+        status = status or exit_code(-signal.SIGTERM)
+    for pump in pumps:
+        pump.join(timeout=5)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

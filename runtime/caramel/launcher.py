@@ -1,0 +1,157 @@
+"""Running a CaramelJob on this machine: its workers as local processes, with no cluster and no ssh.
+
+Each worker is started exactly as a pod would be, through `worker_env` and `worker_command`,
+with 127.0.0.1 as every peer's address. The launcher relays their output, stops the whole gang
+as soon as one worker fails, and never leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caramel.api import CaramelJob
+from caramel.contract import worker_command, worker_env
+from caramel.processes import describe_exit, pump_lines, spawn, stop_groups
+from caramel.progress import ProgressReport, parse_report
+
+LOCALHOST = "127.0.0.1"
+LAST_LINES_KEPT = 20
+
+
+class LaunchError(Exception):
+    """The job cannot be started here; nothing was started."""
+
+
+@dataclass
+class RunOutcome:
+    """How a local run ended."""
+
+    succeeded: bool
+    reason: str
+    wall_seconds: float
+    first_report: ProgressReport | None = None
+    last_report: ProgressReport | None = None
+    failed_worker: int | None = None
+    last_lines: list[str] = field(default_factory=list)
+
+
+class _Stopped(Exception):
+    """SIGTERM reached the launcher."""
+
+
+def check_can_start(job: CaramelJob, cwd: Path) -> None:
+    """Fail with a message naming the field before anything starts, where a field cannot work here."""
+    spec = job.spec
+    if spec.script and not (cwd / spec.script).is_file():
+        raise LaunchError(f"spec.script: {spec.script!r} is not a file (looked in {cwd})")
+    if not cwd.is_dir():
+        raise LaunchError(f"spec.workingDir: {str(cwd)!r} is not a directory")
+    ports = {spec.rendezvous.port: "spec.rendezvous.port"}
+    if spec.metrics.enabled:
+        for offset in range(job.world_size):
+            ports.setdefault(spec.metrics.port + offset, f"spec.metrics.port (+{offset} for rank {offset})")
+    for port, name in ports.items():
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                raise LaunchError(f"{name}: port {port} is already in use on this machine") from None
+
+
+class LocalRun:
+    """One run of a job's workers as local processes."""
+
+    def __init__(
+        self,
+        job: CaramelJob,
+        on_log: Callable[[int, str], None],
+        on_progress: Callable[[ProgressReport], None],
+    ) -> None:
+        self.job = job
+        self.on_log = on_log
+        self.on_progress = on_progress
+        self.cwd = Path(job.spec.working_dir or os.getcwd())
+
+    def run(self) -> RunOutcome:
+        check_can_start(self.job, self.cwd)
+        replicas = self.job.spec.workers.replicas
+        peers = [LOCALHOST] * replicas
+        lines: queue.Queue[tuple[int, str]] = queue.Queue()
+        last_lines = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
+        started = time.monotonic()
+        deadline = self.job.spec.run_policy.active_deadline_seconds
+        outcome = RunOutcome(False, "", 0.0)
+        workers: list[subprocess.Popen[bytes]] = []
+        pumps = []
+
+        def stop_on_sigterm(signum, frame):
+            raise _Stopped()
+
+        previous_sigterm = signal.signal(signal.SIGTERM, stop_on_sigterm)
+        try:
+            for index in range(replicas):
+                env = {**os.environ, **worker_env(self.job, index, peers)}
+                worker = spawn(worker_command(self.job, python=sys.executable), env, cwd=str(self.cwd))
+                workers.append(worker)
+                pumps.append(pump_lines(worker.stdout, lambda line, index=index: lines.put((index, line))))
+            running = set(range(replicas))
+            while running:
+                self._relay(lines, last_lines, outcome, timeout=0.2)
+                for index in sorted(running):
+                    returncode = workers[index].poll()
+                    if returncode is None:
+                        continue
+                    running.discard(index)
+                    if returncode != 0:
+                        outcome.failed_worker = index
+                        outcome.reason = f"worker {index} {describe_exit(returncode)}"
+                        running.clear()
+                        break
+                if deadline and running and time.monotonic() - started > deadline:
+                    outcome.reason = f"spec.runPolicy.activeDeadlineSeconds ({deadline} s) exceeded"
+                    break
+            else:
+                outcome.succeeded = outcome.failed_worker is None
+        except KeyboardInterrupt:
+            outcome.reason = "interrupted"
+        except _Stopped:
+            outcome.reason = "stopped by SIGTERM"
+        finally:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+            stop_groups(workers)
+            for pump in pumps:
+                pump.join(timeout=5)
+            self._relay(lines, last_lines, outcome, timeout=0)
+        outcome.wall_seconds = time.monotonic() - started
+        if outcome.failed_worker is not None:
+            outcome.last_lines = list(last_lines[outcome.failed_worker])
+        if outcome.succeeded:
+            outcome.reason = "all workers finished"
+        return outcome
+
+    def _relay(self, lines, last_lines, outcome: RunOutcome, timeout: float) -> None:
+        """Pass on every queued line, waiting up to timeout for the first."""
+        try:
+            index, line = lines.get(timeout=timeout) if timeout else lines.get_nowait()
+            while True:
+                report = parse_report(line)
+                if report:
+                    outcome.first_report = outcome.first_report or report
+                    outcome.last_report = report
+                    self.on_progress(report)
+                else:
+                    last_lines[index].append(line)
+                    self.on_log(index, line)
+                index, line = lines.get_nowait()
+        except queue.Empty:
+            pass

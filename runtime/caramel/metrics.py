@@ -1,0 +1,79 @@
+"""Per-iteration Prometheus metrics of one training process.
+
+Every series carries a `rank` label, so that one Prometheus job can scrape all ranks of all
+workers. The registry is the process's own: it holds exactly the series documented here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Step times from a millisecond (a tiny model) to a minute (a large model on a slow link).
+STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one training step took and did."""
+
+    step: int
+    step_seconds: float
+    communication_seconds: float
+    communicated_bytes: int
+    transfers: int
+    loss: float
+
+
+class WorkerMetrics:
+    """The metrics of one rank."""
+
+    def __init__(self, rank: int, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels = ["rank"]
+
+        def metric(kind, name, documentation, **kwargs):
+            return kind(name, documentation, labels, registry=self.registry, **kwargs).labels(rank=str(rank))
+
+        self.step_duration = metric(
+            Histogram, "caramel_step_duration_seconds", "Wall time of a training step.", buckets=STEP_SECONDS_BUCKETS
+        )
+        self.compute = metric(
+            Counter, "caramel_compute_seconds", "Step time not spent waiting for gradient communication."
+        )
+        self.communication = metric(
+            Counter, "caramel_communication_seconds", "Time spent waiting for gradient allreduce."
+        )
+        self.communicated = metric(Counter, "caramel_communicated_bytes", "Gradient bytes allreduced.")
+        self.bandwidth = metric(
+            Gauge,
+            "caramel_bandwidth_bytes_per_second",
+            "Gradient bytes allreduced per second of communication in the last step (algorithm bandwidth).",
+        )
+        self.steps = metric(Counter, "caramel_steps", "Training steps completed by this process.")
+        self.global_step = metric(Gauge, "caramel_global_step", "Training step reached, counting restored steps.")
+        self.loss = metric(Gauge, "caramel_loss", "Training loss of the last step on this rank.")
+        self.bucket_bytes = metric(
+            Gauge, "caramel_batching_bucket_bytes", "Largest gradient transfer the batching plan allows."
+        )
+        self.transfers = metric(Gauge, "caramel_batching_transfers", "Gradient transfers per step in the plan in force.")
+
+    def serve(self, port: int) -> None:
+        """Serve /metrics on every interface, in a daemon thread."""
+        start_http_server(port, registry=self.registry)
+
+    def record_step(self, record: StepRecord) -> None:
+        self.step_duration.observe(record.step_seconds)
+        self.compute.inc(max(0.0, record.step_seconds - record.communication_seconds))
+        self.communication.inc(record.communication_seconds)
+        self.communicated.inc(record.communicated_bytes)
+        if record.communication_seconds > 0:
+            self.bandwidth.set(record.communicated_bytes / record.communication_seconds)
+        self.steps.inc()
+        self.global_step.set(record.step)
+        self.loss.set(record.loss)
+        self.transfers.set(record.transfers)
+
+    def record_batching(self, bucket_bytes: int) -> None:
+        self.bucket_bytes.set(bucket_bytes)

@@ -1,0 +1,52 @@
+"""Progress reports: one log line from rank 0, readable by people and parsed by `caramel run`.
+
+    caramel-progress step=120 total=200 loss=0.4312 step_seconds=0.0521 examples_per_second=1228.4
+
+In a cluster the same lines land in the pod log. The last report of a run has final=1 and
+carries the run's averages instead of the last step's figures.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+
+MARKER = "caramel-progress"
+_PAIR = re.compile(r"(\w+)=(\S+)")
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    step: int
+    total: int
+    loss: float
+    step_seconds: float
+    examples_per_second: float
+    final: bool = False
+
+
+def format_report(report: ProgressReport) -> str:
+    values = asdict(report)
+    values["final"] = int(report.final)
+    pairs = " ".join(f"{key}={value:.6g}" if isinstance(value, float) else f"{key}={value}" for key, value in values.items())
+    return f"{MARKER} {pairs}"
+
+
+def parse_report(line: str) -> ProgressReport | None:
+    """The report in a log line (whatever prefix it has), or None if the line is not one."""
+    _, marker, rest = line.partition(MARKER + " ")
+    if not marker:
+        return None
+    values = dict(_PAIR.findall(rest))
+    try:
+        kwargs = {
+            field.name: (values[field.name] == "1") if field.type == "bool" else _number(field.type, values[field.name])
+            for field in fields(ProgressReport)
+        }
+    except (KeyError, ValueError):
+        return None
+    return ProgressReport(**kwargs)
+
+
+def _number(type_name: str, text: str) -> int | float:
+    return int(text) if type_name == "int" else float(text)

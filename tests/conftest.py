@@ -1,0 +1,80 @@
+"""Shared helpers: job manifests written for a test, free ports, and the repository's paths."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL_EXAMPLE = REPO / "examples" / "train_small.py"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def free_port_block(count: int) -> int:
+    """The first of `count` consecutive free ports."""
+    for _ in range(100):
+        first = free_port()
+        if first + count < 65535 and all(_is_free(first + offset) for offset in range(count)):
+            return first
+    raise RuntimeError(f"no block of {count} free ports")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+def job_manifest(name: str = "test-job", **spec: Any) -> dict[str, Any]:
+    """A CaramelJob manifest for the small example, with free ports; spec entries override."""
+    base = {
+        "script": str(SMALL_EXAMPLE),
+        "args": ["--steps", "40", "--batch-size", "32", "--hidden", "64"],
+        "workers": {"replicas": 2},
+        "rendezvous": {"port": free_port()},
+        "metrics": {"port": free_port_block(8)},
+    }
+    return {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": name}, "spec": {**base, **spec}}
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any], filename: str = "job.yaml") -> Path:
+    path = directory / filename
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return path
+
+
+def caramel_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "caramel.cli", *args]
+
+
+def run_caramel(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        caramel_command(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL
+    )
+
+
+def require_binary(name: str) -> str:
+    """The path of a system binary; a missing one skips the test, except in CI where it fails it."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (.ci/run installs it: apt-get install {name})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

@@ -1,0 +1,126 @@
+"""The CaramelJob models and the job file reader: defaults, validation, errors that name fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from caramel.api import Batching, CaramelJob, CleanPodPolicy, Ordering
+from caramel.jobfile import JobFileError, load_job, parse_job
+from conftest import REPO
+
+
+def manifest(**spec):
+    return {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "demo"}, "spec": {"script": "train.py", **spec}}
+
+
+def error_of(document) -> str:
+    with pytest.raises(JobFileError) as caught:
+        parse_job(document, source="job.yaml")
+    return str(caught.value)
+
+
+def test_minimal_job_gets_automatic_defaults():
+    job = parse_job(manifest())
+    assert job.spec.workers.replicas == 2
+    assert job.spec.workers.slots_per_worker == 1
+    assert job.spec.caramel.ordering is Ordering.AUTO
+    assert job.spec.caramel.batching is Batching.AUTO
+    assert job.spec.run_policy.clean_pod_policy is CleanPodPolicy.RUNNING
+    assert job.spec.run_policy.backoff_limit == 3
+    assert job.spec.checkpoint is None
+    assert job.world_size == 2
+
+
+def test_full_job_reads_camel_case_fields():
+    job = parse_job(
+        manifest(
+            args=["--steps", "5"],
+            workers={"replicas": 4, "slotsPerWorker": 2, "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+            runPolicy={"backoffLimit": 0, "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 10, "cleanPodPolicy": "All", "suspend": True},
+            caramel={"ordering": "arrival", "batching": "off", "minBucketBytes": 1, "maxBucketBytes": 2, "replanIntervalSteps": 5},
+            metrics={"port": 9999},
+            checkpoint={"path": "/ckpt", "intervalSteps": 7},
+        )
+    )
+    assert job.world_size == 8
+    assert job.spec.run_policy.active_deadline_seconds == 60
+    assert job.spec.caramel.max_bucket_bytes == 2
+    assert job.spec.checkpoint.interval_steps == 7
+    assert job.spec.workers.resources.requests == {"cpu": "500m", "memory": "1Gi"}
+
+
+def test_every_field_is_documented():
+    def undocumented(model, path):
+        for name, field in model.model_fields.items():
+            if not field.description:
+                yield f"{path}.{name}"
+            annotation = field.annotation
+            for candidate in getattr(annotation, "__args__", (annotation,)):
+                if isinstance(candidate, type) and hasattr(candidate, "model_fields"):
+                    yield from undocumented(candidate, f"{path}.{name}")
+
+    assert list(undocumented(CaramelJob, "CaramelJob")) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"workers": {"replicas": 0}}, "spec.workers.replicas: Input should be greater than or equal to 1 (got 0)"),
+        ({"workers": {"replicas": "many"}}, "spec.workers.replicas: Input should be a valid integer"),
+        ({"workers": {"replica": 3}}, "spec.workers.replica: unknown field"),
+        ({"caramel": {"batching": "sometimes"}}, "spec.caramel.batching: Input should be 'auto', 'fixed' or 'off'"),
+        ({"caramel": {"minBucketBytes": 10, "maxBucketBytes": 5}}, "spec.caramel: minBucketBytes (10) must not exceed maxBucketBytes (5)"),
+        ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy"),
+        ({"workers": {"resources": {"limits": {"memory": "lots"}}}}, "spec.workers.resources.limits.memory"),
+        ({"command": ["python", "x.py"]}, "spec: give exactly one of script or command"),
+        ({"checkpoint": {"intervalSteps": 5}}, "spec.checkpoint.path: Field required"),
+        ({"env": [{"name": "1BAD", "value": "x"}]}, "spec.env[0].name: String should match pattern"),
+    ],
+)
+def test_invalid_fields_are_named(spec, expected):
+    assert expected in error_of(manifest(**spec))
+
+
+def test_invalid_job_name_is_named():
+    document = manifest()
+    document["metadata"]["name"] = "Bad_Name"
+    assert "metadata.name: String should match pattern" in error_of(document)
+
+
+def test_wrong_kind_is_named():
+    document = manifest()
+    document["kind"] = "MPIJob"
+    assert "kind: Input should be 'CaramelJob'" in error_of(document)
+
+
+def test_all_problems_are_listed_at_once():
+    message = error_of(manifest(workers={"replicas": 0}, metrics={"port": 1}))
+    assert "spec.workers.replicas" in message and "spec.metrics.port" in message
+
+
+def test_load_job_reports_yaml_syntax_with_position(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("spec:\n  workers: [unclosed\n")
+    with pytest.raises(JobFileError, match=r"not valid YAML at line 3, column 1: expected ',' or ']'"):
+        load_job(path)
+
+
+def test_load_job_reports_missing_file(tmp_path):
+    with pytest.raises(JobFileError, match="cannot read job file .*nope.yaml: No such file"):
+        load_job(tmp_path / "nope.yaml")
+
+
+def test_load_job_rejects_non_mapping_and_multiple_documents(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(JobFileError, match="expected a CaramelJob mapping, got list"):
+        load_job(path)
+    path.write_text("a: 1\n---\nb: 2\n")
+    with pytest.raises(JobFileError, match="exactly one CaramelJob document, found 2"):
+        load_job(path)
+
+
+def test_quickstart_example_is_valid():
+    job = load_job(REPO / "examples" / "quickstart.yaml")
+    assert job.name == "quickstart"
+    assert (REPO / job.spec.script).is_file()

@@ -1,0 +1,110 @@
+"""The env contract: what every worker and training process is told, in both run modes."""
+
+from __future__ import annotations
+
+import pytest
+from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+from caramel.contract import WorkerContract, slot_env, worker_command, worker_env, worker_name
+from caramel.jobfile import parse_job
+
+
+def job(replicas=3, slots=2, **spec):
+    return parse_job(
+        {
+            "apiVersion": "caramel.dev/v1alpha1",
+            "kind": "CaramelJob",
+            "metadata": {"name": "demo"},
+            "spec": {"script": "train.py", "args": ["--steps", "3"], "workers": {"replicas": replicas, "slotsPerWorker": slots}, **spec},
+        }
+    )
+
+
+CLUSTER_PEERS = [f"demo-worker-{i}.demo.default.svc" for i in range(3)]
+
+
+def process_envs(the_job, peers):
+    for index in range(the_job.spec.workers.replicas):
+        worker = worker_env(the_job, index, peers)
+        for slot in range(the_job.spec.workers.slots_per_worker):
+            yield {**worker, **slot_env(worker, slot)}
+
+
+def test_ranks_match_horovods_own_host_assignment():
+    the_job = job()
+    envs = list(process_envs(the_job, CLUSTER_PEERS))
+    hosts = envs[0]["CARAMEL_HOSTS"]
+    assert hosts == "demo-worker-0:2,demo-worker-1:2,demo-worker-2:2"
+    for slot_info, env in zip(get_host_assignments(parse_hosts(hosts), the_job.world_size), envs):
+        assert env["HOROVOD_HOSTNAME"] == slot_info.hostname
+        assert int(env["HOROVOD_RANK"]) == slot_info.rank
+        assert int(env["HOROVOD_SIZE"]) == slot_info.size
+        assert int(env["HOROVOD_LOCAL_RANK"]) == slot_info.local_rank
+        assert int(env["HOROVOD_LOCAL_SIZE"]) == slot_info.local_size
+        assert int(env["HOROVOD_CROSS_RANK"]) == slot_info.cross_rank
+        assert int(env["HOROVOD_CROSS_SIZE"]) == slot_info.cross_size
+
+
+def test_rendezvous_is_worker_zero_on_the_spec_port():
+    env = worker_env(job(rendezvous={"port": 31000, "networkInterface": "eth0"}), 2, CLUSTER_PEERS)
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == CLUSTER_PEERS[0]
+    assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "31000"
+    assert env["HOROVOD_GLOO_IFACE"] == "eth0"
+    assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+
+
+def test_metrics_ports_are_unique_per_machine():
+    the_job = job(metrics={"port": 9000})
+    cluster_ports = [env["CARAMEL_METRICS_PORT"] for env in process_envs(the_job, CLUSTER_PEERS)]
+    assert cluster_ports == ["9000", "9001"] * 3  # every pod is its own machine
+    local_ports = [env["CARAMEL_METRICS_PORT"] for env in process_envs(the_job, ["127.0.0.1"] * 3)]
+    assert local_ports == [str(9000 + rank) for rank in range(6)]
+
+
+def test_metrics_disabled_gives_no_port():
+    env = worker_env(job(metrics={"enabled": False}), 0, CLUSTER_PEERS)
+    assert env["CARAMEL_METRICS_PORT"] == ""
+    assert "CARAMEL_METRICS_PORT" not in slot_env(env, 1)
+
+
+def test_contract_round_trips_scheduling_and_checkpoint():
+    the_job = job(caramel={"batching": "off", "minBucketBytes": 512, "maxBucketBytes": 1024}, checkpoint={"path": "/ckpt", "intervalSteps": 5})
+    worker = worker_env(the_job, 1, CLUSTER_PEERS)
+    contract = WorkerContract.from_env({**worker, **slot_env(worker, 1)})
+    assert contract.scheduling == the_job.spec.caramel
+    assert contract.checkpoint == the_job.spec.checkpoint
+    assert contract.rank == 3
+    assert contract.worker_index == 1
+    assert contract.slots_per_worker == 2
+    assert contract.rendezvous_addr == CLUSTER_PEERS[0]
+
+
+def test_user_env_is_added_and_may_override_defaults():
+    env = worker_env(job(env=[{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "0"}, {"name": "DATA", "value": "/data"}]), 0, CLUSTER_PEERS)
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    assert env["DATA"] == "/data"
+    assert env["TF_USE_LEGACY_KERAS"] == "1"
+
+
+def test_worker_command_runs_the_entrypoint_with_the_script_or_command():
+    assert worker_command(job(), python="/venv/bin/python") == [
+        "/venv/bin/python", "-m", "caramel.entrypoint", "--", "/venv/bin/python", "train.py", "--steps", "3",
+    ]
+    with_command = job(script=None, command=["bash", "-c", "train"])
+    assert worker_command(with_command)[-5:] == ["bash", "-c", "train", "--steps", "3"]
+
+
+def test_wrong_peer_count_and_index_are_rejected():
+    with pytest.raises(ValueError, match="expected 3 peer addresses"):
+        worker_env(job(), 0, ["a", "b"])
+    with pytest.raises(ValueError, match="outside 0..2"):
+        worker_env(job(), 3, CLUSTER_PEERS)
+
+
+def test_contract_outside_a_worker_says_how_to_start_one():
+    with pytest.raises(RuntimeError, match="start jobs with `caramel run` or the operator"):
+        WorkerContract.from_env({})
+
+
+def test_worker_names_are_stable():
+    assert worker_name(job(), 2) == "demo-worker-2"

@@ -1,0 +1,187 @@
+"""`caramel run` end to end: real TensorFlow and Horovod workers as local processes."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, caramel_command, job_manifest, run_caramel, write_manifest
+from prometheus_server import PrometheusServer
+
+pytestmark = pytest.mark.e2e
+
+EXPECTED_SERIES = [
+    "caramel_step_duration_seconds_bucket",
+    "caramel_step_duration_seconds_count",
+    "caramel_step_duration_seconds_sum",
+    "caramel_compute_seconds_total",
+    "caramel_communication_seconds_total",
+    "caramel_communicated_bytes_total",
+    "caramel_bandwidth_bytes_per_second",
+    "caramel_steps_total",
+    "caramel_global_step",
+    "caramel_loss",
+    "caramel_batching_bucket_bytes",
+    "caramel_batching_transfers",
+]
+
+
+def digests(output: str) -> dict[int, str]:
+    return {int(rank): digest for rank, digest in re.findall(r"rank (\d+) \| caramel: weights digest (\w+)", output)}
+
+
+def test_two_workers_train_identically_and_serve_metrics(tmp_path):
+    manifest = job_manifest(args=["--steps", "400", "--batch-size", "32", "--hidden", "64"])
+    metrics_port = manifest["spec"]["metrics"]["port"]
+    targets = [f"127.0.0.1:{metrics_port}", f"127.0.0.1:{metrics_port + 1}"]
+    with PrometheusServer(tmp_path, targets) as prometheus:
+        result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+        output = result.stderr
+        assert result.returncode == 0, output
+
+        first_loss, last_loss = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", output).groups())
+        assert last_loss < 0.8 * first_loss, output
+
+        by_rank = digests(output)
+        assert sorted(by_rank) == [0, 1], output
+        assert by_rank[0] == by_rank[1]
+
+        time.sleep(2)  # one more scrape interval, so that the samples are queryable
+        for name in EXPECTED_SERIES:
+            series = prometheus.query(f"last_over_time({name}[5m])")
+            assert {s["metric"]["rank"] for s in series} == {"0", "1"}, f"{name}: {series}"
+        steps = prometheus.query("max_over_time(caramel_steps_total[5m])")
+        assert all(float(s["value"][1]) > 0 for s in steps), steps
+
+
+class BackgroundRun:
+    """`caramel run` in the background, its output collected line by line."""
+
+    def __init__(self, job_file) -> None:
+        self.process = subprocess.Popen(
+            caramel_command("run", str(job_file)),
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            assert self.process.poll() is None, f"caramel exited before {text!r}:\n{self.output}"
+            assert time.monotonic() < deadline, f"no {text!r} after {timeout} s:\n{self.output}"
+            time.sleep(0.2)
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def finish(self, timeout: float = 120) -> int:
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+
+def assert_all_gone(processes: list[psutil.Process], timeout: float = 15) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+def long_job(tmp_path):
+    return write_manifest(tmp_path, job_manifest(args=["--steps", "1000000", "--batch-size", "32", "--hidden", "64"]))
+
+
+def training_process(run: BackgroundRun, rank: int) -> psutil.Process:
+    for process in run.descendants():
+        try:
+            if process.environ().get("HOROVOD_RANK") == str(rank):
+                return process
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no training process of rank {rank} among {run.descendants()}")
+
+
+def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
+    run = BackgroundRun(long_job(tmp_path))
+    run.wait_for("caramel-progress")
+    everything = run.descendants()
+    assert len(everything) == 4  # two entrypoints, two training processes
+    training_process(run, 1).send_signal(signal.SIGKILL)
+    assert run.finish() == 1
+    assert "Failed test-job: worker 1 exited with code 137" in run.output
+    assert "last lines of worker 1:" in run.output
+    assert "worker 1 | rank 1 killed by SIGKILL; stopping the other ranks" in run.output
+    assert_all_gone(everything)
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    run = BackgroundRun(long_job(tmp_path))
+    run.wait_for("caramel-progress")
+    everything = run.descendants()
+    run.process.send_signal(signal.SIGINT)
+    assert run.finish() == 130
+    assert "Failed test-job: interrupted" in run.output
+    assert_all_gone(everything)
+
+
+def test_killing_caramel_itself_takes_the_workers_down(tmp_path):
+    run = BackgroundRun(long_job(tmp_path))
+    run.wait_for("caramel-progress")
+    everything = run.descendants()
+    run.process.send_signal(signal.SIGKILL)
+    run.finish()
+    assert_all_gone(everything)
+
+
+def checkpoint_weights(directory) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(str(directory))
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name.startswith("model/") and "OPTIMIZER_SLOT" not in name and "save_counter" not in name
+    }
+
+
+def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path):
+    def job(directory, steps):
+        manifest = job_manifest(
+            args=["--steps", str(steps), "--batch-size", "32", "--hidden", "64"],
+            checkpoint={"path": str(tmp_path / directory), "intervalSteps": 10},
+        )
+        return write_manifest(tmp_path, manifest, filename=f"{directory}-{steps}.yaml")
+
+    straight = run_caramel("run", str(job("straight", 30)))
+    assert straight.returncode == 0, straight.stderr
+
+    first_half = run_caramel("run", str(job("resumed", 20)))
+    assert first_half.returncode == 0, first_half.stderr
+    second_half = run_caramel("run", str(job("resumed", 30)))
+    assert second_half.returncode == 0, second_half.stderr
+    assert re.search(r"restored .*ckpt-20 at step 20", second_half.stderr), second_half.stderr
+    assert "step=21 " in second_half.stderr
+
+    expected = checkpoint_weights(tmp_path / "straight")
+    resumed = checkpoint_weights(tmp_path / "resumed")
+    assert expected.keys() == resumed.keys() and len(expected) >= 6
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
