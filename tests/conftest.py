@@ -34,6 +34,7 @@ def free_port_block(count: int) -> int:
 
 def _is_free(port: int) -> bool:
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError:

@@ -62,6 +62,9 @@ def check_can_start(job: CaramelJob, cwd: Path) -> None:
             ports.setdefault(spec.metrics.port + offset, f"spec.metrics.port (+{offset} for rank {offset})")
     for port, name in ports.items():
         with socket.socket() as probe:
+            # As the rendezvous and metrics servers do: connections of an earlier run lingering
+            # in TIME_WAIT do not make a port busy, a listening socket does.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("", port))
             except OSError:
