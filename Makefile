@@ -6,7 +6,8 @@ VENV_PYTHON := $(VENV)/bin/python
 TENSORFLOW := tensorflow-cpu==2.18.1 tf-keras==2.18.0
 HOROVOD_VERSION := 0.28.1
 # Horovod ships only as source and compiles against one TensorFlow ABI, so its wheel is cached
-# per Horovod and TensorFlow version, outside the clone: a fresh clone reuses it.
+# per Horovod and TensorFlow version, outside the clone: a fresh clone reuses it. pip's own
+# wheel cache is bypassed because it would not tell TensorFlow versions apart.
 WHEEL_CACHE ?= $(HOME)/.cache/caramel/horovod-$(HOROVOD_VERSION)-tf2.18.1-cp311
 HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
@@ -26,7 +27,7 @@ $(VENV)/.setup-done: pyproject.toml Makefile
 		echo "--- using the cached Horovod wheel in $(WHEEL_CACHE)"; \
 	else \
 		echo "--- building Horovod $(HOROVOD_VERSION) with Gloo (takes 2-5 minutes, once)"; \
-		$(HOROVOD_BUILD_ENV) $(VENV_PYTHON) -m pip wheel --no-build-isolation --no-deps \
+		$(HOROVOD_BUILD_ENV) $(VENV_PYTHON) -m pip wheel --no-build-isolation --no-deps --no-cache-dir \
 			--wheel-dir $(WHEEL_CACHE) horovod==$(HOROVOD_VERSION); \
 	fi
 	$(VENV_PYTHON) -m pip install --quiet $(WHEEL_CACHE)/horovod-*.whl

@@ -34,6 +34,7 @@ def main() -> None:
     model = tf.keras.applications.ResNet50(
         weights=None, input_shape=(args.image_size, args.image_size, 3), classes=args.classes
     )
+    # The wrapped optimizer averages the gradients over all ranks before applying them.
     optimizer = ctf.DistributedOptimizer(tf.keras.optimizers.SGD(args.learning_rate, momentum=0.9))
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
 
@@ -41,7 +42,7 @@ def main() -> None:
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(images, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        optimizer.minimize(loss, model.trainable_variables, tape=tape)
         return loss
 
     def batch(step: int) -> tuple[tf.Tensor, tf.Tensor]:

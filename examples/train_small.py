@@ -44,14 +44,16 @@ def main() -> None:
         ]
     )
     model.build((None, FEATURES))
-    optimizer = ctf.DistributedOptimizer(tf.keras.optimizers.SGD(args.learning_rate, momentum=0.9))
+    optimizer = tf.keras.optimizers.SGD(args.learning_rate, momentum=0.9)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
     def train_step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(features, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        # The tape averages the gradients over all ranks (see train_resnet50.py for the optimizer wrapper).
+        gradients = ctf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 
     run = TrainingRun(model, optimizer, total_steps=args.steps, batch_size=args.batch_size)

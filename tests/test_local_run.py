@@ -134,22 +134,22 @@ def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
     assert_all_gone(everything)
 
 
-def test_ctrl_c_stops_every_worker(tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "exit_code", "message"),
+    [
+        (signal.SIGINT, 130, "Failed test-job: interrupted"),  # Ctrl-C
+        (signal.SIGTERM, 1, "Failed test-job: stopped by SIGTERM"),
+        (signal.SIGKILL, -signal.SIGKILL, None),  # no clean-up code runs: the kernel takes the workers down
+    ],
+)
+def test_stopping_caramel_stops_every_worker(tmp_path, signum, exit_code, message):
     run = BackgroundRun(long_job(tmp_path))
     run.wait_for("caramel-progress")
     everything = run.descendants()
-    run.process.send_signal(signal.SIGINT)
-    assert run.finish() == 130
-    assert "Failed test-job: interrupted" in run.output
-    assert_all_gone(everything)
-
-
-def test_killing_caramel_itself_takes_the_workers_down(tmp_path):
-    run = BackgroundRun(long_job(tmp_path))
-    run.wait_for("caramel-progress")
-    everything = run.descendants()
-    run.process.send_signal(signal.SIGKILL)
-    run.finish()
+    run.process.send_signal(signum)
+    assert run.finish() == exit_code
+    if message:
+        assert message in run.output
     assert_all_gone(everything)
 
 

@@ -57,7 +57,7 @@ class TrainingRun:
         if self.contract.metrics_port:
             self.metrics.serve(self.contract.metrics_port)
         self._checkpoint_manager = self._restore_and_sync()
-        self._last_saved_step = self.start_step
+        self._last_saved_step = self.completed_steps
 
     @property
     def start_step(self) -> int:
@@ -86,9 +86,9 @@ class TrainingRun:
 
     def steps(self) -> Iterator[int]:
         """Yield the step numbers still to run, 1-based, timing and recording each."""
-        first = self.start_step + 1
+        first = self.completed_steps + 1
         if first > self.total_steps:
-            self._say(f"nothing to do: already at step {self.start_step} of {self.total_steps}")
+            self._say(f"nothing to do: already at step {self.completed_steps} of {self.total_steps}")
         for step in range(first, self.total_steps + 1):
             self._loss = None
             started = time.perf_counter()
@@ -124,7 +124,7 @@ class TrainingRun:
         )
 
     def _finish_run(self) -> None:
-        step = self.start_step
+        step = self.completed_steps
         if step != self._last_saved_step:
             self._save_checkpoint(step)
         self._check_weights_agree()
