@@ -13,7 +13,10 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast clean
+.PHONY: setup test test-fast crd clean
+
+# The CRD is generated from the API models; tests fail when a committed copy drifts.
+CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
 
 setup: $(VENV)/.setup-done
 
@@ -43,6 +46,9 @@ test: setup
 # Unit tests only, without the end-to-end runs of real workers.
 test-fast: setup
 	$(VENV_PYTHON) -m pytest -m 'not e2e' $(PYTEST_ARGS)
+
+crd: setup
+	@for copy in $(CRD_COPIES); do mkdir -p $$(dirname $$copy); $(VENV_PYTHON) -m caramel_operator.crd > $$copy; echo "wrote $$copy"; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info runtime/*.egg-info

@@ -185,3 +185,28 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path):
     assert expected.keys() == resumed.keys() and len(expected) >= 6
     for name in expected:
         np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_slots_run_several_ranks_per_worker(tmp_path):
+    manifest = job_manifest(workers={"replicas": 1, "slotsPerWorker": 2})
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode == 0, result.stderr
+    assert "1 worker(s) x 2 slot(s) = 2 rank(s)" in result.stderr
+    by_rank = digests(result.stderr)
+    assert sorted(by_rank) == [0, 1] and by_rank[0] == by_rank[1]
+
+
+def test_a_command_that_cannot_start_is_reported(tmp_path):
+    manifest = job_manifest(script=None, command=["no-such-trainer"], args=[])
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=60)
+    assert result.returncode == 1
+    assert "cannot start 'no-such-trainer': No such file or directory (check spec.script or spec.command)" in result.stderr
+
+
+def test_a_crashing_script_shows_its_traceback(tmp_path):
+    crash = tmp_path / "crash.py"
+    crash.write_text("import sys\nprint('loading data')\nraise ValueError('bad shard 7')\n")
+    result = run_caramel("run", str(write_manifest(tmp_path, job_manifest(script=str(crash), args=[]))), timeout=60)
+    assert result.returncode == 1
+    tail = result.stderr.split("last lines of worker")[1]
+    assert "ValueError: bad shard 7" in tail and "loading data" in tail

@@ -81,6 +81,13 @@ class CleanPodPolicy(StrEnum):
     ALL = "All"
 
 
+class SchedulingPolicy(ApiModel):
+    """How the gang is admitted to the cluster."""
+
+    queue: str = Field(min_length=1)
+    """Kueue LocalQueue to submit the gang to, as one plain pod group (admitted all or nothing)."""
+
+
 class RunPolicy(ApiModel):
     """How the job as a whole is run, restarted and cleaned up (as in Kubeflow's runPolicy)."""
 
@@ -99,6 +106,9 @@ class RunPolicy(ApiModel):
 
     suspend: bool = False
     """When true the job's pods are deleted and the job waits; setting it back to false resumes it."""
+
+    scheduling_policy: SchedulingPolicy | None = None
+    """Gang admission; unset creates the pods directly. Ignored by `caramel run`."""
 
 
 class Ordering(StrEnum):
@@ -119,6 +129,14 @@ class Batching(StrEnum):
 
 class Scheduling(ApiModel):
     """Caramel's communication scheduling. The defaults choose everything automatically."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self.minBucketBytes <= self.maxBucketBytes", "message": "minBucketBytes must not exceed maxBucketBytes"}
+            ]
+        }
+    )
 
     ordering: Ordering = Ordering.AUTO
     """Transfer order: tic sends first the parameters the next forward pass reads first (TicTac);
@@ -193,6 +211,14 @@ class EnvVar(ApiModel):
 
 class CaramelJobSpec(ApiModel):
     """What to train and how to run it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "has(self.script) != has(self.command)", "message": "give exactly one of script or command"}
+            ]
+        }
+    )
 
     image: str | None = None
     """Container image holding the Caramel runtime and the training code; defaults to the
@@ -275,3 +301,148 @@ class CaramelJob(ApiModel):
     def world_size(self) -> int:
         """Number of training processes (Horovod ranks) in the job."""
         return self.spec.workers.replicas * self.spec.workers.slots_per_worker
+
+
+class Tuning(ApiModel):
+    """Batching parameters the runtime tuned from observed bandwidth; a restarted gang starts from them."""
+
+    bucket_bytes: int = Field(ge=1)
+    """Largest gradient transfer in the plan in force, in bytes."""
+
+
+class Phase(StrEnum):
+    """Where a job is in its life."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class ConditionType(StrEnum):
+    """The conditions a job reports, as in Kubeflow's MPIJob."""
+
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Condition(ApiModel):
+    """One observation of the job's state."""
+
+    type: ConditionType
+    """Which condition this is."""
+
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+
+    reason: str
+    """A CamelCase word for why, such as WorkerFailed or Unschedulable."""
+
+    message: str = ""
+    """A sentence for people."""
+
+    last_transition_time: str
+    """When the condition last changed status (RFC 3339)."""
+
+
+class WorkerCounts(ApiModel):
+    """Worker pods of the current gang, by state."""
+
+    total: int = 0
+    """Workers the job asks for."""
+
+    pending: int = 0
+    """Workers not yet running: unscheduled, pulling their image or starting."""
+
+    running: int = 0
+    """Workers running."""
+
+    succeeded: int = 0
+    """Workers that finished successfully."""
+
+    failed: int = 0
+    """Workers that failed."""
+
+
+class WorkerFailure(ApiModel):
+    """The worker failure that caused the last restart or the job's failure."""
+
+    worker: str
+    """Name of the failed worker pod."""
+
+    reason: str
+    """Why it failed: the container's reason (Error, OOMKilled, ...), PodDeleted or NodeLost."""
+
+    exit_code: int | None = None
+    """Exit code of the worker's container, when it exited."""
+
+    message: str = ""
+    """More detail, such as the end of the container's termination message."""
+
+
+class TrainingProgress(ApiModel):
+    """Rank 0's latest figures, scraped from its metrics endpoint."""
+
+    step: int = 0
+    """Training step reached."""
+
+    step_seconds: float | None = None
+    """Mean step time over the last scrape interval, in seconds."""
+
+    bandwidth_bytes_per_second: float | None = None
+    """Gradient bytes allreduced per second of communication."""
+
+    loss: float | None = None
+    """Loss of the latest step on rank 0."""
+
+    bandwidth: str = ""
+    """The bandwidth for people, such as 1.2 GB/s."""
+
+    update_time: str = ""
+    """When these figures were scraped (RFC 3339)."""
+
+
+class CaramelJobStatus(ApiModel):
+    """The observed state of a CaramelJob, written by the operator."""
+
+    phase: Phase = Phase.PENDING
+    """Pending, Running, Restarting, Succeeded, Failed or Suspended."""
+
+    conditions: list[Condition] = []
+    """Created, Running, Restarting, Succeeded, Failed and Suspended, each with a reason and message."""
+
+    message: str = ""
+    """What is happening now, for people: why the job is pending, or why it failed."""
+
+    workers: WorkerCounts = WorkerCounts()
+    """Worker pods of the current gang, by state."""
+
+    ready_workers: str = ""
+    """Running workers over requested workers, such as 3/4."""
+
+    restarts: int = 0
+    """Whole-gang restarts so far."""
+
+    gang: int = 0
+    """Generation of the current gang of pods: it grows by one at every restart."""
+
+    start_time: str | None = None
+    """When the job first started running (RFC 3339)."""
+
+    completion_time: str | None = None
+    """When the job finished (RFC 3339)."""
+
+    last_failure: WorkerFailure | None = None
+    """The worker failure behind the last restart or the failure of the job."""
+
+    progress: TrainingProgress | None = None
+    """Training figures from rank 0."""
+
+    tuning: Tuning | None = None
+    """Batching tuned by the runtime; a restarted gang starts from it."""

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from caramel.api import CaramelJob, Checkpoint, Scheduling
+from caramel.api import CaramelJob, Checkpoint, Scheduling, Tuning
 
 TENSORFLOW_ENV = {
     # Horovod 0.28.1 on TensorFlow 2.16+ works only with legacy Keras (the tf-keras package).
@@ -30,12 +30,15 @@ def worker_name(job: CaramelJob, worker_index: int) -> str:
     return f"{job.name}-worker-{worker_index}"
 
 
-def worker_env(job: CaramelJob, worker_index: int, peers: Sequence[str]) -> dict[str, str]:
+def worker_env(
+    job: CaramelJob, worker_index: int, peers: Sequence[str], tuning: Tuning | None = None
+) -> dict[str, str]:
     """The environment of one worker.
 
     `peers[i]` is the address at which worker i can be reached: its DNS name in a cluster,
     127.0.0.1 for local processes. Worker 0 serves the rendezvous. Workers that share an
-    address share a machine, so each takes its own block of metrics ports.
+    address share a machine, so each takes its own block of metrics ports. `tuning` is what
+    an earlier gang of the same job tuned, for a restarted gang to start from.
     """
     spec = job.spec
     replicas, slots = spec.workers.replicas, spec.workers.slots_per_worker
@@ -65,6 +68,8 @@ def worker_env(job: CaramelJob, worker_index: int, peers: Sequence[str]) -> dict
         env["HOROVOD_GLOO_IFACE"] = spec.rendezvous.network_interface
     if spec.checkpoint:
         env["CARAMEL_CHECKPOINT"] = spec.checkpoint.model_dump_json(by_alias=True)
+    if tuning:
+        env["CARAMEL_TUNING"] = tuning.model_dump_json(by_alias=True)
     env.update({var.name: var.value for var in spec.env})
     return env
 
@@ -99,6 +104,7 @@ class WorkerContract:
     rendezvous_port: int
     scheduling: Scheduling
     checkpoint: Checkpoint | None
+    tuning: Tuning | None
     metrics_port: int | None
     rank: int | None
 
@@ -111,6 +117,7 @@ class WorkerContract:
                 "(start jobs with `caramel run` or the operator)"
             )
         checkpoint = environ.get("CARAMEL_CHECKPOINT")
+        tuning = environ.get("CARAMEL_TUNING")
         return cls(
             job_name=environ["CARAMEL_JOB_NAME"],
             worker_index=int(environ["CARAMEL_WORKER_INDEX"]),
@@ -121,6 +128,7 @@ class WorkerContract:
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
             scheduling=Scheduling.model_validate_json(environ.get("CARAMEL_SCHEDULING", "{}")),
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
+            tuning=Tuning.model_validate_json(tuning) if tuning else None,
             metrics_port=int(environ["CARAMEL_METRICS_PORT"]) if environ.get("CARAMEL_METRICS_PORT") else None,
             rank=int(environ["HOROVOD_RANK"]) if "HOROVOD_RANK" in environ else None,
         )

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from caramel.contract import WorkerContract, slot_env
 from caramel.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
@@ -19,6 +20,7 @@ from caramel.rendezvous import RendezvousServer, wait_for_rendezvous
 
 # Worker 0 may start well after the others (a slow image pull, a busy scheduler).
 RENDEZVOUS_WAIT_SECONDS = 600
+EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,13 +60,18 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
 
 
-def _run_slots(contract: WorkerContract, argv: list[str], say) -> int:
+def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None]) -> int:
     processes = {}
     pumps = []
     for slot in range(contract.slots_per_worker):
         env = {**os.environ, **slot_env(os.environ, slot)}
         rank = int(env["HOROVOD_RANK"])
-        process = spawn(argv, env)
+        try:
+            process = spawn(argv, env)
+        except OSError as error:
+            say(f"cannot start {argv[0]!r}: {error.strerror} (check spec.script or spec.command)")
+            stop_groups(list(processes.values()))
+            return EXIT_CANNOT_START
         processes[rank] = process
         pumps.append(pump_lines(process.stdout, lambda line, rank=rank: print(f"rank {rank} | {line}", flush=True)))
 

@@ -60,7 +60,8 @@ class TrainingRun:
         self._last_saved_step = self.completed_steps
 
     @property
-    def start_step(self) -> int:
+    def completed_steps(self) -> int:
+        """Steps done so far, restored ones included."""
         return int(self._step.numpy())
 
     def _restore_and_sync(self) -> tf.train.CheckpointManager | None:

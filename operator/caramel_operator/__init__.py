@@ -1,0 +1,1 @@
+"""The Caramel operator: runs CaramelJobs as gangs of worker pods."""

@@ -1,0 +1,146 @@
+"""Pure builders: a CaramelJob in, the Kubernetes objects that run it out.
+
+No API calls and no kopf here, so every object the operator creates can be checked in a unit
+test. Workers get stable names and DNS (`<job>-worker-<i>.<job>.<namespace>.svc`, through a
+headless Service) and their environment from the same contract `caramel run` uses.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from caramel.api import CaramelJob, Tuning
+from caramel.contract import worker_command, worker_env, worker_name
+
+WORKER_CONTAINER = "worker"
+JOB_LABEL = "caramel.dev/job"
+WORKER_INDEX_LABEL = "caramel.dev/worker-index"
+GANG_LABEL = "caramel.dev/gang"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+
+
+def job_labels(job: CaramelJob) -> dict[str, str]:
+    """Kubernetes' recommended labels, plus the label that selects a job's pods."""
+    return {
+        "app.kubernetes.io/name": "caramel",
+        "app.kubernetes.io/instance": job.name,
+        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/managed-by": "caramel-operator",
+        JOB_LABEL: job.name,
+    }
+
+
+def worker_address(job: CaramelJob, worker_index: int) -> str:
+    """The DNS name of a worker pod, given by the headless Service."""
+    return f"{worker_name(job, worker_index)}.{job.name}.{job.metadata.namespace}.svc"
+
+
+def peer_addresses(job: CaramelJob) -> list[str]:
+    return [worker_address(job, index) for index in range(job.spec.workers.replicas)]
+
+
+def build_service(job: CaramelJob) -> dict[str, Any]:
+    """The headless Service that gives every worker pod a DNS name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": job.name, "namespace": job.metadata.namespace, "labels": job_labels(job)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_LABEL: job.name},
+            # Workers must resolve each other before they are ready: that is how they meet.
+            "publishNotReadyAddresses": True,
+            "ports": [
+                {"name": "rendezvous", "port": job.spec.rendezvous.port, "targetPort": job.spec.rendezvous.port},
+                {"name": "metrics", "port": job.spec.metrics.port, "targetPort": job.spec.metrics.port},
+            ],
+        },
+    }
+
+
+def build_worker_pod(
+    job: CaramelJob, worker_index: int, *, default_image: str, gang: int = 0, tuning: Tuning | None = None
+) -> dict[str, Any]:
+    """Worker pod `worker_index` of gang generation `gang`, with spec.workers.template merged in."""
+    spec = job.spec
+    name = worker_name(job, worker_index)
+    env = worker_env(job, worker_index, peer_addresses(job), tuning)
+    labels = {**job_labels(job), WORKER_INDEX_LABEL: str(worker_index), GANG_LABEL: str(gang)}
+    annotations: dict[str, str] = {}
+    if spec.run_policy.scheduling_policy:
+        labels[KUEUE_QUEUE_LABEL] = spec.run_policy.scheduling_policy.queue
+        labels[KUEUE_GROUP_LABEL] = f"{job.name}-gang-{gang}"
+        annotations[KUEUE_GROUP_COUNT_ANNOTATION] = str(spec.workers.replicas)
+    ports = []
+    if spec.metrics.enabled:
+        ports += [
+            {"name": f"metrics-{slot}", "containerPort": spec.metrics.port + slot}
+            for slot in range(spec.workers.slots_per_worker)
+        ]
+    if worker_index == 0:
+        ports.append({"name": "rendezvous", "containerPort": spec.rendezvous.port})
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "image": spec.image or default_image,
+        "command": worker_command(job),
+        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "ports": ports,
+        "resources": spec.workers.resources.model_dump(exclude_defaults=True),
+        # A failed worker's last log lines become its termination message, which the
+        # operator copies into the job's status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.working_dir:
+        container["workingDir"] = spec.working_dir
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": job.metadata.namespace, "labels": labels, "annotations": annotations},
+        "spec": {
+            "hostname": name,
+            "subdomain": job.name,
+            # The operator restarts the whole gang; a lone worker restarting in place would
+            # only wait forever for peers that have moved on.
+            "restartPolicy": "Never",
+            "containers": [container],
+        },
+    }
+    return merge_template(pod, spec.workers.template)
+
+
+def build_worker_pods(
+    job: CaramelJob, *, default_image: str, gang: int = 0, tuning: Tuning | None = None
+) -> list[dict[str, Any]]:
+    return [
+        build_worker_pod(job, index, default_image=default_image, gang=gang, tuning=tuning)
+        for index in range(job.spec.workers.replicas)
+    ]
+
+
+def merge_template(pod: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    """The pod with a PodTemplateSpec fragment merged in: maps deeply, containers by name.
+
+    Caramel's own labels, env and command win over the template where both set them, so a
+    template cannot break the gang's wiring.
+    """
+    return _merge(copy.deepcopy(template), pod)
+
+
+def _merge(base: Any, winner: Any) -> Any:
+    if isinstance(base, dict) and isinstance(winner, dict):
+        result = dict(base)
+        for key, value in winner.items():
+            result[key] = _merge(base[key], value) if key in base else value
+        return result
+    if _named_list(base) and _named_list(winner):
+        by_name = {item["name"]: item for item in base}
+        merged = [_merge(by_name.pop(item["name"], {}), item) for item in winner]
+        return merged + list(by_name.values())
+    return winner
+
+
+def _named_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) and "name" in item for item in value)
