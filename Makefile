@@ -36,7 +36,7 @@ $(VENV)/.setup-done: pyproject.toml Makefile
 	$(VENV_PYTHON) -m pip install --quiet $(WHEEL_CACHE)/horovod-*.whl
 	@echo "--- installing Caramel"
 	$(VENV_PYTHON) -m pip install --quiet -e '.[test]'
-	$(VENV_PYTHON) -c "import horovod.tensorflow, caramel.api" 
+	TF_CPP_MIN_LOG_LEVEL=3 $(VENV_PYTHON) -c "import horovod.tensorflow, caramel.api"
 	@touch $@
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 
