@@ -432,6 +432,9 @@ class CaramelJobStatus(ApiModel):
     gang: int = 0
     """Generation of the current gang of pods: it grows by one at every restart."""
 
+    restart_after: str | None = None
+    """While Restarting: when the backoff ends and the new gang is created (RFC 3339)."""
+
     start_time: str | None = None
     """When the job first started running (RFC 3339)."""
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from caramel.api import Scheduling
-from caramel.planning import Transfer, plan_transfers
+from caramel.api import Scheduling, Tuning
+from caramel.planning import Transfer, bucket_limit, plan_transfers
 
 
 @dataclass
@@ -32,8 +32,9 @@ class CommunicationStats:
 class GradientCommunicator:
     """Averages gradients across all ranks according to the job's scheduling settings."""
 
-    def __init__(self, scheduling: Scheduling) -> None:
+    def __init__(self, scheduling: Scheduling, tuning: Tuning | None = None) -> None:
         self.scheduling = scheduling
+        self.bucket_bytes = bucket_limit(scheduling, tuning)
         self._plans: dict[tuple[tuple[int, str], ...], list[Transfer]] = {}
         self._stats = CommunicationStats()
         self._lock = threading.Lock()
@@ -44,7 +45,7 @@ class GradientCommunicator:
         plan = self._plans.get(signature)
         if plan is None:
             plan = plan_transfers(
-                [count for count, _ in signature], [t.dtype.size for t in tensors], self.scheduling
+                [count for count, _ in signature], [t.dtype.size for t in tensors], self.scheduling, self.bucket_bytes
             )
             self._plans[signature] = plan
         return plan

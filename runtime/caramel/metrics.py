@@ -10,6 +10,13 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+# Series the operator reads from rank 0 to report progress in the job's status.
+STEP_DURATION = "caramel_step_duration_seconds"
+GLOBAL_STEP = "caramel_global_step"
+BANDWIDTH = "caramel_bandwidth_bytes_per_second"
+LOSS = "caramel_loss"
+BUCKET_BYTES = "caramel_batching_bucket_bytes"
+
 # Step times from a millisecond (a tiny model) to a minute (a large model on a slow link).
 STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -37,7 +44,7 @@ class WorkerMetrics:
             return kind(name, documentation, labels, registry=self.registry, **kwargs).labels(rank=str(rank))
 
         self.step_duration = metric(
-            Histogram, "caramel_step_duration_seconds", "Wall time of a training step.", buckets=STEP_SECONDS_BUCKETS
+            Histogram, STEP_DURATION, "Wall time of a training step.", buckets=STEP_SECONDS_BUCKETS
         )
         self.compute = metric(
             Counter, "caramel_compute_seconds", "Step time not spent waiting for gradient communication."
@@ -48,14 +55,14 @@ class WorkerMetrics:
         self.communicated = metric(Counter, "caramel_communicated_bytes", "Gradient bytes allreduced.")
         self.bandwidth = metric(
             Gauge,
-            "caramel_bandwidth_bytes_per_second",
+            BANDWIDTH,
             "Gradient bytes allreduced per second of communication in the last step (algorithm bandwidth).",
         )
         self.steps = metric(Counter, "caramel_steps", "Training steps completed by this process.")
-        self.global_step = metric(Gauge, "caramel_global_step", "Training step reached, counting restored steps.")
-        self.loss = metric(Gauge, "caramel_loss", "Training loss of the last step on this rank.")
+        self.global_step = metric(Gauge, GLOBAL_STEP, "Training step reached, counting restored steps.")
+        self.loss = metric(Gauge, LOSS, "Training loss of the last step on this rank.")
         self.bucket_bytes = metric(
-            Gauge, "caramel_batching_bucket_bytes", "Largest gradient transfer the batching plan allows."
+            Gauge, BUCKET_BYTES, "Largest gradient transfer the batching plan allows."
         )
         self.transfers = metric(Gauge, "caramel_batching_transfers", "Gradient transfers per step in the plan in force.")
 

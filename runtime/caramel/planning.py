@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from caramel.api import Batching, Ordering, Scheduling
+from caramel.api import Batching, Ordering, Scheduling, Tuning
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,25 @@ def transfer_order(tensor_count: int, ordering: Ordering) -> list[int]:
     return forward[::-1] if ordering is Ordering.ARRIVAL else forward
 
 
+def bucket_limit(scheduling: Scheduling, tuning: Tuning | None) -> int:
+    """The largest transfer to form: a tuned size within the spec's bounds, else maxBucketBytes.
+
+    While every gradient is handed over at once, the fewest, largest buckets minimise the
+    per-transfer latency paid, which is why auto starts from maxBucketBytes.
+    """
+    if scheduling.batching is Batching.AUTO and tuning is not None:
+        return max(scheduling.min_bucket_bytes, min(scheduling.max_bucket_bytes, tuning.bucket_bytes))
+    return scheduling.max_bucket_bytes
+
+
 def plan_transfers(
-    element_counts: Sequence[int], item_sizes: Sequence[int], scheduling: Scheduling
+    element_counts: Sequence[int], item_sizes: Sequence[int], scheduling: Scheduling, limit: int
 ) -> list[Transfer]:
-    """Group gradients into transfers, in sending order.
+    """Group gradients into transfers of at most `limit` bytes, in sending order.
 
     batching off sends every tensor alone. fixed and auto pack consecutive tensors into
-    buckets of at most maxBucketBytes; a tensor bigger than that is cut into chunks of at most
-    maxBucketBytes, so that its reduction is pipelined instead of needing one huge buffer.
-    While every gradient is handed over at once, the fewest, largest buckets minimise the
-    per-transfer latency paid, which is what auto chooses.
+    buckets; a tensor bigger than the limit is cut into chunks, so that its reduction is
+    pipelined instead of needing one huge buffer.
     """
     if len(element_counts) != len(item_sizes):
         raise ValueError("element_counts and item_sizes differ in length")
@@ -59,7 +68,6 @@ def plan_transfers(
             Transfer((Piece(i, 0, element_counts[i]),), element_counts[i] * item_sizes[i]) for i in order
         ]
 
-    limit = scheduling.max_bucket_bytes
     transfers: list[Transfer] = []
     bucket: list[Piece] = []
     bucket_bytes = 0

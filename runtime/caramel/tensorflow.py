@@ -28,7 +28,7 @@ def init() -> WorkerContract:
     global _communicator
     contract = WorkerContract.from_env()
     hvd.init()
-    _communicator = GradientCommunicator(contract.scheduling)
+    _communicator = GradientCommunicator(contract.scheduling, contract.tuning)
     return contract
 
 

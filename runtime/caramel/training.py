@@ -53,7 +53,7 @@ class TrainingRun:
         self._last_progress = 0.0
         self.contract = WorkerContract.from_env()
         self.metrics = WorkerMetrics(self.rank)
-        self.metrics.record_batching(self._communicator.scheduling.max_bucket_bytes)
+        self.metrics.record_batching(self._communicator.bucket_bytes)
         if self.contract.metrics_port:
             self.metrics.serve(self.contract.metrics_port)
         self._checkpoint_manager = self._restore_and_sync()

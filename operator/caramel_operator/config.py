@@ -1,0 +1,65 @@
+"""The operator's own settings, read once from its environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class SettingsError(ValueError):
+    """An operator environment variable with a bad value; the message names it."""
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    runtime_image: str = "caramel:0.1.0"
+    """Image of jobs that name no spec.image (CARAMEL_RUNTIME_IMAGE)."""
+
+    watch_namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty watches the whole cluster (CARAMEL_WATCH_NAMESPACES, comma-separated)."""
+
+    metrics_port: int = 8000
+    """Port of the operator's own /metrics (CARAMEL_OPERATOR_METRICS_PORT)."""
+
+    health_port: int = 8080
+    """Port of the liveness endpoint /healthz (CARAMEL_OPERATOR_HEALTH_PORT)."""
+
+    reconcile_interval_seconds: float = 2.0
+    """Seconds between two reconciliations of a job (CARAMEL_RECONCILE_INTERVAL_SECONDS)."""
+
+    restart_backoff_seconds: float = 10.0
+    """Wait before the first gang restart, doubled at each further one (CARAMEL_RESTART_BACKOFF_SECONDS)."""
+
+    restart_backoff_max_seconds: float = 300.0
+    """Longest wait before a gang restart (CARAMEL_RESTART_BACKOFF_MAX_SECONDS)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> OperatorSettings:
+        def number(name: str, default: float, kind: type = float) -> float:
+            text = environ.get(name)
+            if not text:
+                return default
+            try:
+                value = kind(text)
+            except ValueError:
+                expected = "a whole number" if kind is int else "a number"
+                raise SettingsError(f"{name}: expected {expected}, got {text!r}") from None
+            if value <= 0:
+                raise SettingsError(f"{name}: must be positive, got {text!r}")
+            return value
+
+        namespaces = tuple(ns.strip() for ns in environ.get("CARAMEL_WATCH_NAMESPACES", "").split(",") if ns.strip())
+        return cls(
+            runtime_image=environ.get("CARAMEL_RUNTIME_IMAGE") or cls.runtime_image,
+            watch_namespaces=namespaces,
+            metrics_port=int(number("CARAMEL_OPERATOR_METRICS_PORT", cls.metrics_port, int)),
+            health_port=int(number("CARAMEL_OPERATOR_HEALTH_PORT", cls.health_port, int)),
+            reconcile_interval_seconds=number("CARAMEL_RECONCILE_INTERVAL_SECONDS", cls.reconcile_interval_seconds),
+            restart_backoff_seconds=number("CARAMEL_RESTART_BACKOFF_SECONDS", cls.restart_backoff_seconds),
+            restart_backoff_max_seconds=number("CARAMEL_RESTART_BACKOFF_MAX_SECONDS", cls.restart_backoff_max_seconds),
+        )
+
+    def restart_backoff(self, restarts_so_far: int) -> float:
+        """Exponential backoff before restart number restarts_so_far + 1."""
+        return min(self.restart_backoff_max_seconds, self.restart_backoff_seconds * 2**restarts_so_far)

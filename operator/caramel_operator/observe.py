@@ -1,0 +1,89 @@
+"""What a worker pod says about itself, reduced to what the gang lifecycle needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from caramel_operator.builders import GANG_LABEL, JOB_LABEL, WORKER_CONTAINER, WORKER_INDEX_LABEL
+
+# Container waiting reasons that mean the image cannot be had.
+IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+# Pod status reasons that mean the pod's node is gone or the pod was pushed off it.
+NODE_LOST_REASONS = {"NodeLost", "Evicted", "Terminated", "NodeShutdown"}
+TERMINATION_MESSAGE_CHARS = 400
+
+
+class WorkerState(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class WorkerObservation:
+    """One worker pod as last seen."""
+
+    name: str
+    job: str
+    index: int
+    gang: int
+    state: WorkerState
+    terminating: bool = False
+    pod_ip: str | None = None
+    failure_reason: str = ""
+    exit_code: int | None = None
+    failure_message: str = ""
+    pending_reason: str = ""
+    pending_message: str = ""
+
+
+def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
+    """The observation of a Caramel worker pod, or None for any other pod."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    if JOB_LABEL not in labels or WORKER_INDEX_LABEL not in labels:
+        return None
+    status = pod.get("status") or {}
+    phase = status.get("phase", "Pending")
+    container = next(
+        (c for c in status.get("containerStatuses") or [] if c.get("name") == WORKER_CONTAINER), {}
+    )
+    base = dict(
+        name=metadata["name"],
+        job=labels[JOB_LABEL],
+        index=int(labels[WORKER_INDEX_LABEL]),
+        gang=int(labels.get(GANG_LABEL, "0")),
+        terminating=bool(metadata.get("deletionTimestamp")),
+        pod_ip=status.get("podIP"),
+    )
+    terminated = (container.get("state") or {}).get("terminated")
+    if status.get("reason") in NODE_LOST_REASONS:
+        return WorkerObservation(
+            **base, state=WorkerState.FAILED, failure_reason=status["reason"], failure_message=status.get("message", "")
+        )
+    if phase == "Failed":
+        return WorkerObservation(
+            **base,
+            state=WorkerState.FAILED,
+            failure_reason=(terminated or {}).get("reason") or status.get("reason") or "Failed",
+            exit_code=(terminated or {}).get("exitCode"),
+            failure_message=((terminated or {}).get("message") or status.get("message") or "")[-TERMINATION_MESSAGE_CHARS:],
+        )
+    if phase == "Succeeded":
+        return WorkerObservation(**base, state=WorkerState.SUCCEEDED)
+    if phase == "Running":
+        return WorkerObservation(**base, state=WorkerState.RUNNING)
+    return WorkerObservation(**base, state=WorkerState.PENDING, **_pending_cause(status, container))
+
+
+def _pending_cause(status: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    waiting = (container.get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") in IMAGE_PULL_REASONS:
+        return {"pending_reason": "ImagePullFailed", "pending_message": f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return {"pending_reason": condition.get("reason") or "Unschedulable", "pending_message": condition.get("message", "")}
+    return {}

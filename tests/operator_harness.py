@@ -1,0 +1,195 @@
+"""The operator under test, a real process, against the Kubernetes API emulator over HTTP.
+
+The emulator (tests/kube_emulator.py, kmock) stands in for kube-apiserver, which cannot run
+here. Nothing else is simulated, except what a kubelet would do: tests patch pod status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from conftest import REPO, free_port
+
+T = TypeVar("T")
+JOBS = "/apis/caramel.dev/v1alpha1/namespaces/default/carameljobs"
+PODS = "/api/v1/namespaces/default/pods"
+SERVICES = "/api/v1/namespaces/default/services"
+EVENTS = "/api/v1/namespaces/default/events"
+
+
+class KubeApi:
+    """A minimal JSON client of the emulator: what a test needs, and kubectl would do."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+            raise
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        return self.get(path)["items"]
+
+    def create(self, path: str, body: dict[str, Any]) -> Any:
+        return self.request("POST", path, body)
+
+    def patch(self, path: str, body: dict[str, Any]) -> Any:
+        return self.request("PATCH", path, body, content_type="application/merge-patch+json")
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+    # -- shortcuts -------------------------------------------------------------------------
+
+    def create_job(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        metadata = {"name": name, "namespace": "default"}
+        return self.create(JOBS, {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": metadata, "spec": spec})
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        return self.get(f"{JOBS}/{name}")
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.job(name) or {}).get("status") or {}
+
+    def pods(self, job: str) -> list[dict[str, Any]]:
+        return sorted(
+            (pod for pod in self.items(PODS) if pod["metadata"].get("labels", {}).get("caramel.dev/job") == job),
+            key=lambda pod: pod["metadata"]["name"],
+        )
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        return [event for event in self.items(EVENTS) if event.get("reason") == reason]
+
+    def set_pod_status(self, name: str, status: dict[str, Any]) -> None:
+        """Play the kubelet: report a pod's state."""
+        self.patch(f"{PODS}/{name}/status", {"status": status})
+
+    def run_pods(self, job: str, phase: str = "Running", **extra: Any) -> None:
+        for pod in self.pods(job):
+            self.set_pod_status(pod["metadata"]["name"], {"phase": phase, **extra})
+
+
+def terminated(exit_code: int, reason: str = "Error", message: str = "") -> dict[str, Any]:
+    """Pod status of a worker whose container exited."""
+    return {
+        "phase": "Failed" if exit_code else "Succeeded",
+        "containerStatuses": [
+            {
+                "name": "worker",
+                "image": "caramel:test",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}},
+            }
+        ],
+    }
+
+
+def eventually(check: Callable[[], T], timeout: float = 20, what: str = "condition") -> T:
+    """Poll check() until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+class Emulator:
+    """The emulator process."""
+
+    def __init__(self, directory: Path) -> None:
+        url_file = directory / "emulator-url"
+        self.process = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "kube_emulator.py"), str(url_file)],
+            stdout=subprocess.DEVNULL,
+            stderr=(directory / "emulator.log").open("wb"),
+        )
+        url = eventually(lambda: url_file.exists() and url_file.read_text(), what="the emulator to start")
+        self.api = KubeApi(url)
+        self.kubeconfig = directory / "kubeconfig"
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+                    "users": [{"name": "test", "user": {"token": "test"}}],
+                    "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "test", "namespace": "default"}}],
+                    "current-context": "emulator",
+                }
+            )
+        )
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+class Operator:
+    """`python -m caramel_operator` against the emulator, with fast timings for tests."""
+
+    def __init__(self, emulator: Emulator, directory: Path, **env: str) -> None:
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.log = directory / f"operator-{self.health_port}.log"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "caramel_operator"],
+            env={
+                **os.environ,
+                "KUBECONFIG": str(emulator.kubeconfig),
+                "CARAMEL_OPERATOR_HEALTH_PORT": str(self.health_port),
+                "CARAMEL_OPERATOR_METRICS_PORT": str(self.metrics_port),
+                "CARAMEL_RECONCILE_INTERVAL_SECONDS": "0.3",
+                "CARAMEL_RESTART_BACKOFF_SECONDS": "0.5",
+                "CARAMEL_RUNTIME_IMAGE": "caramel:test",
+                **env,
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("wb"),
+        )
+        eventually(self.healthy, timeout=30, what=f"the operator's liveness endpoint (log: {self.log})")
+
+    def healthy(self) -> bool:
+        assert self.process.poll() is None, f"the operator exited:\n{self.log.read_text()}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

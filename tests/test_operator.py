@@ -1,0 +1,218 @@
+"""The operator's handlers against a real HTTP Kubernetes API (kmock's emulator)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from caramel.jobfile import parse_job
+from caramel.metrics import StepRecord, WorkerMetrics
+from conftest import free_port
+from caramel_operator.builders import build_worker_pods
+from operator_harness import SERVICES, Emulator, Operator, eventually, terminated
+
+SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
+
+
+@pytest.fixture
+def emulator(tmp_path):
+    emulator = Emulator(tmp_path)
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def operator(emulator, tmp_path):
+    operator = Operator(emulator, tmp_path)
+    yield operator
+    operator.stop()
+
+
+def phase(api, name):
+    return api.status(name).get("phase")
+
+
+def test_create_runs_the_gang_to_success(emulator, operator):
+    api = emulator.api
+    job = api.create_job("demo", SPEC)
+    pods = eventually(lambda: len(api.pods("demo")) == 2 and api.pods("demo"), what="two worker pods")
+    assert api.get(f"{SERVICES}/demo")["spec"]["clusterIP"] == "None"
+
+    expected = build_worker_pods(parse_job(job), default_image="caramel:test")
+    for pod, want in zip(pods, expected):
+        assert pod["metadata"]["name"] == want["metadata"]["name"]
+        assert pod["spec"]["containers"][0]["env"] == want["spec"]["containers"][0]["env"]
+        assert pod["spec"]["containers"][0]["command"] == want["spec"]["containers"][0]["command"]
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    status = api.status("demo")
+    assert status["phase"] == "Pending"
+    assert any(c["type"] == "Created" and c["status"] == "True" for c in status["conditions"])
+
+    api.run_pods("demo")
+    eventually(lambda: phase(api, "demo") == "Running", what="phase Running")
+    assert api.status("demo")["readyWorkers"] == "2/2"
+    for pod in api.pods("demo"):
+        api.set_pod_status(pod["metadata"]["name"], terminated(0, reason="Completed"))
+    eventually(lambda: phase(api, "demo") == "Succeeded", what="phase Succeeded")
+    status = api.status("demo")
+    assert status["completionTime"] and status["startTime"]
+    assert len(api.pods("demo")) == 2  # cleanPodPolicy Running keeps finished pods and their logs
+    assert "caramel_operator_jobs_succeeded_total 1.0" in operator.metrics()
+
+
+def test_a_failed_worker_restarts_the_whole_gang(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    api.run_pods("demo")
+    eventually(lambda: phase(api, "demo") == "Running", what="phase Running")
+
+    api.set_pod_status("demo-worker-1", terminated(137, reason="OOMKilled"))
+    eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
+    eventually(
+        lambda: [p["metadata"]["labels"]["caramel.dev/gang"] for p in api.pods("demo")] == ["1", "1"],
+        what="a new gang of two pods",
+    )
+    status = api.status("demo")
+    assert status["lastFailure"] == {"worker": "demo-worker-1", "reason": "OOMKilled", "exitCode": 137, "message": ""}
+    assert any(c["type"] == "Restarting" and c["status"] == "True" for c in status["conditions"])
+    assert api.events("WorkerFailed"), "a Warning event explains the restart"
+    api.run_pods("demo")
+    eventually(lambda: phase(api, "demo") == "Running", what="the new gang running")
+    assert "caramel_operator_jobs_restarted_total 1.0" in operator.metrics()
+
+
+def test_exhausted_backoff_fails_the_job_with_the_workers_reason(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", {**SPEC, "runPolicy": {"backoffLimit": 1}})
+    for gang in ("0", "1"):
+        eventually(
+            lambda: [p["metadata"]["labels"]["caramel.dev/gang"] for p in api.pods("demo")] == [gang, gang],
+            what=f"gang {gang}",
+        )
+        api.run_pods("demo")
+        eventually(lambda: phase(api, "demo") == "Running", what=f"gang {gang} running")
+        api.set_pod_status("demo-worker-0", terminated(3, message="Traceback ...\nValueError: bad shard"))
+    eventually(lambda: phase(api, "demo") == "Failed", what="phase Failed")
+    status = api.status("demo")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "worker demo-worker-0 failed: Error, exit code 3" in failed["message"]
+    assert status["lastFailure"]["message"].endswith("ValueError: bad shard")
+    # cleanPodPolicy Running deletes the worker still running and keeps the failed one and its log.
+    eventually(lambda: [p["metadata"]["name"] for p in api.pods("demo")] == ["demo-worker-0"], what="clean-up")
+
+
+def test_deleting_the_job_cleans_up(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2 and api.get(f"{SERVICES}/demo"), what="pods and service")
+    api.delete("/apis/caramel.dev/v1alpha1/namespaces/default/carameljobs/demo")
+    eventually(lambda: api.job("demo") is None, what="the job gone")
+    assert api.pods("demo") == []
+    assert api.get(f"{SERVICES}/demo") is None
+
+
+def test_an_invalid_spec_fails_and_creates_nothing(emulator, operator):
+    api = emulator.api
+    # The CRD's schema would stop this; the emulator has none, like a cluster whose CRD is outdated.
+    api.create_job("demo", {"script": "train.py", "command": ["python"], "workers": {"replicas": 0}})
+    eventually(lambda: phase(api, "demo") == "Failed", what="phase Failed")
+    failed = next(c for c in api.status("demo")["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "spec.workers.replicas: Input should be greater than or equal to 1 (got 0)" in failed["message"]
+    assert api.events("InvalidSpec")
+    assert api.pods("demo") == [] and api.get(f"{SERVICES}/demo") is None
+
+
+def test_an_operator_restart_neither_duplicates_nor_orphans_pods(emulator, operator, tmp_path):
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    for pod in api.pods("demo"):  # a mark that a re-created pod would not carry
+        api.patch(f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}", {"metadata": {"annotations": {"test/original": "yes"}}})
+    operator.stop()
+
+    successor = Operator(emulator, tmp_path)
+    try:
+        api.run_pods("demo")
+        eventually(lambda: phase(api, "demo") == "Running", what="phase Running under the new operator")
+        pods = api.pods("demo")
+        assert [p["metadata"]["name"] for p in pods] == ["demo-worker-0", "demo-worker-1"]
+        assert all(p["metadata"]["annotations"].get("test/original") == "yes" for p in pods)
+        assert api.status("demo")["restarts"] == 0
+    finally:
+        successor.stop()
+
+
+def test_pending_workers_say_why(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    api.set_pod_status(
+        "demo-worker-1",
+        {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient cpu."}]},
+    )
+    message = eventually(lambda: api.status("demo").get("message"), what="a pending message")
+    assert message == "demo-worker-1 is pending: Unschedulable: 0/3 nodes are available: 3 Insufficient cpu."
+    assert api.events("Unschedulable")[0]["message"] == message
+    api.set_pod_status(
+        "demo-worker-0",
+        {"phase": "Pending", "containerStatuses": [{"name": "worker", "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "caramel:test"'}}}]},
+    )
+    eventually(lambda: "ImagePullFailed" in api.status("demo").get("message", ""), what="an image pull message")
+    assert api.status("demo")["message"].startswith("demo-worker-0 is pending (and 1 more workers): ImagePullFailed: ImagePullBackOff")
+    assert api.events("ImagePullFailed")
+
+
+def test_suspend_deletes_the_pods_and_resume_brings_a_new_gang(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    api.patch("/apis/caramel.dev/v1alpha1/namespaces/default/carameljobs/demo", {"spec": {"runPolicy": {"suspend": True}}})
+    eventually(lambda: phase(api, "demo") == "Suspended" and not api.pods("demo"), what="suspended without pods")
+    api.patch("/apis/caramel.dev/v1alpha1/namespaces/default/carameljobs/demo", {"spec": {"runPolicy": {"suspend": False}}})
+    eventually(
+        lambda: [p["metadata"]["labels"]["caramel.dev/gang"] for p in api.pods("demo")] == ["1", "1"], what="a new gang"
+    )
+    assert phase(api, "demo") == "Pending"
+    suspended = next(c for c in api.status("demo")["conditions"] if c["type"] == "Suspended")
+    assert suspended["status"] == "False" and suspended["reason"] == "Resumed"
+
+
+def test_ttl_after_finished_deletes_the_job(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", {**SPEC, "runPolicy": {"ttlSecondsAfterFinished": 1, "cleanPodPolicy": "All"}})
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    for pod in api.pods("demo"):
+        api.set_pod_status(pod["metadata"]["name"], terminated(0, reason="Completed"))
+    eventually(lambda: phase(api, "demo") == "Succeeded", what="phase Succeeded")
+    eventually(lambda: api.job("demo") is None, timeout=15, what="the job deleted after its TTL")
+    assert api.pods("demo") == []
+
+
+def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emulator, operator):
+    # Rank 0's real metrics endpoint, fed as the runtime feeds it.
+    port = free_port()
+    rank0 = WorkerMetrics(rank=0)
+    rank0.serve(port)
+    rank0.record_batching(8 * 1024 * 1024)
+    for step in range(1, 6):
+        rank0.record_step(StepRecord(step, 0.2, 0.05, 100_000_000, 3, 1.5))
+
+    api = emulator.api
+    api.create_job("demo", {**SPEC, "metrics": {"port": port}})
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    api.run_pods("demo", podIP="127.0.0.1")
+    progress = eventually(lambda: api.status("demo").get("progress"), what="progress in the status")
+    assert progress["step"] == 5 and progress["stepSeconds"] == pytest.approx(0.2)
+    assert progress["bandwidth"] == "2.0 GB/s" and progress["loss"] == 1.5
+    assert api.status("demo")["tuning"] == {"bucketBytes": 8 * 1024 * 1024}
+
+    api.set_pod_status("demo-worker-1", terminated(1))
+    pods = eventually(
+        lambda: [p for p in api.pods("demo") if p["metadata"]["labels"]["caramel.dev/gang"] == "1"], what="a new gang"
+    )
+    env = {var["name"]: var["value"] for var in pods[0]["spec"]["containers"][0]["env"]}
+    assert json.loads(env["CARAMEL_TUNING"]) == {"bucketBytes": 8 * 1024 * 1024}

@@ -1,0 +1,59 @@
+"""The operator's settings from its environment, and rank 0's progress read from real runtime metrics."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client import generate_latest
+
+from caramel.metrics import StepRecord, WorkerMetrics
+from caramel_operator.config import OperatorSettings, SettingsError
+from caramel_operator.progress import human_bandwidth, read_progress
+
+NOW = datetime(2026, 11, 21, tzinfo=UTC)
+
+
+def metrics_text(steps):
+    metrics = WorkerMetrics(rank=0)
+    metrics.record_batching(1 << 20)
+    for step, seconds in steps:
+        metrics.record_step(StepRecord(step, seconds, seconds / 2, 50_000_000, 2, 0.75))
+    return generate_latest(metrics.registry).decode()
+
+
+def test_progress_from_rank0_metrics():
+    first = read_progress(metrics_text([(1, 1.0), (2, 0.5)]), None, NOW)
+    assert first.progress.step == 2 and first.progress.step_seconds == pytest.approx(0.75)
+    assert first.progress.bandwidth == "200.0 MB/s" and first.progress.loss == 0.75
+    assert first.tuning.bucket_bytes == 1 << 20
+    # The next scrape averages only the steps since the last one.
+    later = read_progress(metrics_text([(1, 1.0), (2, 0.5), (3, 0.2), (4, 0.2)]), first.totals, NOW)
+    assert later.progress.step_seconds == pytest.approx(0.2)
+
+
+def test_progress_before_any_step():
+    reading = read_progress(generate_latest(WorkerMetrics(rank=0).registry).decode(), None, NOW)
+    assert reading.progress.step == 0 and reading.progress.step_seconds is None and reading.tuning is None
+
+
+def test_human_bandwidth():
+    assert [human_bandwidth(v) for v in (12, 1_500, 2.5e6, 1.25e9)] == ["12 B/s", "1.5 kB/s", "2.5 MB/s", "1.2 GB/s"]
+
+
+def test_settings_from_env():
+    settings = OperatorSettings.from_env({"CARAMEL_WATCH_NAMESPACES": "a, b", "CARAMEL_RECONCILE_INTERVAL_SECONDS": "0.5"})
+    assert settings.watch_namespaces == ("a", "b") and settings.reconcile_interval_seconds == 0.5
+    assert OperatorSettings.from_env({}).watch_namespaces == ()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CARAMEL_OPERATOR_METRICS_PORT": "http"}, "CARAMEL_OPERATOR_METRICS_PORT: expected a whole number, got 'http'"),
+        ({"CARAMEL_RESTART_BACKOFF_SECONDS": "-1"}, "CARAMEL_RESTART_BACKOFF_SECONDS: must be positive"),
+    ],
+)
+def test_bad_settings_name_the_variable(env, message):
+    with pytest.raises(SettingsError, match=message):
+        OperatorSettings.from_env(env)
