@@ -90,6 +90,19 @@ class KubeApi:
             self.set_pod_status(pod["metadata"]["name"], {"phase": phase, **extra})
 
 
+def printer_row(job: dict[str, Any]) -> dict[str, Any]:
+    """The `kubectl get cj -o wide` row of a job, from the CRD's printer columns (kubectl needs a real server)."""
+    from caramel_operator.crd import PRINTER_COLUMNS
+
+    def follow(path: str) -> Any:
+        value: Any = job
+        for part in path.strip(".").split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    return {column["name"]: follow(column["jsonPath"]) for column in PRINTER_COLUMNS}
+
+
 def terminated(exit_code: int, reason: str = "Error", message: str = "") -> dict[str, Any]:
     """Pod status of a worker whose container exited."""
     return {

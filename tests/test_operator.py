@@ -10,7 +10,7 @@ from caramel.jobfile import parse_job
 from caramel.metrics import StepRecord, WorkerMetrics
 from conftest import free_port
 from caramel_operator.builders import build_worker_pods
-from operator_harness import SERVICES, Emulator, Operator, eventually, terminated
+from operator_harness import SERVICES, Emulator, Operator, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
 
@@ -209,6 +209,9 @@ def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emu
     assert progress["step"] == 5 and progress["stepSeconds"] == pytest.approx(0.2)
     assert progress["bandwidth"] == "2.0 GB/s" and progress["loss"] == 1.5
     assert api.status("demo")["tuning"] == {"bucketBytes": 8 * 1024 * 1024}
+    row = printer_row(api.job("demo"))
+    print(f"\nkubectl get cj -o wide: {row}")
+    assert row["Phase"] == "Running" and row["Ready"] == "2/2" and row["Step"] == 5 and row["Bandwidth"] == "2.0 GB/s"
 
     api.set_pod_status("demo-worker-1", terminated(1))
     pods = eventually(
