@@ -20,10 +20,12 @@ CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
 
 setup: $(VENV)/.setup-done
 
-$(VENV)/.setup-done: pyproject.toml Makefile
+$(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh
 	@command -v cmake >/dev/null || { echo "cmake is needed to build Horovod: apt-get install cmake"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --upgrade pip setuptools wheel
+	@# kubectl and helm, for the chart tests and the kind end-to-end script; cached like Horovod.
+	@bash scripts/install-k8s-tools.sh $(VENV)
 	@echo "--- installing TensorFlow (CPU)"
 	$(VENV_PYTHON) -m pip install --quiet $(TENSORFLOW)
 	@if ls $(WHEEL_CACHE)/horovod-*.whl >/dev/null 2>&1; then \

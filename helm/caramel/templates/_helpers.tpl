@@ -1,0 +1,106 @@
+{{/* The chart's name, for the app.kubernetes.io/name label. */}}
+{{- define "caramel.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/* The release's base name: the release name, with the chart's name unless it holds it already. */}}
+{{- define "caramel.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* Name of the operator's Deployment, Service and RBAC objects. */}}
+{{- define "caramel.operatorName" -}}
+{{- printf "%s-operator" (include "caramel.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{- define "caramel.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/* Labels of every object of the release. */}}
+{{- define "caramel.labels" -}}
+helm.sh/chart: {{ include "caramel.chart" . }}
+app.kubernetes.io/name: {{ include "caramel.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: caramel
+{{- end }}
+
+{{/*
+Labels that select the operator's pod. Worker pods carry app.kubernetes.io/name=caramel too, and
+app.kubernetes.io/instance=<job>: the component keeps them out even of a release named like a job.
+*/}}
+{{- define "caramel.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "caramel.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "caramel.operatorLabels" -}}
+{{ include "caramel.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "caramel.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "caramel.operatorName" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end }}
+
+{{- define "caramel.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end }}
+
+{{/*
+The namespaces the operator serves, comma-separated (CARAMEL_WATCH_NAMESPACES): empty, for all,
+with rbac.scope=cluster; rbac.watchNamespaces or the release's namespace with rbac.scope=namespaced.
+*/}}
+{{- define "caramel.watchNamespaces" -}}
+{{- if eq .Values.rbac.scope "namespaced" -}}
+{{- .Values.rbac.watchNamespaces | default (list .Release.Namespace) | uniq | join "," -}}
+{{- else if .Values.rbac.watchNamespaces -}}
+{{- fail "rbac.watchNamespaces is only for rbac.scope=namespaced: with rbac.scope=cluster the operator serves every namespace" -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+What the operator does in the namespaces it serves: granted cluster-wide by a ClusterRole, or in
+each served namespace by a Role. Kept equal to manifests/rbac.yaml (tests/test_chart.py checks).
+*/}}
+{{- define "caramel.operatorRules" -}}
+# CaramelJobs: kopf lists and watches them and patches its finalizer and handler state onto
+# them; the operator reads and updates them and writes their status.
+- apiGroups: [caramel.dev]
+  resources: [carameljobs]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [caramel.dev]
+  resources: [carameljobs/status]
+  verbs: [get, patch, update]
+# The worker pods of each gang and the headless Service that names them.
+- apiGroups: [""]
+  resources: [pods, services]
+  verbs: [get, list, watch, create, patch, delete]
+# Events about CaramelJobs, in both events APIs (kopf posts core/v1 ones).
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+
+{{/* kopf watches CRDs, to notice the CaramelJob CRD being installed or upgraded while it runs. */}}
+{{- define "caramel.crdReadRule" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- end }}
