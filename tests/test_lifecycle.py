@@ -102,7 +102,7 @@ def test_the_new_gang_waits_for_the_backoff_and_for_the_old_pods_to_go():
     [create] = actions_of(ready, CreatePods)
     assert all(pod["metadata"]["labels"]["caramel.dev/gang"] == "1" for pod in create.manifests)
     env = {e["name"]: e["value"] for e in create.manifests[0]["spec"]["containers"][0]["env"]}
-    assert env["CARAMEL_TUNING"] == '{"bucketBytes":4096}'
+    assert env["CARAMEL_TUNING"] == '{"bucketBytes":4096,"alphaSeconds":null,"betaSecondsPerByte":null}'
 
 
 def test_backoff_limit_reached_fails_with_the_workers_reason():

@@ -31,6 +31,13 @@ EXPECTED_SERIES = [
     "caramel_loss",
     "caramel_batching_bucket_bytes",
     "caramel_batching_transfers",
+    "caramel_exposed_communication_seconds_total",
+    "caramel_overlap_ratio",
+    "caramel_transfer_wait_seconds_total",
+    "caramel_transfers_total",
+    "caramel_plan_changes_total",
+    "caramel_link_alpha_seconds",
+    "caramel_link_beta_seconds_per_byte",
 ]
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from caramel.jobfile import parse_job
-from caramel.metrics import StepRecord, WorkerMetrics
+from caramel.metrics import PlanRecord, StepRecord, WorkerMetrics
 from conftest import free_port
 from caramel_operator.builders import build_worker_pods
 from operator_harness import SERVICES, Emulator, Operator, eventually, printer_row, terminated
@@ -197,9 +197,9 @@ def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emu
     port = free_port()
     rank0 = WorkerMetrics(rank=0)
     rank0.serve(port)
-    rank0.record_batching(8 * 1024 * 1024)
+    rank0.record_plan(PlanRecord(bucket_bytes=8 * 1024 * 1024, alpha_seconds=0.002, beta_seconds_per_byte=1e-9, plan_changes=0))
     for step in range(1, 6):
-        rank0.record_step(StepRecord(step, 0.2, 0.05, 100_000_000, 3, 1.5))
+        rank0.record_step(StepRecord(step, 0.2, 0.05, 0.05, 0.0, 100_000_000, 3, 1.5))
 
     api = emulator.api
     api.create_job("demo", {**SPEC, "metrics": {"port": port}})
@@ -208,7 +208,8 @@ def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emu
     progress = eventually(lambda: api.status("demo").get("progress"), what="progress in the status")
     assert progress["step"] == 5 and progress["stepSeconds"] == pytest.approx(0.2)
     assert progress["bandwidth"] == "2.0 GB/s" and progress["loss"] == 1.5
-    assert api.status("demo")["tuning"] == {"bucketBytes": 8 * 1024 * 1024}
+    tuning = {"bucketBytes": 8 * 1024 * 1024, "alphaSeconds": 0.002, "betaSecondsPerByte": 1e-9}
+    assert api.status("demo")["tuning"] == tuning
     row = printer_row(api.job("demo"))
     print(f"\nkubectl get cj -o wide: {row}")
     assert row["Phase"] == "Running" and row["Ready"] == "2/2" and row["Step"] == 5 and row["Bandwidth"] == "2.0 GB/s"
@@ -218,4 +219,4 @@ def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emu
         lambda: [p for p in api.pods("demo") if p["metadata"]["labels"]["caramel.dev/gang"] == "1"], what="a new gang"
     )
     env = {var["name"]: var["value"] for var in pods[0]["spec"]["containers"][0]["env"]}
-    assert json.loads(env["CARAMEL_TUNING"]) == {"bucketBytes": 8 * 1024 * 1024}
+    assert json.loads(env["CARAMEL_TUNING"]) == tuning

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import generate_latest
 
-from caramel.metrics import StepRecord, WorkerMetrics
+from caramel.metrics import PlanRecord, StepRecord, WorkerMetrics
 from caramel_operator.config import OperatorSettings, SettingsError
 from caramel_operator.progress import human_bandwidth, read_progress
 
@@ -16,9 +16,9 @@ NOW = datetime(2026, 11, 21, tzinfo=UTC)
 
 def metrics_text(steps):
     metrics = WorkerMetrics(rank=0)
-    metrics.record_batching(1 << 20)
+    metrics.record_plan(PlanRecord(bucket_bytes=1 << 20, alpha_seconds=0.001, beta_seconds_per_byte=2e-9, plan_changes=1))
     for step, seconds in steps:
-        metrics.record_step(StepRecord(step, seconds, seconds / 2, 50_000_000, 2, 0.75))
+        metrics.record_step(StepRecord(step, seconds, seconds / 2, seconds / 4, 0.0, 50_000_000, 2, 0.75))
     return generate_latest(metrics.registry).decode()
 
 
@@ -27,6 +27,7 @@ def test_progress_from_rank0_metrics():
     assert first.progress.step == 2 and first.progress.step_seconds == pytest.approx(0.75)
     assert first.progress.bandwidth == "200.0 MB/s" and first.progress.loss == 0.75
     assert first.tuning.bucket_bytes == 1 << 20
+    assert (first.tuning.alpha_seconds, first.tuning.beta_seconds_per_byte) == (0.001, 2e-9)
     # The next scrape averages only the steps since the last one.
     later = read_progress(metrics_text([(1, 1.0), (2, 0.5), (3, 0.2), (4, 0.2)]), first.totals, NOW)
     assert later.progress.step_seconds == pytest.approx(0.2)

@@ -49,6 +49,10 @@ def _structural(node: Any, definitions: dict[str, Any]) -> Any:
         return _structural(merged, definitions)
     if "anyOf" in node:
         return _structural(_collapse_any_of(node), definitions)
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), (int, float)) and not isinstance(node.get(bound), bool):
+            # JSON Schema's exclusive bounds are numbers; OpenAPI v3.0's are flags on the bound.
+            node = {**node, limit: node[bound], bound: True}
     if "const" in node:
         node = {**{k: v for k, v in node.items() if k != "const"}, "enum": [node["const"]]}
     result = {key: _structural(value, definitions) for key, value in node.items() if key not in _DROPPED_KEYS}

@@ -8,7 +8,7 @@ from datetime import datetime
 from prometheus_client.parser import text_string_to_metric_families
 
 from caramel.api import TrainingProgress, Tuning
-from caramel.metrics import BANDWIDTH, BUCKET_BYTES, GLOBAL_STEP, LOSS, STEP_DURATION
+from caramel.metrics import BANDWIDTH, BUCKET_BYTES, GLOBAL_STEP, LINK_ALPHA, LINK_BETA, LOSS, STEP_DURATION
 from caramel_operator.lifecycle import timestamp
 
 
@@ -51,7 +51,11 @@ def read_progress(metrics_text: str, previous: StepTotals | None, now: datetime)
         update_time=timestamp(now),
     )
     bucket = samples.get(BUCKET_BYTES)
-    return Scrape(progress, Tuning(bucket_bytes=int(bucket)) if bucket else None, totals)
+    tuning = None
+    if bucket:
+        beta = samples.get(LINK_BETA)
+        tuning = Tuning(bucket_bytes=int(bucket), alpha_seconds=samples.get(LINK_ALPHA), beta_seconds_per_byte=beta or None)
+    return Scrape(progress, tuning, totals)
 
 
 def human_bandwidth(bytes_per_second: float) -> str:

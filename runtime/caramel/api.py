@@ -304,10 +304,16 @@ class CaramelJob(ApiModel):
 
 
 class Tuning(ApiModel):
-    """Batching parameters the runtime tuned from observed bandwidth; a restarted gang starts from them."""
+    """What the runtime learnt of the network; a restarted gang plans its first steps from it."""
 
     bucket_bytes: int = Field(ge=1)
     """Largest gradient transfer in the plan in force, in bytes."""
+
+    alpha_seconds: float | None = Field(None, ge=0)
+    """Fitted fixed cost of one transfer, in seconds."""
+
+    beta_seconds_per_byte: float | None = Field(None, gt=0)
+    """Fitted inverse bandwidth, in seconds per byte."""
 
 
 class Phase(StrEnum):

@@ -1,9 +1,10 @@
-"""Gradient communication: every allreduce of a Caramel training process goes through here.
+"""Gradient communication for the tape and optimizer drop-ins: a whole step's gradients at once.
 
-The communicator executes a transfer plan (see `caramel.planning`) with Horovod collectives,
-eagerly, and keeps count of the time and bytes spent, which the per-step metrics report.
-Inside a `tf.function` it is reached through `tf.py_function`, so that the schedule is decided
-in Python at run time rather than frozen into the graph.
+`tf.GradientTape` hands over every gradient together, so the communicator gives them all to a
+TransferEngine in one go and waits for the averages. The engine plans and batches the
+transfers, fits the link from their timings and re-plans, exactly as for layer-wise training.
+Inside a `tf.function` the communicator is reached through `tf.py_function`, so the schedule
+is decided in Python at run time rather than frozen into the graph.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from caramel.api import Scheduling, Tuning
-from caramel.planning import Transfer, bucket_limit, plan_transfers
+from caramel.engine import INITIAL_LINK, TransferEngine
+from caramel.linkmodel import LinkModel
+from caramel.planning import Piece
+from caramel.schedule import TensorCost
 
 
 @dataclass
@@ -25,8 +28,17 @@ class CommunicationStats:
     """What the communicator did since the stats were last taken."""
 
     seconds: float = 0.0
+    waited_seconds: float = 0.0
+    transfer_wait_seconds: float = 0.0
     nbytes: int = 0
     transfers: int = 0
+
+
+def initial_link(tuning: Tuning | None) -> LinkModel:
+    """The link a restarted gang measured last, or a cautious guess."""
+    if tuning and tuning.alpha_seconds is not None and tuning.beta_seconds_per_byte is not None:
+        return LinkModel(alpha=tuning.alpha_seconds, beta=tuning.beta_seconds_per_byte)
+    return INITIAL_LINK
 
 
 class GradientCommunicator:
@@ -34,42 +46,49 @@ class GradientCommunicator:
 
     def __init__(self, scheduling: Scheduling, tuning: Tuning | None = None) -> None:
         self.scheduling = scheduling
-        self.bucket_bytes = bucket_limit(scheduling, tuning)
-        self._plans: dict[tuple[tuple[int, str], ...], list[Transfer]] = {}
+        self._initial_link = initial_link(tuning)
+        self.engine: TransferEngine | None = None
+        self._signature: tuple[tuple[int, str], ...] = ()
+        self._iteration = 0
+        self._pieces: dict[int, list[tuple[int, tf.Tensor]]] = {}
         self._stats = CommunicationStats()
         self._lock = threading.Lock()
 
-    def plan_for(self, tensors: Sequence[tf.Tensor]) -> list[Transfer]:
-        """The transfer plan for tensors of these sizes and types (cached: models keep their shapes)."""
+    def _engine_for(self, tensors: Sequence[tf.Tensor]) -> TransferEngine:
         signature = tuple((int(tf.size(t)), t.dtype.name) for t in tensors)
-        plan = self._plans.get(signature)
-        if plan is None:
-            plan = plan_transfers(
-                [count for count, _ in signature], [t.dtype.size for t in tensors], self.scheduling, self.bucket_bytes
-            )
-            self._plans[signature] = plan
-        return plan
+        if self.engine is None or signature != self._signature:
+            if self.engine is not None:
+                raise ValueError("the set of gradients changed between steps; Caramel plans for a fixed model")
+            costs = [TensorCost(nbytes=count * t.dtype.size, item_size=t.dtype.size) for (count, _), t in zip(signature, tensors)]
+            self.engine = TransferEngine(costs, self.scheduling, self._store_piece, self._initial_link)
+            self._signature = signature
+        return self.engine
+
+    def _store_piece(self, piece: Piece, average: tf.Tensor) -> None:
+        self._pieces.setdefault(piece.tensor, []).append((piece.start, average))
 
     def allreduce(self, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """The average of every tensor over all ranks, computed eagerly along the plan."""
+        """The average of every tensor over all ranks."""
+        engine = self._engine_for(tensors)
+        iteration = self._iteration
         started = time.perf_counter()
-        plan = self.plan_for(tensors)
-        flat = [tf.reshape(t, [-1]) for t in tensors]
-        reduced_pieces: dict[int, list[tuple[int, tf.Tensor]]] = {i: [] for i in range(len(tensors))}
-        for transfer in plan:
-            inputs = [flat[p.tensor][p.start : p.stop] for p in transfer.pieces]
-            outputs = hvd.grouped_allreduce(inputs, op=hvd.Average)
-            for piece, output in zip(transfer.pieces, outputs):
-                reduced_pieces[piece.tensor].append((piece.start, output))
+        for index, tensor in enumerate(tensors):
+            engine.gradient_ready(iteration, index, tensor)
+        engine.wait_all_updated(iteration)
+        waited = time.perf_counter() - started
         results = []
         for index, tensor in enumerate(tensors):
-            pieces = [output for _, output in sorted(reduced_pieces[index], key=lambda item: item[0])]
-            joined = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
+            parts = [part for _, part in sorted(self._pieces.pop(index), key=lambda item: item[0])]
+            joined = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
             results.append(tf.reshape(joined, tf.shape(tensor)))
+        stats = engine.stats(iteration)
         with self._lock:
-            self._stats.seconds += time.perf_counter() - started
-            self._stats.nbytes += sum(transfer.nbytes for transfer in plan)
-            self._stats.transfers += len(plan)
+            self._stats.seconds += stats.communication_seconds
+            self._stats.waited_seconds += waited
+            self._stats.transfer_wait_seconds += stats.waiting_seconds
+            self._stats.nbytes += stats.nbytes
+            self._stats.transfers += stats.transfers
+        self._iteration += 1
         return results
 
     def take_stats(self) -> CommunicationStats:

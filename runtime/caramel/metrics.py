@@ -10,12 +10,14 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-# Series the operator reads from rank 0 to report progress in the job's status.
+# Series the operator reads from rank 0 to report progress and tuning in the job's status.
 STEP_DURATION = "caramel_step_duration_seconds"
 GLOBAL_STEP = "caramel_global_step"
 BANDWIDTH = "caramel_bandwidth_bytes_per_second"
 LOSS = "caramel_loss"
 BUCKET_BYTES = "caramel_batching_bucket_bytes"
+LINK_ALPHA = "caramel_link_alpha_seconds"
+LINK_BETA = "caramel_link_beta_seconds_per_byte"
 
 # Step times from a millisecond (a tiny model) to a minute (a large model on a slow link).
 STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -28,9 +30,24 @@ class StepRecord:
     step: int
     step_seconds: float
     communication_seconds: float
+    """Time the network was busy with this step's collectives."""
+    exposed_seconds: float
+    """Time the training loop waited for communication: what overlap did not hide."""
+    transfer_wait_seconds: float
+    """Time transfers waited for their gradients to exist."""
     communicated_bytes: int
     transfers: int
     loss: float
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """The transfer plan in force and the link model it was made for."""
+
+    bucket_bytes: int
+    alpha_seconds: float
+    beta_seconds_per_byte: float
+    plan_changes: int
 
 
 class WorkerMetrics:
@@ -38,33 +55,36 @@ class WorkerMetrics:
 
     def __init__(self, rank: int, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        labels = ["rank"]
 
         def metric(kind, name, documentation, **kwargs):
-            return kind(name, documentation, labels, registry=self.registry, **kwargs).labels(rank=str(rank))
+            return kind(name, documentation, ["rank"], registry=self.registry, **kwargs).labels(rank=str(rank))
 
-        self.step_duration = metric(
-            Histogram, STEP_DURATION, "Wall time of a training step.", buckets=STEP_SECONDS_BUCKETS
+        self.step_duration = metric(Histogram, STEP_DURATION, "Wall time of a training step.", buckets=STEP_SECONDS_BUCKETS)
+        self.compute = metric(Counter, "caramel_compute_seconds", "Step time not spent waiting for communication.")
+        self.communication = metric(Counter, "caramel_communication_seconds", "Time the gradient collectives took.")
+        self.exposed = metric(
+            Counter, "caramel_exposed_communication_seconds", "Time training waited for communication (not overlapped)."
         )
-        self.compute = metric(
-            Counter, "caramel_compute_seconds", "Step time not spent waiting for gradient communication."
+        self.overlap = metric(
+            Gauge, "caramel_overlap_ratio", "Share of the last step's communication hidden behind computation (0 to 1)."
         )
-        self.communication = metric(
-            Counter, "caramel_communication_seconds", "Time spent waiting for gradient allreduce."
+        self.transfer_wait = metric(
+            Counter, "caramel_transfer_wait_seconds", "Time transfers waited for their gradients; divide by transfers."
         )
+        self.transfers_total = metric(Counter, "caramel_transfers", "Gradient transfers (collectives) done.")
         self.communicated = metric(Counter, "caramel_communicated_bytes", "Gradient bytes allreduced.")
         self.bandwidth = metric(
-            Gauge,
-            BANDWIDTH,
-            "Gradient bytes allreduced per second of communication in the last step (algorithm bandwidth).",
+            Gauge, BANDWIDTH, "Gradient bytes allreduced per second of communication in the last step (algorithm bandwidth)."
         )
         self.steps = metric(Counter, "caramel_steps", "Training steps completed by this process.")
         self.global_step = metric(Gauge, GLOBAL_STEP, "Training step reached, counting restored steps.")
         self.loss = metric(Gauge, LOSS, "Training loss of the last step on this rank.")
-        self.bucket_bytes = metric(
-            Gauge, BUCKET_BYTES, "Largest gradient transfer the batching plan allows."
-        )
+        self.bucket_bytes = metric(Gauge, BUCKET_BYTES, "Largest gradient transfer the plan in force allows.")
         self.transfers = metric(Gauge, "caramel_batching_transfers", "Gradient transfers per step in the plan in force.")
+        self.plan_changes = metric(Counter, "caramel_plan_changes", "Re-plans that changed the transfer schedule.")
+        self.alpha = metric(Gauge, LINK_ALPHA, "Fitted fixed cost of one transfer (alpha).")
+        self.beta = metric(Gauge, LINK_BETA, "Fitted inverse bandwidth (beta).")
+        self._plan_changes_seen = 0
 
     def serve(self, port: int) -> None:
         """Serve /metrics on every interface, in a daemon thread."""
@@ -72,15 +92,24 @@ class WorkerMetrics:
 
     def record_step(self, record: StepRecord) -> None:
         self.step_duration.observe(record.step_seconds)
-        self.compute.inc(max(0.0, record.step_seconds - record.communication_seconds))
+        self.compute.inc(max(0.0, record.step_seconds - record.exposed_seconds))
         self.communication.inc(record.communication_seconds)
-        self.communicated.inc(record.communicated_bytes)
+        self.exposed.inc(record.exposed_seconds)
         if record.communication_seconds > 0:
+            hidden = record.communication_seconds - min(record.exposed_seconds, record.communication_seconds)
+            self.overlap.set(hidden / record.communication_seconds)
             self.bandwidth.set(record.communicated_bytes / record.communication_seconds)
+        self.transfer_wait.inc(record.transfer_wait_seconds)
+        self.transfers_total.inc(record.transfers)
+        self.communicated.inc(record.communicated_bytes)
         self.steps.inc()
         self.global_step.set(record.step)
         self.loss.set(record.loss)
         self.transfers.set(record.transfers)
 
-    def record_batching(self, bucket_bytes: int) -> None:
-        self.bucket_bytes.set(bucket_bytes)
+    def record_plan(self, plan: PlanRecord) -> None:
+        self.bucket_bytes.set(plan.bucket_bytes)
+        self.alpha.set(plan.alpha_seconds)
+        self.beta.set(plan.beta_seconds_per_byte)
+        self.plan_changes.inc(plan.plan_changes - self._plan_changes_seen)
+        self._plan_changes_seen = plan.plan_changes

@@ -53,7 +53,6 @@ class TrainingRun:
         self._last_progress = 0.0
         self.contract = WorkerContract.from_env()
         self.metrics = WorkerMetrics(self.rank)
-        self.metrics.record_batching(self._communicator.bucket_bytes)
         if self.contract.metrics_port:
             self.metrics.serve(self.contract.metrics_port)
         self._checkpoint_manager = self._restore_and_sync()
@@ -102,8 +101,19 @@ class TrainingRun:
     def _finish_step(self, step: int, seconds: float) -> None:
         stats = self._communicator.take_stats()
         self.metrics.record_step(
-            StepRecord(step, seconds, stats.seconds, stats.nbytes, stats.transfers, self._loss)
+            StepRecord(
+                step=step,
+                step_seconds=seconds,
+                communication_seconds=stats.seconds,
+                exposed_seconds=stats.waited_seconds,
+                transfer_wait_seconds=stats.transfer_wait_seconds,
+                communicated_bytes=stats.nbytes,
+                transfers=stats.transfers,
+                loss=self._loss,
+            )
         )
+        if self._communicator.engine is not None:
+            self.metrics.record_plan(self._communicator.engine.plan_record())
         self._step.assign(step)
         self._step_seconds.append(seconds)
         self._losses.append(self._loss)

@@ -1,0 +1,178 @@
+"""Time-aware transfer schedules: the order and grouping of one iteration's gradient transfers.
+
+A gradient exists once backpropagation reaches its layer (its release time) and is needed by
+the next forward pass when that pass reaches the layer (its deadline). Deadlines follow the
+forward order, so sending the released piece with the earliest deadline first (TicTac's order,
+earliest-deadline-first) is optimal for one link when transfers can be cut into chunks, which
+lets an urgent small gradient overtake the rest of a large one. Small gradients are batched,
+because every transfer pays the link's fixed cost alpha.
+
+`build_schedule` turns predicted layer times and a link model into a static sequence of
+transfers; `simulate` predicts the step time of a schedule, with the next forward pass waiting
+for each parameter only where it reads it; `best_schedule` searches the batching parameters
+for the lowest predicted step (in the spirit of MG-WFBP). Everything is a pure function of
+data all ranks share, so every rank derives the same schedule.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from caramel.api import Batching, Ordering, Scheduling
+from caramel.linkmodel import LinkModel
+from caramel.planning import Piece, Transfer
+
+KiB = 1024
+MiB = 1024 * KiB
+# Candidate sizes for the planner's search: powers of four from 64 KiB to 256 MiB, kept within
+# the job's minBucketBytes..maxBucketBytes.
+CANDIDATE_SIZES = [64 * KiB * 4**power for power in range(7)]
+# Iterations simulated to reach the steady state (the first has no waits).
+SIMULATED_ITERATIONS = 4
+
+
+@dataclass(frozen=True)
+class TensorCost:
+    """One parameter tensor, in forward order: its gradient's size and its layer's compute times."""
+
+    nbytes: int
+    item_size: int
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Batch:
+    """How gradients are grouped: no transfer starts below `min_bytes` while more gradients are
+    still to come in the iteration; none exceeds `max_bytes`; tensors are cut into chunks of at
+    most `chunk_bytes`."""
+
+    min_bytes: int
+    max_bytes: int
+    chunk_bytes: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    transfers: tuple[Transfer, ...]
+    batch: Batch
+    predicted_step_seconds: float
+
+
+def release_times(tensors: Sequence[TensorCost]) -> list[float]:
+    """When each gradient exists, from the start of an undelayed iteration."""
+    forward = sum(t.forward_seconds for t in tensors)
+    released = [0.0] * len(tensors)
+    elapsed = forward
+    for index in reversed(range(len(tensors))):
+        elapsed += tensors[index].backward_seconds
+        released[index] = elapsed
+    return released
+
+
+def _pieces(tensors: Sequence[TensorCost], chunk_bytes: int, batching: Batching) -> list[Piece]:
+    pieces = []
+    for index, tensor in enumerate(tensors):
+        count = tensor.nbytes // tensor.item_size
+        step = count if batching is Batching.OFF else max(1, chunk_bytes // tensor.item_size)
+        for start in range(0, max(count, 1), max(step, 1)):
+            pieces.append(Piece(index, start, min(count, start + step)))
+    return pieces
+
+
+def build_schedule(
+    tensors: Sequence[TensorCost], link: LinkModel, batch: Batch, ordering: Ordering, batching: Batching
+) -> tuple[Transfer, ...]:
+    """The static sequence of one iteration's transfers, by simulated earliest-deadline-first."""
+    released = release_times(tensors)
+    item = [t.item_size for t in tensors]
+
+    def urgency(piece: Piece) -> tuple[int, int]:
+        # Deadlines follow forward order; arrival order is Horovod's, last layer first.
+        return (-piece.tensor if ordering is Ordering.ARRIVAL else piece.tensor, piece.start)
+
+    upcoming = sorted(_pieces(tensors, batch.chunk_bytes, batching), key=lambda p: (released[p.tensor], urgency(p)))
+    size = {piece: (piece.stop - piece.start) * item[piece.tensor] for piece in upcoming}
+    ready: list[tuple[tuple[int, int], Piece]] = []
+    ready_bytes = 0
+    transfers: list[Transfer] = []
+    clock = 0.0
+    position = 0
+    while position < len(upcoming) or ready:
+        while position < len(upcoming) and released[upcoming[position].tensor] <= clock:
+            heapq.heappush(ready, (urgency(upcoming[position]), upcoming[position]))
+            ready_bytes += size[upcoming[position]]
+            position += 1
+        more_to_come = position < len(upcoming)
+        if not ready or (more_to_come and batching is not Batching.OFF and ready_bytes < batch.min_bytes):
+            clock = released[upcoming[position].tensor]
+            continue
+        bucket: list[Piece] = []
+        nbytes = 0
+        while ready:
+            piece = ready[0][1]
+            if bucket and (batching is Batching.OFF or nbytes + size[piece] > batch.max_bytes):
+                break
+            heapq.heappop(ready)
+            bucket.append(piece)
+            nbytes += size[piece]
+        ready_bytes -= nbytes
+        transfers.append(Transfer(tuple(bucket), nbytes))
+        clock += link.seconds(nbytes)
+    return tuple(transfers)
+
+
+def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link: LinkModel) -> float:
+    """Predicted steady-state step time: the link runs the schedule, the next forward pass waits
+    for each parameter's update only where it reads it."""
+    pieces_left = [0] * len(tensors)
+    for transfer in transfers:
+        for piece in transfer.pieces:
+            pieces_left[piece.tensor] += 1
+    updated = [0.0] * len(tensors)
+    clock = link_free = 0.0
+    backward_ends = []
+    for _ in range(SIMULATED_ITERATIONS):
+        for index, tensor in enumerate(tensors):
+            clock = max(clock, updated[index]) + tensor.forward_seconds
+        released = [0.0] * len(tensors)
+        for index in reversed(range(len(tensors))):
+            clock += tensors[index].backward_seconds
+            released[index] = clock
+        backward_ends.append(clock)
+        left = list(pieces_left)
+        for transfer in transfers:
+            start = max([link_free] + [released[p.tensor] for p in transfer.pieces])
+            link_free = start + link.seconds(transfer.nbytes)
+            for piece in transfer.pieces:
+                left[piece.tensor] -= 1
+                if left[piece.tensor] == 0:
+                    updated[piece.tensor] = link_free
+    return backward_ends[-1] - backward_ends[-2]
+
+
+def candidate_batches(scheduling: Scheduling) -> list[Batch]:
+    low, high = scheduling.min_bucket_bytes, scheduling.max_bucket_bytes
+    sizes = sorted({min(high, max(low, size)) for size in CANDIDATE_SIZES})
+    if scheduling.batching is not Batching.AUTO:
+        return [Batch(min_bytes=0, max_bytes=high, chunk_bytes=high)]
+    return [
+        Batch(min_bytes=min_bytes, max_bytes=max_bytes, chunk_bytes=max_bytes)
+        for max_bytes in sizes
+        for min_bytes in [0, *(size for size in sizes if size <= max_bytes)]
+    ]
+
+
+def best_schedule(tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling) -> Plan:
+    """The schedule with the lowest predicted step among the candidate batchings."""
+    ordering = Ordering.ARRIVAL if scheduling.ordering is Ordering.ARRIVAL else Ordering.TIC
+    best: Plan | None = None
+    for batch in candidate_batches(scheduling):
+        transfers = build_schedule(tensors, link, batch, ordering, scheduling.batching)
+        predicted = simulate(tensors, transfers, link)
+        if best is None or predicted < best.predicted_step_seconds - 1e-9:
+            best = Plan(transfers, batch, predicted)
+    assert best is not None
+    return best

@@ -1,0 +1,128 @@
+"""Transfer schedules and the link model: pure functions every rank evaluates identically."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from caramel.api import Batching, Ordering, Scheduling
+from caramel.linkmodel import LinkModel, LinkObserver, fit
+from caramel.schedule import Batch, TensorCost, best_schedule, build_schedule, release_times, simulate
+
+MiB = 1024 * 1024
+LINK = LinkModel(alpha=1e-3, beta=1 / 500e6)
+
+
+def costs(sizes, forward=0.0, backward=0.0):
+    total = sum(sizes)
+    return [TensorCost(size, 4, forward * size / total, backward * size / total) for size in sizes]
+
+
+def assert_exact_cover(tensors, transfers):
+    seen = {}
+    for transfer in transfers:
+        assert transfer.nbytes == sum((p.stop - p.start) * 4 for p in transfer.pieces)
+        for piece in transfer.pieces:
+            seen.setdefault(piece.tensor, []).append((piece.start, piece.stop))
+    assert sorted(seen) == list(range(len(tensors)))
+    for index, ranges in seen.items():
+        ranges.sort()
+        assert ranges[0][0] == 0 and ranges[-1][1] == tensors[index].nbytes // 4
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+@pytest.mark.parametrize("batching", list(Batching))
+@pytest.mark.parametrize("ordering", [Ordering.TIC, Ordering.ARRIVAL])
+@pytest.mark.parametrize("limits", [(0, 64), (4096, 4096), (0, 10 * MiB)])
+def test_every_element_travels_exactly_once(batching, ordering, limits):
+    random.seed(7)
+    tensors = costs([random.choice([4, 400, 4096, 40_000, 3 * MiB]) for _ in range(30)], 0.1, 0.2)
+    batch = Batch(min_bytes=limits[0], max_bytes=limits[1], chunk_bytes=limits[1])
+    transfers = build_schedule(tensors, LINK, batch, ordering, batching)
+    assert_exact_cover(tensors, transfers)
+    if batching is not Batching.OFF:
+        assert all(t.nbytes <= limits[1] or len(t.pieces) == 1 for t in transfers)
+
+
+def test_off_sends_whole_tensors_one_by_one():
+    tensors = costs([64 * MiB, 4, 4])
+    transfers = build_schedule(tensors, LINK, Batch(0, MiB, MiB), Ordering.TIC, Batching.OFF)
+    assert [len(t.pieces) for t in transfers] == [1, 1, 1]
+
+
+def test_released_gradients_go_earliest_deadline_first_and_overtake_chunks():
+    # Backward produces the big last layer first; the small first layer, needed first by the
+    # next forward pass, must overtake the big one's remaining chunks once it exists.
+    tensors = [TensorCost(4096, 4, 0.0, 0.001), TensorCost(64 * MiB, 4, 0.0, 0.001)]
+    transfers = build_schedule(tensors, LINK, Batch(0, 4 * MiB, 4 * MiB), Ordering.TIC, Batching.FIXED)
+    order = [p.tensor for t in transfers for p in t.pieces]
+    assert order[0] == 1  # the big one starts while the small one does not exist yet
+    assert order[1] == 0  # then the small one jumps the queue
+    arrival = build_schedule(tensors, LINK, Batch(0, 4 * MiB, 4 * MiB), Ordering.ARRIVAL, Batching.FIXED)
+    assert [p.tensor for t in arrival for p in t.pieces][-1] == 0
+
+
+def test_min_bytes_waits_for_more_gradients_before_sending():
+    tensors = costs([1024] * 8, forward=0.0, backward=0.08)
+    eager = build_schedule(tensors, LINK, Batch(0, MiB, MiB), Ordering.TIC, Batching.AUTO)
+    patient = build_schedule(tensors, LINK, Batch(4096, MiB, MiB), Ordering.TIC, Batching.AUTO)
+    assert len(patient) < len(eager)
+    assert all(t.nbytes >= 4096 for t in patient)
+
+
+def test_release_times_follow_backpropagation():
+    assert release_times([TensorCost(4, 4, 1.0, 2.0), TensorCost(4, 4, 1.0, 3.0)]) == [7.0, 5.0]
+
+
+def test_simulation_overlaps_communication_with_the_next_forward_pass():
+    tensors = costs([4 * MiB] * 20, forward=0.15, backward=0.30)
+    comm = sum(LINK.seconds(t.nbytes) for t in tensors)
+    plan = best_schedule(tensors, LINK, Scheduling())
+    assert max(0.45, comm) <= plan.predicted_step_seconds < 0.45 + comm
+    without_compute = simulate(costs([4 * MiB] * 20), plan.transfers, LINK)
+    assert without_compute == pytest.approx(sum(LINK.seconds(t.nbytes) for t in plan.transfers))
+
+
+def test_planner_batches_harder_when_transfers_are_expensive():
+    tensors = costs([64 * 1024] * 100)
+    cheap = best_schedule(tensors, LinkModel(alpha=1e-6, beta=1e-9), Scheduling())
+    costly = best_schedule(tensors, LinkModel(alpha=1e-2, beta=1e-9), Scheduling())
+    assert len(costly.transfers) <= len(cheap.transfers)
+    assert len(costly.transfers) == 1
+
+
+def test_fixed_batching_uses_max_bucket_bytes():
+    tensors = costs([MiB] * 10)
+    plan = best_schedule(tensors, LINK, Scheduling(batching="fixed", minBucketBytes=1024, maxBucketBytes=3 * MiB))
+    assert plan.batch.max_bytes == 3 * MiB and all(t.nbytes <= 3 * MiB for t in plan.transfers)
+
+
+def test_plans_are_deterministic():
+    tensors = costs([random.Random(3).randint(1, 10**7) // 4 * 4 for _ in range(50)], 0.1, 0.2)
+    assert best_schedule(tensors, LINK, Scheduling()) == best_schedule(tensors, LINK, Scheduling())
+
+
+def test_fit_recovers_alpha_and_beta():
+    truth = LinkModel(alpha=2e-3, beta=1 / 250e6)
+    rng = random.Random(1)
+    observations = [(size, truth.seconds(size) * rng.uniform(0.97, 1.03)) for size in [2**k for k in range(12, 26)] * 3]
+    fitted = fit(observations)
+    assert fitted.alpha == pytest.approx(truth.alpha, rel=0.2)
+    assert fitted.bytes_per_second == pytest.approx(250e6, rel=0.05)
+
+
+def test_fit_needs_varied_sizes_and_never_goes_negative():
+    assert fit([(1000, 0.1)]) is None
+    assert fit([(1000, 0.1), (1000, 0.2)]) is None
+    through_origin = fit([(1000, 0.0), (2000, 0.003)])
+    assert through_origin.alpha == 0 and through_origin.beta > 0
+
+
+def test_observer_forgets_old_transfers():
+    observer = LinkObserver(window=4)
+    for size in (1000, 2000, 3000, 4000):
+        observer.observe(size, size * 1e-6)
+    for size in (1000, 2000, 3000, 4000):
+        observer.observe(size, size * 4e-6)  # the link got four times slower
+    assert observer.model().beta == pytest.approx(4e-6)
