@@ -14,6 +14,11 @@ from caramel.training import TrainingRun
 
 FEATURES = 32
 CLASSES = 10
+SEED = 1234  # rank 0's initial weights are broadcast to every rank anyway
+DEFAULT_LEARNING_RATE = 0.05
+# The teacher whose classes the model learns: the same on every rank and in every run.
+TEACHER = tf.random.stateless_normal([FEATURES, CLASSES], seed=[7, 7])
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def parse_args() -> argparse.Namespace:
@@ -21,36 +26,43 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=200, help="total training steps (default 200)")
     parser.add_argument("--batch-size", type=int, default=64, help="examples per rank per step (default 64)")
     parser.add_argument("--hidden", type=int, default=256, help="width of the two hidden layers (default 256)")
-    parser.add_argument("--learning-rate", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help="SGD learning rate (default 0.05)")
     return parser.parse_args()
 
 
-def batch(step: int, rank: int, size: int, teacher: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+def batch(step: int, rank: int, size: int) -> tuple[tf.Tensor, tf.Tensor]:
     features = tf.random.stateless_normal([size, FEATURES], seed=[step, rank])
-    labels = tf.argmax(features @ teacher, axis=1)
+    labels = tf.argmax(features @ TEACHER, axis=1)
     return features, labels
+
+
+def build_model(hidden: int) -> tf.keras.Model:
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(hidden, activation="relu"),
+            tf.keras.layers.Dense(hidden, activation="relu"),
+            tf.keras.layers.Dense(CLASSES),
+        ]
+    )
+    model.build((None, FEATURES))
+    return model
+
+
+def build_optimizer(learning_rate: float) -> tf.keras.optimizers.Optimizer:
+    return tf.keras.optimizers.SGD(learning_rate, momentum=0.9)
 
 
 def main() -> None:
     args = parse_args()
     ctf.init()
-    tf.keras.utils.set_random_seed(1234)  # rank 0's initial weights are broadcast anyway
-    teacher = tf.random.stateless_normal([FEATURES, CLASSES], seed=[7, 7])
-    model = tf.keras.Sequential(
-        [
-            tf.keras.layers.Dense(args.hidden, activation="relu"),
-            tf.keras.layers.Dense(args.hidden, activation="relu"),
-            tf.keras.layers.Dense(CLASSES),
-        ]
-    )
-    model.build((None, FEATURES))
-    optimizer = tf.keras.optimizers.SGD(args.learning_rate, momentum=0.9)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    tf.keras.utils.set_random_seed(SEED)
+    model = build_model(args.hidden)
+    optimizer = build_optimizer(args.learning_rate)
 
     @tf.function
     def train_step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(features, training=True))
+            loss = LOSS(labels, model(features, training=True))
         # The tape averages the gradients over all ranks (see train_resnet50.py for the optimizer wrapper).
         gradients = ctf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
@@ -58,7 +70,7 @@ def main() -> None:
 
     run = TrainingRun(model, optimizer, total_steps=args.steps, batch_size=args.batch_size)
     for step in run.steps():
-        run.report_loss(train_step(*batch(step, ctf.rank(), args.batch_size, teacher)))
+        run.report_loss(train_step(*batch(step, ctf.rank(), args.batch_size)))
 
 
 if __name__ == "__main__":

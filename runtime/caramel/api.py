@@ -155,8 +155,9 @@ class Scheduling(ApiModel):
     """Largest transfer, in bytes: bigger buckets are not formed and bigger tensors are pipelined
     in chunks of at most this size."""
 
-    replan_interval_steps: int = Field(50, ge=1)
-    """Steps between re-plans of the batching from fresh bandwidth observations."""
+    replan_interval_steps: int = Field(20, ge=1)
+    """Steps between re-plans from fresh latency and bandwidth observations (rank 0's fit is
+    shared, so every rank follows the same plan)."""
 
     @model_validator(mode="after")
     def _bucket_bounds_ordered(self) -> Scheduling:

@@ -1,0 +1,197 @@
+"""One worker of the emulated-accelerator benchmark: layer compute is slept, communication is real.
+
+Every parameter tensor of the profiled model is a layer whose forward and backward passes take
+the profile's times (slept, so that compute does not fight the real Horovod/Gloo traffic for
+the machine's two cores). Gradients are real tensors of the true sizes, averaged over the
+shaped links with real Horovod collectives.
+
+    --strategy horovod       Horovod as DistributedGradientTape drives it: each gradient enqueued
+                             the moment it exists, Horovod fuses and orders them (set
+                             HOROVOD_AUTOTUNE=1 for autotune), then a barrier before the next step.
+    --strategy caramel       Caramel's TransferEngine: earliest-deadline-first schedule, batching
+                             planned from the fitted link, and the next forward pass waiting for
+                             each parameter only where it reads it.
+    --strategy compute-only  the slept compute alone.
+    --strategy comm-only     all gradients allreduced at once with Horovod's defaults.
+
+Rank 0 prints a JSON line per measured step; every rank prints a JSON summary at the end.
+Run it through the benchmark driver (benchmarks/scheduling_bench.py), which starts it as a
+Caramel worker in a network namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profiles import load_profile, scaled  # noqa: E402
+
+from caramel.contract import WorkerContract  # noqa: E402
+from caramel.engine import TransferEngine  # noqa: E402
+from caramel.planning import Piece  # noqa: E402
+from caramel.schedule import TensorCost  # noqa: E402
+
+STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
+
+
+class Device:
+    """An emulated accelerator: busy for the given times, against a deadline so that the many
+    tiny layer times of a big model do not accumulate sleep overshoot."""
+
+    def __init__(self) -> None:
+        self.free_at = time.perf_counter()
+
+    def run(self, seconds: float) -> None:
+        self.free_at = max(self.free_at, time.perf_counter()) + seconds
+        delay = self.free_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+    def idle_until_now(self) -> None:
+        """The device waited (for a parameter): its next work starts from now."""
+        self.free_at = max(self.free_at, time.perf_counter())
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", required=True, help="resnet50, vgg16 or bert_base")
+    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
+    parser.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
+    parser.add_argument("--warmup", type=int, default=5, help="steps run before measuring (default 5)")
+    parser.add_argument("--device-tflops", type=float, help="emulated device rate; default: the profile's")
+    parser.add_argument("--apply-updates", action="store_true", help="apply SGD updates (costs CPU; off by default)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd.init()
+    profile = load_profile(args.profile)
+    if args.device_tflops:
+        profile = scaled(profile, args.device_tflops)
+    layers = profile.tensors
+    sizes = [int(tf.reduce_prod(layer.shape)) if layer.shape else 1 for layer in layers]
+    gradients = [tf.random.stateless_uniform([size], seed=[hvd.rank(), index]) for index, size in enumerate(sizes)]
+    weights = [tf.Variable(tf.zeros([size])) for size in sizes] if args.apply_updates else []
+    device = Device()
+    steps, details = run_strategy(args, layers, gradients, weights, device)
+    if hvd.rank() == 0:
+        for step, seconds in enumerate(steps[args.warmup :], start=1):
+            print(json.dumps({"event": "step", "step": step, "seconds": seconds}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "summary",
+                "rank": hvd.rank(),
+                "strategy": args.strategy,
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                **details,
+            }
+        ),
+        flush=True,
+    )
+
+
+def run_strategy(args, layers, gradients, weights, device) -> tuple[list[float], dict]:
+    """Every step's duration, and what the strategy reports about itself."""
+    total = args.warmup + args.steps
+    times: list[float] = []
+    details: dict = {}
+    if args.strategy == "compute-only":
+        for _ in range(total):
+            started = time.perf_counter()
+            for layer in layers:
+                device.run(layer.forward_seconds)
+            for layer in reversed(layers):
+                device.run(layer.backward_seconds)
+            times.append(time.perf_counter() - started)
+    elif args.strategy in ("horovod", "comm-only"):
+        run_horovod(args, layers, gradients, weights, device, total, times)
+    else:
+        details = run_caramel(layers, gradients, weights, device, total, times)
+    return times, details
+
+
+def run_horovod(args, layers, gradients, weights, device, total, times) -> None:
+    with ThreadPoolExecutor(max_workers=len(layers)) as pool:
+
+        def allreduce(index: int) -> tuple[int, tf.Tensor]:
+            return index, hvd.allreduce(gradients[index], op=hvd.Average, name=f"gradient.{index}")
+
+        for _ in range(total):
+            started = time.perf_counter()
+            if args.strategy == "comm-only":
+                futures = [pool.submit(allreduce, index) for index in reversed(range(len(layers)))]
+            else:
+                for layer in layers:
+                    device.run(layer.forward_seconds)
+                futures = []
+                for index in reversed(range(len(layers))):
+                    device.run(layers[index].backward_seconds)
+                    futures.append(pool.submit(allreduce, index))
+            wait(futures)
+            for future in futures:
+                index, average = future.result()
+                if weights:
+                    weights[index].assign_sub(0.01 * average)
+            device.idle_until_now()
+            times.append(time.perf_counter() - started)
+
+
+def run_caramel(layers, gradients, weights, device, total, times) -> dict:
+    scheduling = WorkerContract.from_env().scheduling
+
+    def apply_update(piece: Piece, average: tf.Tensor) -> None:
+        if weights:
+            weights[piece.tensor][piece.start : piece.stop].assign(
+                weights[piece.tensor][piece.start : piece.stop] - 0.01 * average
+            )
+
+    costs = [
+        TensorCost(int(g.shape[0]) * 4, 4, layer.forward_seconds, layer.backward_seconds)
+        for g, layer in zip(gradients, layers)
+    ]
+    engine = TransferEngine(costs, scheduling, apply_update)
+    exposed = 0.0
+    try:
+        for iteration in range(total):
+            started = time.perf_counter()
+            for index, layer in enumerate(layers):
+                waiting = time.perf_counter()
+                engine.wait_updated(iteration - 1, index)
+                if time.perf_counter() - waiting > 1e-4:
+                    device.idle_until_now()
+                    exposed += time.perf_counter() - waiting
+                device.run(layer.forward_seconds)
+            for index in reversed(range(len(layers))):
+                device.run(layers[index].backward_seconds)
+                engine.gradient_ready(iteration, index, gradients[index])
+            times.append(time.perf_counter() - started)
+        engine.wait_all_updated(total - 1)
+    finally:
+        engine.close()
+    plan = engine.plan
+    return {
+        "transfers_per_step": len(plan.transfers),
+        "max_bucket_bytes": plan.batch.max_bytes,
+        "min_bucket_bytes": plan.batch.min_bytes,
+        "predicted_step_seconds": plan.predicted_step_seconds,
+        "alpha_seconds": engine.link.alpha,
+        "bytes_per_second": engine.link.bytes_per_second,
+        "plan_changes": engine.plan_changes,
+        "exposed_wait_seconds": exposed,
+    }
+
+
+if __name__ == "__main__":
+    main()
