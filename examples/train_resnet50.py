@@ -8,6 +8,7 @@ downloaded.
 
 import argparse
 
+import horovod.tensorflow as hvd
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
@@ -21,6 +22,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=64, help="image height and width, at least 32 (default 64)")
     parser.add_argument("--classes", type=int, default=100, help="number of classes (default 100)")
     parser.add_argument("--learning-rate", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    parser.add_argument(
+        "--horovod-baseline", action="store_true", help="average gradients with Horovod's own tape (for benchmarks)"
+    )
     args = parser.parse_args()
     if args.image_size < 32:
         parser.error(f"--image-size must be at least 32 for ResNet-50, got {args.image_size}")
@@ -34,15 +38,20 @@ def main() -> None:
     model = tf.keras.applications.ResNet50(
         weights=None, input_shape=(args.image_size, args.image_size, 3), classes=args.classes
     )
+    sgd = tf.keras.optimizers.SGD(args.learning_rate, momentum=0.9)
     # The wrapped optimizer averages the gradients over all ranks before applying them.
-    optimizer = ctf.DistributedOptimizer(tf.keras.optimizers.SGD(args.learning_rate, momentum=0.9))
+    optimizer = sgd if args.horovod_baseline else ctf.DistributedOptimizer(sgd)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
 
     @tf.function
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(images, training=True))
-        optimizer.minimize(loss, model.trainable_variables, tape=tape)
+        if args.horovod_baseline:
+            gradients = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        else:
+            optimizer.minimize(loss, model.trainable_variables, tape=tape)
         return loss
 
     def batch(step: int) -> tuple[tf.Tensor, tf.Tensor]:

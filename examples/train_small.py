@@ -7,6 +7,7 @@ would have seen, and its weights continue exactly.
 
 import argparse
 
+import horovod.tensorflow as hvd
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
@@ -27,6 +28,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64, help="examples per rank per step (default 64)")
     parser.add_argument("--hidden", type=int, default=256, help="width of the two hidden layers (default 256)")
     parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help="SGD learning rate (default 0.05)")
+    parser.add_argument(
+        "--horovod-baseline", action="store_true", help="average gradients with Horovod's own tape (for benchmarks)"
+    )
     return parser.parse_args()
 
 
@@ -64,7 +68,8 @@ def main() -> None:
         with tf.GradientTape() as tape:
             loss = LOSS(labels, model(features, training=True))
         # The tape averages the gradients over all ranks (see train_resnet50.py for the optimizer wrapper).
-        gradients = ctf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        distributed = hvd.DistributedGradientTape if args.horovod_baseline else ctf.DistributedGradientTape
+        gradients = distributed(tape).gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 

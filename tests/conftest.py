@@ -70,12 +70,16 @@ def run_caramel(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
     )
 
 
-def require_binary(name: str) -> str:
-    """The path of a system binary; a missing one skips the test, except in CI where it fails it."""
+def unavailable(message: str) -> None:
+    """A system part the test needs is missing: skip here, but fail in CI, which installs it."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def require_binary(name: str, package: str | None = None) -> str:
+    """The path of a system binary (from Debian package `package`, default `name`)."""
     path = shutil.which(name)
     if path is None:
-        message = f"{name} is not installed (.ci/run installs it: apt-get install {name})"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"{name} is not installed (.ci/run installs it: apt-get install {package or name})")
     return path
