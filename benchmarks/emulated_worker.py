@@ -123,10 +123,16 @@ def run_strategy(args, layers, gradients, weights, device) -> tuple[list[float],
 
 
 def run_horovod(args, layers, gradients, weights, device, total, times) -> None:
+    # One graph function per tensor: in a graph Horovod names each request after the tensor, so
+    # requests from many threads are told apart (eager requests all share the op's name).
+    reducers = [
+        tf.function(lambda gradient, index=index: hvd.allreduce(gradient, op=hvd.Average, name=f"gradient_{index}"))
+        for index in range(len(layers))
+    ]
     with ThreadPoolExecutor(max_workers=len(layers)) as pool:
 
         def allreduce(index: int) -> tuple[int, tf.Tensor]:
-            return index, hvd.allreduce(gradients[index], op=hvd.Average, name=f"gradient.{index}")
+            return index, reducers[index](gradients[index])
 
         for _ in range(total):
             started = time.perf_counter()

@@ -45,7 +45,7 @@ def test_create_runs_the_gang_to_success(emulator, operator):
         assert pod["spec"]["containers"][0]["env"] == want["spec"]["containers"][0]["env"]
         assert pod["spec"]["containers"][0]["command"] == want["spec"]["containers"][0]["command"]
         assert pod["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    status = api.status("demo")
+    status = eventually(lambda: api.status("demo").get("conditions") and api.status("demo"), what="a status")
     assert status["phase"] == "Pending"
     assert any(c["type"] == "Created" and c["status"] == "True" for c in status["conditions"])
 
@@ -176,7 +176,7 @@ def test_suspend_deletes_the_pods_and_resume_brings_a_new_gang(emulator, operato
     eventually(
         lambda: [p["metadata"]["labels"]["caramel.dev/gang"] for p in api.pods("demo")] == ["1", "1"], what="a new gang"
     )
-    assert phase(api, "demo") == "Pending"
+    eventually(lambda: phase(api, "demo") == "Pending", what="phase Pending")  # pods land before the status
     suspended = next(c for c in api.status("demo")["conditions"] if c["type"] == "Suspended")
     assert suspended["status"] == "False" and suspended["reason"] == "Resumed"
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from caramel.api import Batching, Ordering, Scheduling
-from caramel.linkmodel import LinkModel, LinkObserver, fit
+from caramel.linkmodel import LinkModel, LinkObserver
 from caramel.schedule import Batch, TensorCost, best_schedule, build_schedule, release_times, simulate
 
 MiB = 1024 * 1024
@@ -103,26 +103,45 @@ def test_plans_are_deterministic():
     assert best_schedule(tensors, LINK, Scheduling()) == best_schedule(tensors, LINK, Scheduling())
 
 
-def test_fit_recovers_alpha_and_beta():
+def observer_with(probes, transfers=()):
+    observer = LinkObserver()
+    for nbytes, seconds in probes:
+        observer.observe_probe(nbytes, seconds)
+    for nbytes, seconds in transfers:
+        observer.observe_transfer(nbytes, seconds)
+    return observer
+
+
+def test_probes_give_alpha_and_beta():
     truth = LinkModel(alpha=2e-3, beta=1 / 250e6)
-    rng = random.Random(1)
-    observations = [(size, truth.seconds(size) * rng.uniform(0.97, 1.03)) for size in [2**k for k in range(12, 26)] * 3]
-    fitted = fit(observations)
-    assert fitted.alpha == pytest.approx(truth.alpha, rel=0.2)
-    assert fitted.bytes_per_second == pytest.approx(250e6, rel=0.05)
+    observer = observer_with([(4, truth.seconds(4) * 1.5), (4, truth.seconds(4)), (4 * MiB, truth.seconds(4 * MiB))])
+    model = observer.model(previous=LINK)
+    assert model.alpha == pytest.approx(truth.alpha, rel=1e-3)
+    assert model.bytes_per_second == pytest.approx(250e6, rel=1e-3)
 
 
-def test_fit_needs_varied_sizes_and_never_goes_negative():
-    assert fit([(1000, 0.1)]) is None
-    assert fit([(1000, 0.1), (1000, 0.2)]) is None
-    through_origin = fit([(1000, 0.0), (2000, 0.003)])
-    assert through_origin.alpha == 0 and through_origin.beta > 0
+def test_real_transfers_refine_beta_through_a_low_quantile():
+    truth = LinkModel(alpha=1e-3, beta=1 / 100e6)
+    rng = random.Random(5)
+    # Waiting for a slower rank only ever adds time.
+    transfers = [(size, truth.seconds(size) + rng.choice([0, 0, 0.05])) for size in [2 * MiB, 8 * MiB, 32 * MiB] * 10]
+    model = observer_with([(4, 1e-3), (4 * MiB, 0.5)], transfers).model(previous=LINK)
+    assert model.bytes_per_second == pytest.approx(100e6, rel=0.05)
+
+
+def test_noise_never_gives_a_free_link():
+    # On a fast link the large probe can come back no slower than the small one.
+    model = observer_with([(4, 2e-3), (4 * MiB, 1.9e-3)]).model(previous=LINK)
+    assert model.alpha == 2e-3 and model.beta == LINK.beta
+    assert observer_with([(4, 0.0), (4 * MiB, 1e-3)]).model(previous=LINK).alpha > 0
+    assert LinkObserver().model(previous=LINK) == LINK
 
 
 def test_observer_forgets_old_transfers():
-    observer = LinkObserver(window=4)
-    for size in (1000, 2000, 3000, 4000):
-        observer.observe(size, size * 1e-6)
-    for size in (1000, 2000, 3000, 4000):
-        observer.observe(size, size * 4e-6)  # the link got four times slower
-    assert observer.model().beta == pytest.approx(4e-6)
+    observer = LinkObserver(window=10)
+    observer.observe_probe(4, 0.0)
+    for _ in range(10):
+        observer.observe_transfer(MiB, MiB * 1e-8)
+    for _ in range(10):
+        observer.observe_transfer(MiB, MiB * 4e-8)  # the link got four times slower
+    assert observer.model(previous=LINK).beta == pytest.approx(4e-8, rel=0.05)

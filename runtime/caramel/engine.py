@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import horovod.tensorflow as hvd
@@ -31,6 +33,49 @@ from caramel.schedule import Plan, TensorCost, best_schedule
 
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
+# Collectives in flight at once: the next one's negotiation overlaps the current one's data, and
+# the order stays the schedule's (a transfer takes the slot of the one two places before it).
+TRANSFERS_IN_FLIGHT = 2
+# Transfers at least this large refine the bandwidth estimate.
+BANDWIDTH_SAMPLE_BYTES = 1024 * 1024
+# Probe collectives at every re-plan: (elements, repeats). A one-element allreduce costs alpha;
+# a 4 MiB one adds bandwidth. Back to back right after the ranks met, they time the link alone.
+PROBES = ((1, 3), (1024 * 1024, 2))
+
+
+class _Reducers:
+    """Graph-mode allreduce functions, one per in-flight slot and dtype.
+
+    In a graph, Horovod names each request after its node, so concurrent requests are told apart
+    and matched across ranks by slot; eager requests would all share the op's name. Pieces of
+    one dtype travel as one flat buffer, whose slices afterwards share its memory.
+    """
+
+    def __init__(self) -> None:
+        self._functions: dict[tuple[int, tf.DType], Callable[[tf.Tensor], tf.Tensor]] = {}
+
+    def _function(self, slot: int, dtype: tf.DType) -> Callable[[tf.Tensor], tf.Tensor]:
+        key = (slot, dtype)
+        if key not in self._functions:
+            name = f"caramel_slot{slot}_{dtype.name}"
+            self._functions[key] = tf.function(
+                lambda flat: hvd.allreduce(flat, op=hvd.Average, name=name),
+                input_signature=[tf.TensorSpec([None], dtype)],
+            )
+        return self._functions[key]
+
+    def reduce(self, slot: int, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        outputs: list[tf.Tensor | None] = [None] * len(inputs)
+        for dtype in dict.fromkeys(tensor.dtype for tensor in inputs):
+            members = [i for i, tensor in enumerate(inputs) if tensor.dtype == dtype]
+            flat = inputs[members[0]] if len(members) == 1 else tf.concat([inputs[i] for i in members], axis=0)
+            reduced = self._function(slot, dtype)(flat)
+            offset = 0
+            for i in members:
+                length = int(inputs[i].shape[0])
+                outputs[i] = reduced[offset : offset + length]
+                offset += length
+        return outputs
 
 
 @dataclass
@@ -47,7 +92,8 @@ class TransferEngine:
     """Averages the gradients of `tensors` across ranks and applies them, overlapping compute.
 
     `apply_update(piece, average)` receives every averaged piece of a flattened gradient as its
-    transfer completes; a parameter counts as updated once all its pieces are applied.
+    transfer completes (from one of two collective threads: pieces of one parameter may arrive
+    concurrently); a parameter counts as updated once all its pieces are applied.
     """
 
     def __init__(
@@ -72,6 +118,9 @@ class TransferEngine:
         self._stats: dict[int, IterationStats] = {}
         self._error: BaseException | None = None
         self._stopping = False
+        self._reducers = _Reducers()
+        self._pool = ThreadPoolExecutor(TRANSFERS_IN_FLIGHT, thread_name_prefix="caramel-collective")
+        self._last_finished = 0.0
         self._thread = threading.Thread(target=self._run, name="caramel-transfers", daemon=True)
         self._thread.start()
 
@@ -108,6 +157,7 @@ class TransferEngine:
             self._stopping = True
             self._condition.notify_all()
         self._thread.join(timeout=30)
+        self._pool.shutdown(wait=False)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -123,7 +173,7 @@ class TransferEngine:
                     self._condition.wait_for(lambda: self._iterations_queued > iteration or self._stopping)
                     if self._iterations_queued <= iteration:
                         return
-                if iteration > 0 and iteration % self.scheduling.replan_interval_steps == 0:
+                if iteration % self.scheduling.replan_interval_steps == 0:
                     self._replan()
                 self._run_iteration(iteration, self.plan.transfers)
                 iteration += 1
@@ -141,22 +191,41 @@ class TransferEngine:
         for transfer in transfers:
             for piece in transfer.pieces:
                 pieces_left[piece.tensor] += 1
-        for transfer in transfers:
+        in_flight: deque[Future[None]] = deque()
+        for position, transfer in enumerate(transfers):
             waited = time.perf_counter()
             inputs = self._take_inputs(iteration, transfer)
-            started = time.perf_counter()
-            outputs = hvd.grouped_allreduce(inputs, op=hvd.Average)
-            finished = time.perf_counter()
-            self.observer.observe(transfer.nbytes, finished - started)
-            stats.waiting_seconds += started - waited
-            stats.communication_seconds += finished - started
+            stats.waiting_seconds += time.perf_counter() - waited
+            if len(in_flight) == TRANSFERS_IN_FLIGHT:
+                in_flight.popleft().result()  # frees the slot this transfer takes
+            slot = position % TRANSFERS_IN_FLIGHT
+            in_flight.append(self._pool.submit(self._transfer, iteration, transfer, inputs, slot, stats, pieces_left))
+        while in_flight:
+            in_flight.popleft().result()
+
+    def _transfer(self, iteration, transfer, inputs, slot, stats, pieces_left) -> None:
+        """One collective in a pool thread, then the updates it completes."""
+        started = time.perf_counter()
+        outputs = self._reducers.reduce(slot, inputs)
+        finished = time.perf_counter()
+        with self._condition:
+            # The link's own time for this transfer: from when the one before it finished.
+            busy = finished - max(started, self._last_finished)
+            self._last_finished = finished
+            # Small transfers say little of the bandwidth: their time is mostly fixed cost.
+            if transfer.nbytes >= BANDWIDTH_SAMPLE_BYTES:
+                self.observer.observe_transfer(transfer.nbytes, busy)
+            stats.communication_seconds += busy
             stats.nbytes += transfer.nbytes
             stats.transfers += 1
-            for piece, output in zip(transfer.pieces, outputs):
-                self.apply_update(piece, output)
+        for piece, output in zip(transfer.pieces, outputs):
+            self.apply_update(piece, output)
+            with self._condition:
                 pieces_left[piece.tensor] -= 1
                 if pieces_left[piece.tensor] == 0:
-                    self._mark_updated(iteration, piece.tensor)
+                    self._gradients[piece.tensor] = None
+                    self._updated_iteration[piece.tensor] = iteration
+                    self._condition.notify_all()
 
     def _take_inputs(self, iteration: int, transfer: Transfer) -> list[tf.Tensor]:
         with self._condition:
@@ -168,15 +237,10 @@ class TransferEngine:
         # Slices of a flat tensor along its only axis share its buffer: chunking copies nothing.
         return [tf.reshape(gradients[p.tensor], [-1])[p.start : p.stop] for p in transfer.pieces]
 
-    def _mark_updated(self, iteration: int, index: int) -> None:
-        with self._condition:
-            self._gradients[index] = None
-            self._updated_iteration[index] = iteration
-            self._condition.notify_all()
-
     def _replan(self) -> None:
-        """Refit the link on rank 0, share it, and re-plan identically on every rank."""
-        local = self.observer.model() or self.link
+        """Probe and refit the link, share rank 0's model, and re-plan identically on every rank."""
+        self._probe()
+        local = self.observer.model(previous=self.link)
         shared = hvd.broadcast(tf.constant([local.alpha, local.beta], dtype=tf.float64), root_rank=0, name="caramel_link")
         alpha, beta = (float(value) for value in np.asarray(shared))
         self.link = LinkModel(alpha=alpha, beta=beta)
@@ -184,3 +248,13 @@ class TransferEngine:
         if plan.transfers != self.plan.transfers:
             self.plan_changes += 1
         self.plan = plan
+
+    def _probe(self) -> None:
+        """Time a few back-to-back collectives; the first of each size also lines the ranks up."""
+        self.observer.new_probe_round()
+        for elements, repeats in PROBES:
+            probe = tf.ones([elements], dtype=tf.float32)
+            for _ in range(repeats + 1):
+                started = time.perf_counter()
+                hvd.allreduce(probe, op=hvd.Average, name="caramel_probe")
+                self.observer.observe_probe(elements * 4, time.perf_counter() - started)

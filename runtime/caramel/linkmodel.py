@@ -1,4 +1,4 @@
-"""The alpha-beta cost of a transfer, fitted from the transfers observed.
+"""The alpha-beta cost of a transfer, estimated from the transfers observed.
 
 An allreduce of b bytes takes about alpha + beta * b seconds: alpha is the fixed cost of one
 collective (negotiation, ring latency), beta the inverse of the effective bandwidth. The
@@ -9,14 +9,21 @@ overlap) with it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-# Transfers remembered for the fit: enough to span several steps of a model with hundreds of
-# tensors, few enough to forget a link that changed speed within a few steps.
+# Real transfers remembered for the bandwidth: enough to span several steps, few enough to
+# forget a link that changed speed within a few steps.
 OBSERVATION_WINDOW = 256
+# Below this many real transfers in the window, the probes' bandwidth is used instead.
+MIN_TRANSFER_SAMPLES = 8
+# No collective costs less than this here (Python, TensorFlow and Horovod's negotiation): a
+# lower alpha, from noise, would plan thousands of tiny transfers.
+ALPHA_FLOOR_SECONDS = 1e-4
+# A collective waits for the slowest rank, which only ever adds time: the low quartile of the
+# per-byte costs is the link's own.
+BANDWIDTH_QUANTILE = 25
 
 
 @dataclass(frozen=True)
@@ -35,38 +42,44 @@ class LinkModel:
         return 1.0 / self.beta if self.beta > 0 else float("inf")
 
 
-def fit(observations: Iterable[tuple[int, float]]) -> LinkModel | None:
-    """Least-squares alpha and beta from (bytes, seconds) pairs; None until sizes vary enough.
-
-    A negative intercept (noise on few sizes) is refitted through the origin: alpha is never
-    negative and beta always positive.
-    """
-    pairs = np.array(list(observations), dtype=np.float64)
-    if len(pairs) < 2:
-        return None
-    sizes, seconds = pairs[:, 0], pairs[:, 1]
-    if np.ptp(sizes) == 0:
-        return None
-    beta, alpha = np.polyfit(sizes, seconds, 1)
-    if alpha < 0 or beta <= 0:
-        alpha = 0.0
-        beta = float(np.dot(sizes, seconds) / np.dot(sizes, sizes))
-    if beta <= 0:
-        return None
-    return LinkModel(alpha=float(alpha), beta=float(beta))
-
-
 class LinkObserver:
-    """The recent transfers of one process, and the link model they imply."""
+    """What one process saw of the link: synchronised probes, and the real transfers' timings.
+
+    Probes run back to back right after every rank met, so their times are the link's, fixed
+    cost included: they give alpha (and a first beta). Real transfers overlap and wait for the
+    slowest rank, so they only refine beta, through a low quantile of their per-byte cost.
+    """
 
     def __init__(self, window: int = OBSERVATION_WINDOW) -> None:
-        self._observations: deque[tuple[int, float]] = deque(maxlen=window)
+        self._probes: dict[int, float] = {}
+        self._transfers: deque[tuple[int, float]] = deque(maxlen=window)
 
-    def observe(self, nbytes: int, seconds: float) -> None:
-        self._observations.append((nbytes, seconds))
+    def observe_probe(self, nbytes: int, seconds: float) -> None:
+        """A probe transfer; the fastest of a round's repeats counts."""
+        self._probes[nbytes] = min(seconds, self._probes.get(nbytes, float("inf")))
 
-    def model(self) -> LinkModel | None:
-        return fit(self._observations)
+    def new_probe_round(self) -> None:
+        self._probes.clear()
 
-    def clear(self) -> None:
-        self._observations.clear()
+    def observe_transfer(self, nbytes: int, seconds: float) -> None:
+        self._transfers.append((nbytes, seconds))
+
+    def model(self, previous: LinkModel) -> LinkModel:
+        """The link as last seen; what could not be measured is taken from `previous`.
+
+        alpha is the smallest probe's time. beta comes from the real transfers when there are
+        enough, else from the large probe, whose time on a fast link can drown in noise: a
+        probe that did not outlast alpha measured nothing.
+        """
+        if not self._probes:
+            return previous
+        smallest, largest = min(self._probes), max(self._probes)
+        alpha = max(ALPHA_FLOOR_SECONDS, self._probes[smallest])
+        beta = previous.beta
+        if largest > smallest and self._probes[largest] > alpha:
+            beta = (self._probes[largest] - alpha) / (largest - smallest)
+        if len(self._transfers) >= MIN_TRANSFER_SAMPLES:
+            per_byte = [max(0.0, seconds - alpha) / nbytes for nbytes, seconds in self._transfers]
+            observed = float(np.percentile(per_byte, BANDWIDTH_QUANTILE))
+            beta = observed if observed > 0 else beta
+        return LinkModel(alpha=alpha, beta=beta)
