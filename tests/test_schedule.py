@@ -120,13 +120,19 @@ def test_probes_give_alpha_and_beta():
     assert model.bytes_per_second == pytest.approx(250e6, rel=1e-3)
 
 
-def test_real_transfers_refine_beta_through_a_low_quantile():
-    truth = LinkModel(alpha=1e-3, beta=1 / 100e6)
+def test_real_transfers_give_the_model_through_low_quantiles():
+    truth = LinkModel(alpha=3e-3, beta=1 / 100e6)
     rng = random.Random(5)
     # Waiting for a slower rank only ever adds time.
-    transfers = [(size, truth.seconds(size) + rng.choice([0, 0, 0.05])) for size in [2 * MiB, 8 * MiB, 32 * MiB] * 10]
+    transfers = [(size, truth.seconds(size) + rng.choice([0, 0, 0, 0.05])) for size in [64 * 1024, 2 * MiB, 8 * MiB, 32 * MiB] * 10]
     model = observer_with([(4, 1e-3), (4 * MiB, 0.5)], transfers).model(previous=LINK)
     assert model.bytes_per_second == pytest.approx(100e6, rel=0.05)
+    assert model.alpha == pytest.approx(3e-3, rel=0.2)  # above the probes' best case
+
+
+def test_probes_floor_alpha():
+    transfers = [(size, size * 1e-8) for size in [MiB, 4 * MiB] * 5]  # a line through the origin
+    assert observer_with([(4, 2e-3)], transfers).model(previous=LINK).alpha == 2e-3
 
 
 def test_noise_never_gives_a_free_link():
@@ -139,9 +145,9 @@ def test_noise_never_gives_a_free_link():
 
 def test_observer_forgets_old_transfers():
     observer = LinkObserver(window=10)
-    observer.observe_probe(4, 0.0)
-    for _ in range(10):
-        observer.observe_transfer(MiB, MiB * 1e-8)
-    for _ in range(10):
-        observer.observe_transfer(MiB, MiB * 4e-8)  # the link got four times slower
+    observer.observe_probe(4, 1e-4)
+    for size in [MiB, 4 * MiB] * 5:
+        observer.observe_transfer(size, 1e-4 + size * 1e-8)
+    for size in [MiB, 4 * MiB] * 5:
+        observer.observe_transfer(size, 1e-4 + size * 4e-8)  # the link got four times slower
     assert observer.model(previous=LINK).beta == pytest.approx(4e-8, rel=0.05)

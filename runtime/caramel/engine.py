@@ -33,11 +33,10 @@ from caramel.schedule import Plan, TensorCost, best_schedule
 
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
-# Collectives in flight at once: the next one's negotiation overlaps the current one's data, and
-# the order stays the schedule's (a transfer takes the slot of the one two places before it).
-TRANSFERS_IN_FLIGHT = 2
-# Transfers at least this large refine the bandwidth estimate.
-BANDWIDTH_SAMPLE_BYTES = 1024 * 1024
+# Collectives in flight at once. One keeps every transfer's time its own, which the link model
+# is fitted from; the schedule's order is kept either way (a transfer takes the slot of the
+# one TRANSFERS_IN_FLIGHT places before it).
+TRANSFERS_IN_FLIGHT = 1
 # Probe collectives at every re-plan: (elements, repeats). A one-element allreduce costs alpha;
 # a 4 MiB one adds bandwidth. Back to back right after the ranks met, they time the link alone.
 PROBES = ((1, 3), (1024 * 1024, 2))
@@ -212,9 +211,7 @@ class TransferEngine:
             # The link's own time for this transfer: from when the one before it finished.
             busy = finished - max(started, self._last_finished)
             self._last_finished = finished
-            # Small transfers say little of the bandwidth: their time is mostly fixed cost.
-            if transfer.nbytes >= BANDWIDTH_SAMPLE_BYTES:
-                self.observer.observe_transfer(transfer.nbytes, busy)
+            self.observer.observe_transfer(transfer.nbytes, busy)
             stats.communication_seconds += busy
             stats.nbytes += transfer.nbytes
             stats.transfers += 1

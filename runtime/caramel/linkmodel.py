@@ -16,14 +16,14 @@ import numpy as np
 # Real transfers remembered for the bandwidth: enough to span several steps, few enough to
 # forget a link that changed speed within a few steps.
 OBSERVATION_WINDOW = 256
-# Below this many real transfers in the window, the probes' bandwidth is used instead.
-MIN_TRANSFER_SAMPLES = 8
+# A size group of real transfers speaks once it has this many.
+MIN_GROUP_SAMPLES = 3
 # No collective costs less than this here (Python, TensorFlow and Horovod's negotiation): a
 # lower alpha, from noise, would plan thousands of tiny transfers.
 ALPHA_FLOOR_SECONDS = 1e-4
-# A collective waits for the slowest rank, which only ever adds time: the low quartile of the
-# per-byte costs is the link's own.
-BANDWIDTH_QUANTILE = 25
+# A collective waits for the slowest rank, which only ever adds time: a low quantile of a size
+# group's times is the link's own.
+LOW_QUANTILE = 25
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,24 @@ class LinkModel:
         return 1.0 / self.beta if self.beta > 0 else float("inf")
 
 
+def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares (alpha, beta) through (bytes, seconds) points; None unless sizes differ."""
+    sizes = np.array([p[0] for p in points], dtype=np.float64)
+    seconds = np.array([p[1] for p in points], dtype=np.float64)
+    if len(points) < 2 or np.ptp(sizes) == 0:
+        return None
+    beta, alpha = np.polyfit(sizes, seconds, 1)
+    return float(alpha), float(beta)
+
+
 class LinkObserver:
     """What one process saw of the link: synchronised probes, and the real transfers' timings.
 
-    Probes run back to back right after every rank met, so their times are the link's, fixed
-    cost included: they give alpha (and a first beta). Real transfers overlap and wait for the
-    slowest rank, so they only refine beta, through a low quantile of their per-byte cost.
+    Probes run back to back right after every rank met: the best case of a collective, and a
+    first model before any real transfer. Real transfers carry every cost a plan pays (the
+    runtime's own handling included), but also waits for slower ranks, which only ever add
+    time: they are grouped by size (powers of two), each group's low quartile stands for it,
+    and a least-squares line through those gives alpha and beta. The probes' alpha is the floor.
     """
 
     def __init__(self, window: int = OBSERVATION_WINDOW) -> None:
@@ -65,12 +77,24 @@ class LinkObserver:
         self._transfers.append((nbytes, seconds))
 
     def model(self, previous: LinkModel) -> LinkModel:
-        """The link as last seen; what could not be measured is taken from `previous`.
+        """The link as last seen; what could not be measured is taken from `previous`."""
+        probed = self._probed(previous)
+        groups: dict[int, list[tuple[int, float]]] = {}
+        for nbytes, seconds in self._transfers:
+            groups.setdefault(int(nbytes).bit_length(), []).append((nbytes, seconds))
+        points = []
+        for members in groups.values():
+            if len(members) >= MIN_GROUP_SAMPLES:
+                sizes = [m[0] for m in members]
+                points.append((float(np.median(sizes)), float(np.percentile([m[1] for m in members], LOW_QUANTILE))))
+        line = _fit_line(points)
+        if line is None or line[1] <= 0:
+            return probed
+        return LinkModel(alpha=max(probed.alpha, line[0]), beta=line[1])
 
-        alpha is the smallest probe's time. beta comes from the real transfers when there are
-        enough, else from the large probe, whose time on a fast link can drown in noise: a
-        probe that did not outlast alpha measured nothing.
-        """
+    def _probed(self, previous: LinkModel) -> LinkModel:
+        """The probes' model: alpha from the smallest, beta from the largest, if it outlasted alpha
+        (on a fast link a 4 MiB probe can drown in noise)."""
         if not self._probes:
             return previous
         smallest, largest = min(self._probes), max(self._probes)
@@ -78,8 +102,4 @@ class LinkObserver:
         beta = previous.beta
         if largest > smallest and self._probes[largest] > alpha:
             beta = (self._probes[largest] - alpha) / (largest - smallest)
-        if len(self._transfers) >= MIN_TRANSFER_SAMPLES:
-            per_byte = [max(0.0, seconds - alpha) / nbytes for nbytes, seconds in self._transfers]
-            observed = float(np.percentile(per_byte, BANDWIDTH_QUANTILE))
-            beta = observed if observed > 0 else beta
         return LinkModel(alpha=alpha, beta=beta)
