@@ -34,41 +34,49 @@ from caramel.schedule import Plan, TensorCost, best_schedule
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
 # Collectives in flight at once. One keeps every transfer's time its own, which the link model
-# is fitted from; the schedule's order is kept either way (a transfer takes the slot of the
-# one TRANSFERS_IN_FLIGHT places before it).
+# is fitted from; the schedule's order is kept either way.
 TRANSFERS_IN_FLIGHT = 1
+# The first plan rests on probes alone, which show a collective's best case: re-plan early, as
+# soon as real transfers have been timed, then every replanIntervalSteps.
+EARLY_REPLANS = (0, 3, 10)
 # Probe collectives at every re-plan: (elements, repeats). A one-element allreduce costs alpha;
 # a 4 MiB one adds bandwidth. Back to back right after the ranks met, they time the link alone.
 PROBES = ((1, 3), (1024 * 1024, 2))
 
 
 class _Reducers:
-    """Graph-mode allreduce functions, one per in-flight slot and dtype.
+    """Graph-mode allreduce functions, one per position in the schedule.
 
-    In a graph, Horovod names each request after its node, so concurrent requests are told apart
-    and matched across ranks by slot; eager requests would all share the op's name. Pieces of
-    one dtype travel as one flat buffer, whose slices afterwards share its memory.
+    In a graph, Horovod names each request after its node. A position keeps its name and its
+    shape from one iteration to the next, so Horovod's response cache recognises the request
+    and skips most of the negotiation that would otherwise cost every collective milliseconds;
+    eager requests would all share one name. Pieces of one dtype travel as one flat buffer,
+    whose slices afterwards share its memory.
     """
 
     def __init__(self) -> None:
-        self._functions: dict[tuple[int, tf.DType], Callable[[tf.Tensor], tf.Tensor]] = {}
+        self._functions: dict[tuple[int, tf.DType, int], Callable[[tf.Tensor], tf.Tensor]] = {}
 
-    def _function(self, slot: int, dtype: tf.DType) -> Callable[[tf.Tensor], tf.Tensor]:
-        key = (slot, dtype)
+    def forget(self) -> None:
+        """A new schedule: the old positions' functions will not be called again."""
+        self._functions.clear()
+
+    def _function(self, position: int, dtype: tf.DType, length: int) -> Callable[[tf.Tensor], tf.Tensor]:
+        key = (position, dtype, length)
         if key not in self._functions:
-            name = f"caramel_slot{slot}_{dtype.name}"
+            name = f"caramel_transfer{position}_{dtype.name}"
             self._functions[key] = tf.function(
                 lambda flat: hvd.allreduce(flat, op=hvd.Average, name=name),
-                input_signature=[tf.TensorSpec([None], dtype)],
+                input_signature=[tf.TensorSpec([length], dtype)],
             )
         return self._functions[key]
 
-    def reduce(self, slot: int, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    def reduce(self, position: int, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         outputs: list[tf.Tensor | None] = [None] * len(inputs)
         for dtype in dict.fromkeys(tensor.dtype for tensor in inputs):
             members = [i for i, tensor in enumerate(inputs) if tensor.dtype == dtype]
             flat = inputs[members[0]] if len(members) == 1 else tf.concat([inputs[i] for i in members], axis=0)
-            reduced = self._function(slot, dtype)(flat)
+            reduced = self._function(position, dtype, int(flat.shape[0]))(flat)
             offset = 0
             for i in members:
                 length = int(inputs[i].shape[0])
@@ -172,7 +180,7 @@ class TransferEngine:
                     self._condition.wait_for(lambda: self._iterations_queued > iteration or self._stopping)
                     if self._iterations_queued <= iteration:
                         return
-                if iteration % self.scheduling.replan_interval_steps == 0:
+                if iteration in EARLY_REPLANS or iteration % self.scheduling.replan_interval_steps == 0:
                     self._replan()
                 self._run_iteration(iteration, self.plan.transfers)
                 iteration += 1
@@ -197,15 +205,14 @@ class TransferEngine:
             stats.waiting_seconds += time.perf_counter() - waited
             if len(in_flight) == TRANSFERS_IN_FLIGHT:
                 in_flight.popleft().result()  # frees the slot this transfer takes
-            slot = position % TRANSFERS_IN_FLIGHT
-            in_flight.append(self._pool.submit(self._transfer, iteration, transfer, inputs, slot, stats, pieces_left))
+            in_flight.append(self._pool.submit(self._transfer, iteration, transfer, inputs, position, stats, pieces_left))
         while in_flight:
             in_flight.popleft().result()
 
-    def _transfer(self, iteration, transfer, inputs, slot, stats, pieces_left) -> None:
+    def _transfer(self, iteration, transfer, inputs, position, stats, pieces_left) -> None:
         """One collective in a pool thread, then the updates it completes."""
         started = time.perf_counter()
-        outputs = self._reducers.reduce(slot, inputs)
+        outputs = self._reducers.reduce(position, inputs)
         finished = time.perf_counter()
         with self._condition:
             # The link's own time for this transfer: from when the one before it finished.
@@ -244,6 +251,7 @@ class TransferEngine:
         plan = best_schedule(self.tensors, self.link, self.scheduling)
         if plan.transfers != self.plan.transfers:
             self.plan_changes += 1
+            self._reducers.forget()
         self.plan = plan
 
     def _probe(self) -> None:
