@@ -13,7 +13,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast crd clean
+.PHONY: setup test test-fast crd clean bench bench-needs-root
 
 # The CRD is generated from the API models; tests fail when a committed copy drifts.
 CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
@@ -48,6 +48,21 @@ test: setup
 # Unit tests only, without the end-to-end runs of real workers.
 test-fast: setup
 	$(VENV_PYTHON) -m pytest -m 'not e2e' $(PYTEST_ARGS)
+
+# The scheduling benchmark (benchmarks/README.md). It builds network namespaces, a bridge, tc
+# shaping and an iptables rule, hence root. Arguments: make bench BENCH_ARGS="--profiles resnet50".
+BENCH_ARGS ?=
+
+bench: bench-needs-root $(VENV)/.bench-done
+	$(VENV_PYTHON) benchmarks/scheduling_bench.py $(BENCH_ARGS)
+
+bench-needs-root:
+	@[ "$$(id -u)" = 0 ] || { echo "make bench needs root: it creates network namespaces, veths, a bridge, tc qdiscs and an iptables rule (try: sudo make bench)" >&2; exit 1; }
+
+# matplotlib, for the benchmark's plot (the bench extra of pyproject.toml).
+$(VENV)/.bench-done: $(VENV)/.setup-done pyproject.toml
+	$(VENV_PYTHON) -m pip install --quiet -e '.[test,bench]'
+	@touch $@
 
 crd: setup
 	@for copy in $(CRD_COPIES); do mkdir -p $$(dirname $$copy); $(VENV_PYTHON) -m caramel_operator.crd > $$copy; echo "wrote $$copy"; done

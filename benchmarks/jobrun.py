@@ -1,0 +1,144 @@
+"""Running a benchmark job's workers in an EmulatedCluster, through Caramel's worker contract.
+
+Each worker is started as `caramel run` and the operator start one: `worker_env` and
+`worker_command` of a CaramelJob built with `parse_job`, with the namespaces' addresses as
+peers and the job's worker names as hostnames. Worker 0's entrypoint serves the rendezvous.
+The workers' output lines (`rank N | ...` from the entrypoint) go to a log file; the JSON
+lines among them are the benchmark's events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caramel.api import CaramelJob
+from caramel.contract import worker_command, worker_env, worker_name
+from caramel.jobfile import parse_job
+from caramel.processes import describe_exit, pump_lines
+
+from netem import EmulatedCluster
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+RENDEZVOUS_PORT = 29400
+LAST_LINES_KEPT = 12
+_RANK_PREFIX = re.compile(r"rank (\d+) \| (.*)")
+
+
+class RunFailed(Exception):
+    """A worker failed or the run timed out; the message carries the failing worker's last lines."""
+
+
+@dataclass
+class RunResult:
+    events: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def bench_job(
+    name: str, command: Sequence[str], workers: int, interface: str | None, env: dict[str, str] | None = None
+) -> CaramelJob:
+    """The CaramelJob of one benchmark run: `workers` single-slot workers running `command`.
+
+    interface, the cluster's interface name inside every namespace, becomes HOROVOD_GLOO_IFACE.
+    """
+    rendezvous = {"port": RENDEZVOUS_PORT, **({"networkInterface": interface} if interface else {})}
+    return parse_job(
+        {
+            "apiVersion": "caramel.dev/v1alpha1",
+            "kind": "CaramelJob",
+            "metadata": {"name": name},
+            "spec": {
+                "command": list(command),
+                "workers": {"replicas": workers},
+                "rendezvous": rendezvous,
+                "metrics": {"enabled": False},
+                "env": [{"name": key, "value": value} for key, value in (env or {}).items()],
+            },
+        },
+        source=f"benchmark job {name}",
+    )
+
+
+def hostnames(job: CaramelJob) -> list[str]:
+    return [worker_name(job, index) for index in range(job.spec.workers.replicas)]
+
+
+def parse_event(line: str) -> dict | None:
+    """The JSON object a training process printed on this line, or None for any other line."""
+    match = _RANK_PREFIX.fullmatch(line)
+    if not match or not match.group(2).startswith("{"):
+        return None
+    try:
+        event = json.loads(match.group(2))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    event.setdefault("rank", int(match.group(1)))
+    return event
+
+
+def run_job(
+    cluster: EmulatedCluster,
+    job: CaramelJob,
+    timeout_seconds: float,
+    log_path: Path,
+    on_event: Callable[[dict], None] = lambda event: None,
+) -> RunResult:
+    """Run every worker of job to completion; RunFailed if one fails or the timeout passes.
+
+    Whatever happens, no process of the run is left when this returns or raises.
+    """
+    peers = [cluster.address(index) for index in range(job.spec.workers.replicas)]
+    lines: queue.Queue[tuple[int, str]] = queue.Queue()
+    started = time.monotonic()
+    try:
+        workers = []
+        for index in range(len(peers)):
+            env = {**os.environ, **worker_env(job, index, peers)}
+            argv = worker_command(job, python=sys.executable)
+            process = cluster.spawn(index, argv, env, hostname=worker_name(job, index), cwd=REPOSITORY)
+            pump = pump_lines(process.stdout, lambda line, index=index: lines.put((index, line)))
+            workers.append((process, pump))
+        with open(log_path, "w") as log:
+            events = _follow(workers, lines, log, started + timeout_seconds, on_event)
+    finally:
+        cluster.stop_processes()
+    return RunResult(events=events, seconds=time.monotonic() - started)
+
+
+def _follow(workers, lines, log, deadline: float, on_event: Callable[[dict], None]) -> list[dict]:
+    """Log lines and collect events until every worker has exited and its output is drained."""
+    events: list[dict] = []
+    last_lines: dict[int, list[str]] = {index: [] for index in range(len(workers))}
+    while True:
+        try:
+            index, line = lines.get(timeout=0.2)
+        except queue.Empty:
+            if all(process.poll() is not None and not pump.is_alive() for process, pump in workers):
+                break
+        else:
+            log.write(f"worker {index} | {line}\n")
+            last_lines[index] = (last_lines[index] + [line])[-LAST_LINES_KEPT:]
+            event = parse_event(line)
+            if event:
+                events.append(event)
+                on_event(event)
+        for index, (process, pump) in enumerate(workers):
+            if process.poll() not in (None, 0) and not pump.is_alive():
+                log.flush()
+                raise RunFailed(
+                    f"worker {index} {describe_exit(process.returncode)}; its last lines:\n"
+                    + "\n".join(f"    {line}" for line in last_lines[index])
+                )
+        if time.monotonic() > deadline:
+            raise RunFailed("timed out; last lines of worker 0:\n" + "\n".join(f"    {line}" for line in last_lines[0]))
+    return events

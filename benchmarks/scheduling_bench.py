@@ -1,0 +1,515 @@
+"""Caramel's gradient-communication scheduling against Horovod, on emulated accelerators over shaped links.
+
+    sudo make bench                                    # everything, with the defaults below
+    python benchmarks/scheduling_bench.py --profiles resnet50 --rates 2000,4000 --repeats 1
+
+Runs need root and the project's virtualenv. Each run starts --workers workers, each in its own
+network namespace of an EmulatedCluster (benchmarks/netem.py: tbf-shaped full-duplex links of
+the given rate), through Caramel's worker contract (benchmarks/jobrun.py), running
+benchmarks/emulated_worker.py: every parameter tensor of the profiled model is a layer whose
+compute is slept for its profiled time, while the gradients, of their true sizes, travel over
+the shaped links with real Horovod/Gloo collectives.
+
+For each profile and each link rate of the sweep, the strategies run one after another, the
+repeats interleaved so that any drift of the machine hits all of them alike:
+    horovod    Horovod's defaults (fusion 128 MiB, cycle 1 ms)
+    autotune   Horovod with HOROVOD_AUTOTUNE=1, given --autotune-warmup unmeasured steps to tune
+               (Bayesian optimisation of fusion threshold and cycle time, see AUTOTUNE_ENV; its
+               log is kept and each run reports whether tuning finished before measuring)
+    caramel    Caramel's scheduling runtime
+    comm-only  all gradients allreduced at once, no compute: the communication time M
+and once per profile and device rate, compute-only: the compute time C (no communication).
+A step time is the median over a run's measured steps; a cell is the median over --repeats
+runs, shown with the min-max spread of the runs.
+
+Lower bound on a step: max(C, M). TicTac's scheduling efficiency of Caramel's step T:
+E = (C + M - T) / (C + M - max(C, M)): 0 is no overlap at all, 1 is perfect overlap.
+
+The operating point, where scheduling matters most, is where compute and communication take
+about equally long. It is found in two ways:
+1. the rate sweep: the rate whose measured M is closest to C (in ratio) is the operating point
+   if M/C lies within [1/OPERATING_POINT_TOLERANCE, OPERATING_POINT_TOLERANCE];
+2. otherwise no link this machine can emulate balances the profile (VGG-16 moves 553 MB of
+   gradients per step: it needs far more than the fastest rate), and the device rate is scaled
+   instead: at the sweep's rate with the smallest measured M, the device is given
+   --device-tflops = profile rate x C / M, so that C equals that M, and every strategy runs
+   again there. Only the ratio of C to M matters for overlap (a device k times slower on the
+   same link is that device on a link k times faster), except for fixed per-message costs,
+   which this makes relatively smaller.
+The last lines, one per profile, give Caramel's speedups and distance from the bound there:
+    PROFILE speedup_vs_horovod=R1 speedup_vs_autotune=R2 of_bound=R3
+
+--rate-drop FROM:TO:AT_STEP runs Caramel only: a fresh run at TO, then a run at FROM whose
+links drop to TO live once rank 0 reports step AT_STEP; it prints the step times around the
+drop and how many steps Caramel needed to come back within 10% of the fresh run at TO.
+
+Everything goes to runs/bench-<time>/ (the workers' logs, Horovod's autotune logs, results.json,
+step_time_vs_bandwidth.png). Every run has a timeout; whatever ends the benchmark (the end,
+an error, Ctrl-C, SIGTERM), the namespaces, links, iptables rule and processes are removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
+from netem import EmulatedCluster, HarnessError
+from profiles import NAMES, Profile, load_profile, scaled
+
+WORKER = Path(__file__).resolve().parent / "emulated_worker.py"
+JOB_NAME = "bench"
+OPERATING_POINT_TOLERANCE = 1.25
+CELL_WIDTH = 22  # "12.345 (12.000-13.000)"
+RECOVERY_TOLERANCE = 1.10  # rate drop: back within 10% of a fresh run
+RECOVERY_STEPS_IN_A_ROW = 3
+SWEEP_STRATEGIES = ("horovod", "autotune", "caramel")
+# Horovod's autotuner scores a setting by the median of 5 samples of STEPS_PER_SAMPLE steps
+# each, ignores its first WARMUP_SAMPLES settings, and tries MAX_SAMPLES + 1 settings of fusion
+# threshold and cycle time (Bayesian optimisation) for every combination of its categorical
+# knobs not fixed by the environment. With Horovod's defaults (3 warm-up, 10 steps, 20
+# samples) and the two knobs a CPU build leaves free, that is some 5 x 10 x (3 + 4 x 21) =
+# 4350 steps. Hierarchical allgather (no use with one slot per host, and allreduce is all that
+# is measured) and the response cache (left on, Horovod's default) are therefore fixed, and
+# tuning takes 5 x 1 x (1 + 11) = 60 steps, within the default --autotune-warmup of 65. Log
+# level info makes Horovod log "Autotuner: Best params" when it is done.
+AUTOTUNE_ENV = {
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1",
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "10",
+    "HOROVOD_HIERARCHICAL_ALLGATHER": "0",
+    "HOROVOD_CACHE_CAPACITY": "1024",
+    "HOROVOD_LOG_LEVEL": "info",
+}
+AUTOTUNE_DONE = "Autotuner: Best params"
+
+
+@dataclass
+class Run:
+    """One run of one strategy: rank 0's step times and the largest peak RSS of any rank."""
+
+    steps: list[float] = field(default_factory=list)
+    peak_rss_bytes: int = 0
+    details: dict = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def step_seconds(self) -> float:
+        return statistics.median(self.steps) if self.steps else math.nan
+
+
+@dataclass
+class Cell:
+    """The runs of one strategy at one rate and device rate."""
+
+    runs: list[Run] = field(default_factory=list)
+
+    def _values(self) -> list[float]:
+        return [run.step_seconds for run in self.runs if run.steps]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self._values()) if self._values() else math.nan
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        values = self._values()
+        return (min(values), max(values)) if values else (math.nan, math.nan)
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        return max((run.peak_rss_bytes for run in self.runs), default=0)
+
+    def describe(self) -> str:
+        low, high = self.spread
+        return f"{self.median:6.3f} ({low:.3f}-{high:.3f})".ljust(CELL_WIDTH) if self._values() else f"{'failed':^{CELL_WIDTH}}"
+
+
+@dataclass
+class Point:
+    """Every strategy at one link rate and device rate."""
+
+    rate_mbit: float
+    device_tflops: float
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+    def median(self, strategy: str) -> float:
+        return self.cells[strategy].median if strategy in self.cells else math.nan
+
+    @property
+    def bound(self) -> float:
+        return max(self.median("compute-only"), self.median("comm-only"))
+
+    @property
+    def efficiency(self) -> float:
+        """TicTac's scheduling efficiency of Caramel's step."""
+        compute, comm, step = self.median("compute-only"), self.median("comm-only"), self.median("caramel")
+        overlap_possible = compute + comm - max(compute, comm)
+        return (compute + comm - step) / overlap_possible if overlap_possible > 0 else math.nan
+
+    def ratio(self, numerator: str, denominator: str) -> float:
+        return self.median(numerator) / self.median(denominator)
+
+
+class Bench:
+    """Runs strategies of profiles on one emulated cluster, printing progress and keeping logs."""
+
+    def __init__(self, args: argparse.Namespace, cluster: EmulatedCluster, output: Path) -> None:
+        self.args = args
+        self.cluster = cluster
+        self.output = output
+        self.started = time.monotonic()
+
+    def say(self, message: str) -> None:
+        elapsed = int(time.monotonic() - self.started)
+        print(f"[{time.strftime('%H:%M:%S')} +{elapsed // 60}m{elapsed % 60:02d}s] {message}", flush=True)
+
+    def run(
+        self,
+        profile: Profile,
+        strategy: str,
+        rate_mbit: float,
+        repeat: int,
+        steps: int | None = None,
+        on_event: Callable[[dict], None] = lambda event: None,
+    ) -> Run:
+        """One run of strategy (a SWEEP_STRATEGIES name, compute-only or comm-only) at rate_mbit."""
+        self.cluster.set_rate(rate_mbit)
+        steps = steps or self.args.steps
+        tag = f"{profile.name}-{rate_mbit:g}mbit-{profile.device_tflops:.3g}tflops-{strategy}-{repeat}"
+        warmup, env = self.args.warmup, {}
+        if strategy == "autotune":
+            warmup = self.args.autotune_warmup
+            env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
+        command = [
+            sys.executable, str(self.args.worker), "--profile", profile.name,
+            "--strategy", "horovod" if strategy == "autotune" else strategy,
+            "--steps", str(steps), "--warmup", str(warmup), "--device-tflops", repr(profile.device_tflops),
+        ]  # fmt: skip
+        job = bench_job(JOB_NAME, command, self.args.workers, self.cluster.interface, env)
+        self.say(f"{profile.name} at {rate_mbit:g} Mbit/s, {profile.device_tflops:.3g} TFLOP/s: {strategy} (run {repeat + 1})")
+        timeout = self.timeout(profile, rate_mbit, warmup + steps)
+        try:
+            result = run_job(self.cluster, job, timeout, self.output / f"{tag}.log", on_event)
+        except RunFailed as failure:
+            self.say(f"  FAILED ({failure}); log: {self.output / f'{tag}.log'}")
+            return Run(error=str(failure))
+        run = collect(result.events)
+        note = ""
+        if strategy == "autotune":
+            run.details["autotune"] = read_autotune(self.output / f"{tag}.autotune.csv", self.output / f"{tag}.log")
+            note = f"; autotune: {run.details['autotune']['samples']} settings scored, " + (
+                "done" if run.details["autotune"]["done"] else "NOT done (raise --autotune-warmup)"
+            )
+        self.say(f"  {result.seconds:.0f} s, median step {run.step_seconds:.3f} s over {len(run.steps)} steps{note}")
+        return run
+
+    def timeout(self, profile: Profile, rate_mbit: float, steps: int) -> float:
+        """Generous: start-up, plus ten times the slowest plausible step (compute plus a ring allreduce)."""
+        workers = self.args.workers
+        ring_bytes = 2 * (workers - 1) / workers * profile.gradient_bytes
+        step = profile.compute_seconds + ring_bytes * 8 / (rate_mbit * 1e6)
+        return self.args.run_timeout or 240 + 10 * steps * step
+
+
+def collect(events: list[dict]) -> Run:
+    steps = [event["seconds"] for event in events if event.get("event") == "step" and event.get("rank", 0) == 0]
+    summaries = [event for event in events if event.get("event") == "summary"]
+    rank0 = next((s for s in summaries if s.get("rank") == 0), {})
+    details = {key: value for key, value in rank0.items() if key not in ("event", "rank", "peak_rss_bytes")}
+    return Run(steps=steps, peak_rss_bytes=max((s.get("peak_rss_bytes", 0) for s in summaries), default=0), details=details)
+
+
+def read_autotune(csv_path: Path, log_path: Path) -> dict:
+    """How far Horovod's autotuner got: settings scored, whether it finished, the last (best) setting."""
+    rows = []
+    if csv_path.is_file():
+        with csv_path.open() as stream:
+            rows = [[cell.strip() for cell in row] for row in csv.reader(stream) if row]
+    return {
+        "samples": max(0, len(rows) - 1),
+        "done": AUTOTUNE_DONE in log_path.read_text(errors="replace"),
+        "last": dict(zip(rows[0], rows[-1])) if len(rows) > 1 else {},
+    }
+
+
+# -- the sweep and the operating point --------------------------------------------------------
+
+
+def measure_point(bench: Bench, profile: Profile, rate: float, strategies: tuple[str, ...], point: Point) -> None:
+    for repeat in range(bench.args.repeats):
+        for strategy in strategies:
+            point.cells.setdefault(strategy, Cell()).runs.append(bench.run(profile, strategy, rate, repeat))
+
+
+def compute_cell(bench: Bench, profile: Profile, rate: float) -> Cell:
+    """Compute-only does not depend on the link: measured once per device rate."""
+    cell = Cell()
+    for repeat in range(bench.args.repeats):
+        cell.runs.append(bench.run(profile, "compute-only", rate, repeat))
+    return cell
+
+
+def choose_operating_point(compute: float, comm_by_rate: dict[float, float]) -> tuple[float, float | None] | None:
+    """(rate, device scale): scale None when the sweep itself balances compute and communication.
+
+    Otherwise the scale multiplies the device rate so that compute equals the communication
+    time at the rate where communication is fastest. None if nothing was measured.
+    """
+    measured = {rate: comm for rate, comm in comm_by_rate.items() if not math.isnan(comm)}
+    if not measured or math.isnan(compute):
+        return None
+    closest = min(measured, key=lambda rate: abs(math.log(measured[rate] / compute)))
+    if 1 / OPERATING_POINT_TOLERANCE <= measured[closest] / compute <= OPERATING_POINT_TOLERANCE:
+        return closest, None
+    fastest = min(measured, key=measured.get)
+    return fastest, compute / measured[fastest]
+
+
+def bench_profile(bench: Bench, profile: Profile, rates: list[float]) -> tuple[list[Point], Point | None]:
+    """The sweep's points and the operating point (one of them, or a device-scaled extra one)."""
+    compute = compute_cell(bench, profile, rates[0])
+    points = []
+    for rate in rates:
+        point = Point(rate, profile.device_tflops, {"compute-only": compute})
+        measure_point(bench, profile, rate, ("comm-only", *SWEEP_STRATEGIES), point)
+        points.append(point)
+    chosen = choose_operating_point(compute.median, {p.rate_mbit: p.median("comm-only") for p in points})
+    if chosen is None:
+        bench.say(f"{profile.name}: no operating point: compute-only or comm-only failed at every rate")
+        return points, None
+    rate, scale = chosen
+    at_rate = next(p for p in points if p.rate_mbit == rate)
+    if scale is None:
+        bench.say(f"{profile.name}: operating point {rate:g} Mbit/s from the sweep (C {compute.median:.3f} s, M {at_rate.median('comm-only'):.3f} s)")
+        return points, at_rate
+    device = scaled(profile, profile.device_tflops * scale)
+    bench.say(
+        f"{profile.name}: no swept rate balances C {compute.median:.3f} s; operating point {rate:g} Mbit/s "
+        f"(M {at_rate.median('comm-only'):.3f} s) with the device at {device.device_tflops:.3g} TFLOP/s"
+    )
+    operating = Point(rate, device.device_tflops, {"compute-only": compute_cell(bench, device, rate)})
+    operating.cells["comm-only"] = at_rate.cells["comm-only"]  # M does not depend on the device
+    measure_point(bench, device, rate, SWEEP_STRATEGIES, operating)
+    return points, operating
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+
+def print_table(profile: Profile, points: list[Point], operating: Point | None) -> None:
+    print(f"\n{profile.name}: {profile.parameters / 1e6:.1f} M parameters, {profile.gradient_bytes / 1e6:.0f} MB of "
+          f"gradients, batch {profile.batch_size}; step seconds, median (min-max) of the runs")  # fmt: skip
+    header = (
+        f"{'Mbit/s':>7} {'TFLOP/s':>7} | "
+        + " | ".join(f"{name:^{CELL_WIDTH}}" for name in ("horovod", "autotune", "caramel", "compute", "comm"))
+        + f" | {'bound':>6} | {'E':>5} | {'H/C':>5} {'A/C':>5} {'C/bnd':>5} | RSS MB H/A/C   C/H"
+    )
+    print(header)
+    print("-" * len(header))
+    rows = points + ([operating] if operating and operating not in points else [])
+    for point in rows:
+        rss = [point.cells[s].peak_rss_bytes / 2**20 if s in point.cells else math.nan for s in SWEEP_STRATEGIES]
+        marker = " <- operating point" if point is operating else ""
+        print(
+            f"{point.rate_mbit:7g} {point.device_tflops:7.3g} | "
+            + " | ".join(point.cells[s].describe() if s in point.cells else "" for s in (*SWEEP_STRATEGIES, "compute-only", "comm-only"))
+            + f" | {point.bound:6.3f} | {point.efficiency:5.2f} | {point.ratio('horovod', 'caramel'):5.2f} "
+            f"{point.ratio('autotune', 'caramel'):5.2f} {point.median('caramel') / point.bound:5.2f} | "
+            f"{rss[0]:.0f}/{rss[1]:.0f}/{rss[2]:.0f} {rss[2] / rss[0]:5.2f}{marker}"
+        )
+    for point in rows:
+        for run in point.cells.get("autotune", Cell()).runs:
+            tuned = run.details.get("autotune", {})
+            if tuned:
+                where = f"  autotune at {point.rate_mbit:g} Mbit/s, {point.device_tflops:.3g} TFLOP/s: "
+                last, state = tuned["last"], "done, best" if tuned["done"] else "NOT done, last"
+                print(where + (
+                    f"{tuned['samples']} settings scored, {state}: cycle {last['cycle_time_ms']} ms, "
+                    f"fusion {last['tensor_fusion_threshold']} MB" if last else "no setting scored"
+                ))  # fmt: skip
+
+
+def summary_line(name: str, operating: Point | None) -> str:
+    if operating is None:
+        return f"{name} speedup_vs_horovod=nan speedup_vs_autotune=nan of_bound=nan"
+    return (
+        f"{name} speedup_vs_horovod={operating.ratio('horovod', 'caramel'):.3f} "
+        f"speedup_vs_autotune={operating.ratio('autotune', 'caramel'):.3f} "
+        f"of_bound={operating.median('caramel') / operating.bound:.3f}"
+    )
+
+
+def plot(results: dict[str, tuple[list[Point], Point | None]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for axis, (name, (points, _)) in zip(axes[0], results.items()):
+        rates = [p.rate_mbit for p in points]
+        for strategy in (*SWEEP_STRATEGIES, "compute-only", "comm-only"):
+            medians = [p.median(strategy) for p in points]
+            spreads = [p.cells[strategy].spread if strategy in p.cells else (math.nan, math.nan) for p in points]
+            errors = [[m - low for m, (low, _) in zip(medians, spreads)], [high - m for m, (_, high) in zip(medians, spreads)]]
+            style = "--" if strategy in ("compute-only", "comm-only") else "-"
+            axis.errorbar(rates, medians, yerr=errors, fmt=f"o{style}", capsize=3, label=strategy)
+        axis.plot(rates, [p.bound for p in points], ":", color="black", label="bound max(C, M)")
+        axis.set(xscale="log", xlabel="link rate (Mbit/s)", ylabel="step time (s)", ylim=(0, None),
+                 title=f"{name} at {points[0].device_tflops:g} TFLOP/s")  # fmt: skip
+        axis.set_xticks(rates, [f"{r:g}" for r in rates])
+        axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def save_results(path: Path, results: dict[str, tuple[list[Point], Point | None]]) -> None:
+    document = {
+        name: {"sweep": [asdict(point) for point in points], "operating_point": asdict(operating) if operating else None}
+        for name, (points, operating) in results.items()
+    }
+    path.write_text(json.dumps(document, indent=1, default=str))
+
+
+# -- the rate drop ----------------------------------------------------------------------------
+
+
+def rate_drop(bench: Bench, profile: Profile, drop: tuple[float, float, int]) -> None:
+    drop_from, drop_to, at_step = drop
+    steps = at_step + bench.args.steps_after_drop
+    fresh = bench.run(profile, "caramel", drop_to, 0, steps=bench.args.steps)
+    arrivals: dict[int, float] = {}  # step -> when its line reached us
+
+    def watch(event: dict) -> None:
+        if event.get("event") != "step":
+            return
+        arrivals[event["step"]] = time.monotonic()
+        if event["step"] == at_step:
+            bench.cluster.set_rate(drop_to)
+            bench.say(f"  step {at_step} done: links now {drop_to:g} Mbit/s")
+
+    run = bench.run(profile, "caramel", drop_from, 0, steps=steps, on_event=watch)
+    # Valid only if the steps after the drop were reported as they ran, not all at the end.
+    after_drop = sum(run.steps[at_step:])
+    if at_step not in arrivals or max(arrivals.values()) - arrivals[at_step] < after_drop / 2:
+        print(f"\n{profile.name}: no valid rate drop: rank 0 did not report step {at_step} while the later steps "
+              "ran (the worker must print each step line as the step ends)")  # fmt: skip
+        return
+    reference = fresh.step_seconds
+    print(f"\n{profile.name}: Caramel, links {drop_from:g} -> {drop_to:g} Mbit/s after step {at_step}; "
+          f"a fresh run at {drop_to:g} Mbit/s: median step {reference:.3f} s")  # fmt: skip
+    for step, seconds in enumerate(run.steps, start=1):
+        if step >= at_step - 3:
+            print(f"  step {step:4d}  {seconds:7.3f} s  {seconds / reference:5.2f} x fresh{'   <- rate drop' if step == at_step else ''}")
+    recovered = steps_to_recover(run.steps[at_step:], reference)
+    if recovered is None:
+        print(f"{profile.name} rate drop: never back within 10% of a fresh run")
+    else:
+        print(f"{profile.name} rate drop: within 10% of a fresh run from step {at_step + recovered + 1} on "
+              f"({recovered} slower step(s) after the drop)")  # fmt: skip
+
+
+def steps_to_recover(after_drop: list[float], reference: float) -> int | None:
+    """Steps after the drop until RECOVERY_STEPS_IN_A_ROW consecutive steps are within 10% of reference."""
+    for start in range(len(after_drop) - RECOVERY_STEPS_IN_A_ROW + 1):
+        if all(s <= RECOVERY_TOLERANCE * reference for s in after_drop[start : start + RECOVERY_STEPS_IN_A_ROW]):
+            return start
+    return None
+
+
+def parse_rate_drop(spec: str) -> tuple[float, float, int]:
+    drop_from, drop_to, at_step = spec.split(":")
+    return float(drop_from), float(drop_to), int(at_step)
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the method.")
+    parser.add_argument("--profiles", default=",".join(NAMES), help="comma-separated (default: all three)")
+    parser.add_argument("--rates", default="1000,2000,4000,8000", help="link rates in Mbit/s (default 1000,2000,4000,8000)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and rate (default 3)")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (default 3)")
+    parser.add_argument(
+        "--autotune-warmup", type=int, default=65,
+        help="unmeasured steps of the autotune runs, for Horovod to tune in: 60 with the autotune "
+        "settings used here (AUTOTUNE_ENV); each run reports whether tuning finished (default 65)",
+    )  # fmt: skip
+    parser.add_argument("--device-tflops", type=float, help="emulated device rate (default: each profile's)")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--run-timeout", type=float, help="seconds per run (default: from the expected step time)")
+    parser.add_argument("--rate-drop", metavar="FROM:TO:AT_STEP", help="run the rate-drop experiment instead of the sweep")
+    parser.add_argument(
+        "--steps-after-drop", type=int, default=60,
+        help="rate drop: measured steps after the drop (default 60; Caramel re-plans early and then every replanIntervalSteps (20 by default))",
+    )  # fmt: skip
+    parser.add_argument("--worker", type=Path, default=WORKER, help=argparse.SUPPRESS)
+    parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/bench-<time>)")
+    args = parser.parse_args(argv)
+    args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()]
+    unknown = [name for name in args.profile_names if name not in NAMES]
+    if unknown:
+        parser.error(f"--profiles: unknown {', '.join(unknown)} (known: {', '.join(NAMES)})")
+    args.rate_list = sorted(float(rate) for rate in args.rates.split(","))
+    try:
+        args.drop = parse_rate_drop(args.rate_drop) if args.rate_drop else None
+    except ValueError:
+        parser.error(f"--rate-drop: expected FROM:TO:AT_STEP such as 4000:1000:20, got {args.rate_drop!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("scheduling_bench needs root: it builds network namespaces, veths, a bridge, tc shaping and an iptables rule", file=sys.stderr)
+        return 2
+    output = args.output or REPOSITORY / "runs" / time.strftime("bench-%Y%m%d-%H%M%S")
+    output.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"warning: load average {load:.1f}: other processes compete for the CPU that Gloo and the workers need", flush=True)
+    profiles = [load_profile(name) for name in args.profile_names]
+    if args.device_tflops:
+        profiles = [scaled(profile, args.device_tflops) for profile in profiles]
+    names = hostnames(bench_job(JOB_NAME, ["true"], args.workers, None))  # depend on the job's name and size only
+    try:
+        with EmulatedCluster(args.workers, args.rate_list[0], hostnames=names) as cluster:
+            bench = Bench(args, cluster, output)
+            bench.say(f"{args.workers} workers; output in {output}")
+            if args.drop:
+                for profile in profiles:
+                    rate_drop(bench, profile, args.drop)
+                return 0
+            results = {}
+            for profile in profiles:
+                results[profile.name] = bench_profile(bench, profile, args.rate_list)
+                save_results(output / "results.json", results)
+    except HarnessError as error:
+        print(f"scheduling_bench: {error}", file=sys.stderr)
+        return 2
+    for profile in profiles:
+        print_table(profile, *results[profile.name])
+    plot(results, output / "step_time_vs_bandwidth.png")
+    print(f"\nplot: {output / 'step_time_vs_bandwidth.png'}; results: {output / 'results.json'}; logs in {output}\n")
+    for profile in profiles:
+        print(summary_line(profile.name, results[profile.name][1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
