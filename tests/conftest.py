@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parent.parent
 SMALL_EXAMPLE = REPO / "examples" / "train_small.py"
 
 
+def runtime_metrics() -> dict[str, str]:
+    """Every metric a training process serves, by its queried name (counters end in _total), to its type."""
+    from caramel.metrics import WorkerMetrics
+
+    families = WorkerMetrics(rank=0).registry.collect()
+    return {f"{family.name}_total" if family.type == "counter" else family.name: family.type for family in families}
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -6,7 +6,7 @@ import pytest
 
 from caramel.api import Batching, CaramelJob, CleanPodPolicy, Ordering
 from caramel.jobfile import JobFileError, load_job, parse_job
-from conftest import REPO
+from conftest import REPO, runtime_metrics
 
 
 def manifest(**spec):
@@ -124,3 +124,9 @@ def test_quickstart_example_is_valid():
     job = load_job(REPO / "examples" / "quickstart.yaml")
     assert job.name == "quickstart"
     assert (REPO / job.spec.script).is_file()
+
+
+def test_readme_documents_every_runtime_metric():
+    readme = (REPO / "README.md").read_text()
+    undocumented = [name for name in runtime_metrics() if name not in readme]
+    assert undocumented == []

@@ -34,7 +34,7 @@ import yaml
 
 from caramel.jobfile import load_job, parse_job
 from caramel_operator.builders import build_worker_pod
-from conftest import REPO, require_binary
+from conftest import REPO, require_binary, runtime_metrics
 
 CHART = REPO / "helm" / "caramel"
 MANIFESTS = REPO / "manifests"
@@ -44,18 +44,7 @@ RELEASE, NAMESPACE = "caramel", "caramel-system"
 KUBERNETES_VERSIONS = ("1.30", "1.35")
 OPERATOR_UID = 10001
 
-RUNTIME_METRICS = (
-    "caramel_step_duration_seconds",
-    "caramel_compute_seconds_total",
-    "caramel_communication_seconds_total",
-    "caramel_communicated_bytes_total",
-    "caramel_bandwidth_bytes_per_second",
-    "caramel_steps_total",
-    "caramel_global_step",
-    "caramel_loss",
-    "caramel_batching_bucket_bytes",
-    "caramel_batching_transfers",
-)
+RUNTIME_METRICS = list(runtime_metrics())
 
 # Values that exercise every value the chart templates in, schema-valid.
 FULL_VALUES: dict[str, Any] = {
