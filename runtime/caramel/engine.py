@@ -99,8 +99,8 @@ class TransferEngine:
     """Averages the gradients of `tensors` across ranks and applies them, overlapping compute.
 
     `apply_update(piece, average)` receives every averaged piece of a flattened gradient as its
-    transfer completes (from one of two collective threads: pieces of one parameter may arrive
-    concurrently); a parameter counts as updated once all its pieces are applied.
+    transfer completes (in the engine's collective thread, not the caller's); a parameter counts
+    as updated once all its pieces are applied.
     """
 
     def __init__(
