@@ -17,21 +17,19 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from caramel.api import Scheduling, Tuning
-from caramel.engine import INITIAL_LINK, TransferEngine
+from caramel.engine import INITIAL_LINK, IterationStats, TransferEngine
 from caramel.linkmodel import LinkModel
 from caramel.planning import Piece
 from caramel.schedule import TensorCost
 
 
 @dataclass
-class CommunicationStats:
+class CommunicationStats(IterationStats):
     """What the communicator did since the stats were last taken."""
 
-    seconds: float = 0.0
-    waited_seconds: float = 0.0
-    transfer_wait_seconds: float = 0.0
-    nbytes: int = 0
-    transfers: int = 0
+    exposed_seconds: float = 0.0
+    """Time the training step waited for the averages: with a whole step handed over at once,
+    all of the communication."""
 
 
 def initial_link(tuning: Tuning | None) -> LinkModel:
@@ -83,9 +81,9 @@ class GradientCommunicator:
             results.append(tf.reshape(joined, tf.shape(tensor)))
         stats = engine.stats(iteration)
         with self._lock:
-            self._stats.seconds += stats.communication_seconds
-            self._stats.waited_seconds += waited
-            self._stats.transfer_wait_seconds += stats.waiting_seconds
+            self._stats.communication_seconds += stats.communication_seconds
+            self._stats.waiting_seconds += stats.waiting_seconds
+            self._stats.exposed_seconds += waited
             self._stats.nbytes += stats.nbytes
             self._stats.transfers += stats.transfers
         self._iteration += 1

@@ -104,9 +104,9 @@ class TrainingRun:
             StepRecord(
                 step=step,
                 step_seconds=seconds,
-                communication_seconds=stats.seconds,
-                exposed_seconds=stats.waited_seconds,
-                transfer_wait_seconds=stats.transfer_wait_seconds,
+                communication_seconds=stats.communication_seconds,
+                exposed_seconds=stats.exposed_seconds,
+                transfer_wait_seconds=stats.waiting_seconds,
                 communicated_bytes=stats.nbytes,
                 transfers=stats.transfers,
                 loss=self._loss,
