@@ -115,7 +115,8 @@ class TransferEngine:
         self.apply_update = apply_update
         self.observer = LinkObserver()
         self.link = initial_link
-        self.plan: Plan = best_schedule(self.tensors, self.link, scheduling)
+        # Made at iteration 0, once the link has been probed (see EARLY_REPLANS).
+        self.plan: Plan | None = None
         self.plan_changes = 0
         self._gradients: list[tf.Tensor | None] = [None] * len(self.tensors)
         self._ready_iteration = [-1] * len(self.tensors)
@@ -249,7 +250,7 @@ class TransferEngine:
         alpha, beta = (float(value) for value in np.asarray(shared))
         self.link = LinkModel(alpha=alpha, beta=beta)
         plan = best_schedule(self.tensors, self.link, self.scheduling)
-        if plan.transfers != self.plan.transfers:
+        if self.plan is not None and plan.transfers != self.plan.transfers:
             self.plan_changes += 1
             self._reducers.forget()
         self.plan = plan
