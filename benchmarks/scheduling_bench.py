@@ -281,7 +281,7 @@ def bench_profile(bench: Bench, profile: Profile, rates: list[float]) -> tuple[l
     points = []
     for rate in rates:
         point = Point(rate, profile.device_tflops, {"compute-only": compute})
-        measure_point(bench, profile, rate, ("comm-only", *SWEEP_STRATEGIES), point)
+        measure_point(bench, profile, rate, ("comm-only", *bench.args.strategy_names), point)
         points.append(point)
     chosen = choose_operating_point(compute.median, {p.rate_mbit: p.median("comm-only") for p in points})
     if chosen is None:
@@ -299,7 +299,7 @@ def bench_profile(bench: Bench, profile: Profile, rates: list[float]) -> tuple[l
     )
     operating = Point(rate, device.device_tflops, {"compute-only": compute_cell(bench, device, rate)})
     operating.cells["comm-only"] = at_rate.cells["comm-only"]  # M does not depend on the device
-    measure_point(bench, device, rate, SWEEP_STRATEGIES, operating)
+    measure_point(bench, device, rate, bench.args.strategy_names, operating)
     return points, operating
 
 
@@ -450,6 +450,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="unmeasured steps of the autotune runs, for Horovod to tune in: 60 with the autotune "
         "settings used here (AUTOTUNE_ENV); each run reports whether tuning finished (default 65)",
     )  # fmt: skip
+    parser.add_argument(
+        "--strategies", default=",".join(SWEEP_STRATEGIES),
+        help=f"comma-separated subset of {','.join(SWEEP_STRATEGIES)} to compare (default: all); "
+        "compute-only and comm-only always run, for the bound",
+    )  # fmt: skip
     parser.add_argument("--device-tflops", type=float, help="emulated device rate (default: each profile's)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--run-timeout", type=float, help="seconds per run (default: from the expected step time)")
@@ -465,6 +470,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [name for name in args.profile_names if name not in NAMES]
     if unknown:
         parser.error(f"--profiles: unknown {', '.join(unknown)} (known: {', '.join(NAMES)})")
+    args.strategy_names = tuple(name.strip() for name in args.strategies.split(",") if name.strip())
+    unknown = [name for name in args.strategy_names if name not in SWEEP_STRATEGIES]
+    if unknown or not args.strategy_names:
+        parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(SWEEP_STRATEGIES)})")
     args.rate_list = sorted(float(rate) for rate in args.rates.split(","))
     try:
         args.drop = parse_rate_drop(args.rate_drop) if args.rate_drop else None
