@@ -1,16 +1,25 @@
-"""Caramel's gradient-communication scheduling against Horovod, on emulated accelerators over shaped links.
+"""Caramel's gradient-communication scheduling against Horovod, on emulated accelerators or real TF compute over shaped links.
 
     sudo make bench                                    # everything, with the defaults below
     python benchmarks/scheduling_bench.py --profiles resnet50 --rates 2000,4000 --repeats 1
+    python benchmarks/scheduling_bench.py --compute real --profiles small,resnet50 --rates 1000,2000
 
 Runs need root and the project's virtualenv. Each run starts --workers workers, each in its own
 network namespace of an EmulatedCluster (benchmarks/netem.py: tbf-shaped full-duplex links of
-the given rate), through Caramel's worker contract (benchmarks/jobrun.py), running
-benchmarks/emulated_worker.py: every parameter tensor of the profiled model is a layer whose
-compute is slept for its profiled time, while the gradients, of their true sizes, travel over
-the shaped links with real Horovod/Gloo collectives.
+the given rate; --cluster-prefix and --cluster-subnet keep a second cluster apart from one
+already running), through Caramel's worker contract (benchmarks/jobrun.py). The compute is
+either (--compute, see benchmarks/workloads.py):
+    emulated   benchmarks/emulated_worker.py (the default): every parameter tensor of the profiled
+               model (--profiles resnet50,vgg16,bert_base) is a layer whose compute is slept for
+               its profiled time on an emulated accelerator of a given rate;
+    real       benchmarks/real_worker.py: the example models (--profiles resnet50,small, from
+               examples/train_resnet50.py at 32x32 images and examples/train_small.py) train with
+               real TensorFlow compute, in a tf.function step with Horovod's or Caramel's tape,
+               on this machine's CPU, which the workers share with Gloo.
+Either way the gradients, of their true sizes, travel over the shaped links with real
+Horovod/Gloo collectives.
 
-For each profile and each link rate of the sweep, the strategies run one after another, the
+For each profile (model) and each link rate of the sweep, the strategies run one after another, the
 repeats interleaved so that any drift of the machine hits all of them alike:
     horovod    Horovod's defaults (fusion 128 MiB, cycle 1 ms)
     autotune   Horovod with HOROVOD_AUTOTUNE=1, given --autotune-warmup unmeasured steps to tune
@@ -26,16 +35,18 @@ Lower bound on a step: max(C, M). TicTac's scheduling efficiency of Caramel's st
 E = (C + M - T) / (C + M - max(C, M)): 0 is no overlap at all, 1 is perfect overlap.
 
 The operating point, where scheduling matters most, is where compute and communication take
-about equally long. It is found in two ways:
+about equally long. It is found in one of three ways:
 1. the rate sweep: the rate whose measured M is closest to C (in ratio) is the operating point
    if M/C lies within [1/OPERATING_POINT_TOLERANCE, OPERATING_POINT_TOLERANCE];
-2. otherwise no link this machine can emulate balances the profile (VGG-16 moves 553 MB of
-   gradients per step: it needs far more than the fastest rate), and the device rate is scaled
-   instead: at the sweep's rate with the smallest measured M, the device is given
-   --device-tflops = profile rate x C / M, so that C equals that M, and every strategy runs
-   again there. Only the ratio of C to M matters for overlap (a device k times slower on the
-   same link is that device on a link k times faster), except for fixed per-message costs,
-   which this makes relatively smaller.
+2. otherwise, with emulated compute, the device rate is scaled: no link this machine can
+   emulate balances the profile (VGG-16 moves 553 MB of gradients per step: it needs far more
+   than the fastest rate), so at the sweep's rate with the smallest measured M, the device is
+   given --device-tflops = profile rate x C / M, so that C equals that M, and every strategy
+   runs again there. Only the ratio of C to M matters for overlap (a device k times slower on
+   the same link is that device on a link k times faster), except for fixed per-message costs,
+   which this makes relatively smaller;
+3. otherwise, with real compute, there is no device to scale: the rate whose M is closest to C
+   is the operating point all the same, and the output says that it does not balance them.
 The last lines, one per profile, give Caramel's speedups and distance from the bound there:
     PROFILE speedup_vs_horovod=R1 speedup_vs_autotune=R2 of_bound=R3
 
@@ -63,10 +74,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
-from netem import EmulatedCluster, HarnessError
-from profiles import NAMES, Profile, load_profile, scaled
+from netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
+from workloads import COMPUTE_MODES, Workload, device_label, make_workloads
 
-WORKER = Path(__file__).resolve().parent / "emulated_worker.py"
 JOB_NAME = "bench"
 OPERATING_POINT_TOLERANCE = 1.25
 CELL_WIDTH = 22  # "12.345 (12.000-13.000)"
@@ -131,7 +141,9 @@ class Cell:
 
     def describe(self) -> str:
         low, high = self.spread
-        return f"{self.median:6.3f} ({low:.3f}-{high:.3f})".ljust(CELL_WIDTH) if self._values() else f"{'failed':^{CELL_WIDTH}}"
+        if not self._values():
+            return f"{'failed' if self.runs else 'not run':^{CELL_WIDTH}}"
+        return f"{self.median:6.3f} ({low:.3f}-{high:.3f})".ljust(CELL_WIDTH)
 
 
 @dataclass
@@ -139,7 +151,7 @@ class Point:
     """Every strategy at one link rate and device rate."""
 
     rate_mbit: float
-    device_tflops: float
+    device_tflops: float | None  # None: real compute
     cells: dict[str, Cell] = field(default_factory=dict)
 
     def median(self, strategy: str) -> float:
@@ -161,7 +173,7 @@ class Point:
 
 
 class Bench:
-    """Runs strategies of profiles on one emulated cluster, printing progress and keeping logs."""
+    """Runs strategies of workloads on one emulated cluster, printing progress and keeping logs."""
 
     def __init__(self, args: argparse.Namespace, cluster: EmulatedCluster, output: Path) -> None:
         self.args = args
@@ -175,7 +187,7 @@ class Bench:
 
     def run(
         self,
-        profile: Profile,
+        workload: Workload,
         strategy: str,
         rate_mbit: float,
         repeat: int,
@@ -185,19 +197,15 @@ class Bench:
         """One run of strategy (a SWEEP_STRATEGIES name, compute-only or comm-only) at rate_mbit."""
         self.cluster.set_rate(rate_mbit)
         steps = steps or self.args.steps
-        tag = f"{profile.name}-{rate_mbit:g}mbit-{profile.device_tflops:.3g}tflops-{strategy}-{repeat}"
+        tag = f"{workload.name}-{rate_mbit:g}mbit-{workload.device_tag}-{strategy}-{repeat}"
         warmup, env = self.args.warmup, {}
         if strategy == "autotune":
             warmup = self.args.autotune_warmup
             env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
-        command = [
-            sys.executable, str(self.args.worker), "--profile", profile.name,
-            "--strategy", "horovod" if strategy == "autotune" else strategy,
-            "--steps", str(steps), "--warmup", str(warmup), "--device-tflops", repr(profile.device_tflops),
-        ]  # fmt: skip
+        command = workload.command("horovod" if strategy == "autotune" else strategy, steps, warmup)
         job = bench_job(JOB_NAME, command, self.args.workers, self.cluster.interface, env)
-        self.say(f"{profile.name} at {rate_mbit:g} Mbit/s, {profile.device_tflops:.3g} TFLOP/s: {strategy} (run {repeat + 1})")
-        timeout = self.timeout(profile, rate_mbit, warmup + steps)
+        self.say(f"{workload.name} at {rate_mbit:g} Mbit/s, {workload.device}: {strategy} (run {repeat + 1})")
+        timeout = self.timeout(workload, rate_mbit, warmup + steps)
         try:
             result = run_job(self.cluster, job, timeout, self.output / f"{tag}.log", on_event)
         except RunFailed as failure:
@@ -213,11 +221,11 @@ class Bench:
         self.say(f"  {result.seconds:.0f} s, median step {run.step_seconds:.3f} s over {len(run.steps)} steps{note}")
         return run
 
-    def timeout(self, profile: Profile, rate_mbit: float, steps: int) -> float:
+    def timeout(self, workload: Workload, rate_mbit: float, steps: int) -> float:
         """Generous: start-up, plus ten times the slowest plausible step (compute plus a ring allreduce)."""
         workers = self.args.workers
-        ring_bytes = 2 * (workers - 1) / workers * profile.gradient_bytes
-        step = profile.compute_seconds + ring_bytes * 8 / (rate_mbit * 1e6)
+        ring_bytes = 2 * (workers - 1) / workers * workload.gradient_bytes
+        step = workload.compute_seconds + ring_bytes * 8 / (rate_mbit * 1e6)
         return self.args.run_timeout or 240 + 10 * steps * step
 
 
@@ -245,57 +253,74 @@ def read_autotune(csv_path: Path, log_path: Path) -> dict:
 # -- the sweep and the operating point --------------------------------------------------------
 
 
-def measure_point(bench: Bench, profile: Profile, rate: float, strategies: tuple[str, ...], point: Point) -> None:
+def measure_point(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], point: Point) -> None:
     for repeat in range(bench.args.repeats):
         for strategy in strategies:
-            point.cells.setdefault(strategy, Cell()).runs.append(bench.run(profile, strategy, rate, repeat))
+            point.cells.setdefault(strategy, Cell()).runs.append(bench.run(workload, strategy, rate, repeat))
 
 
-def compute_cell(bench: Bench, profile: Profile, rate: float) -> Cell:
+def compute_cell(bench: Bench, workload: Workload, rate: float) -> Cell:
     """Compute-only does not depend on the link: measured once per device rate."""
     cell = Cell()
     for repeat in range(bench.args.repeats):
-        cell.runs.append(bench.run(profile, "compute-only", rate, repeat))
+        cell.runs.append(bench.run(workload, "compute-only", rate, repeat))
     return cell
 
 
-def choose_operating_point(compute: float, comm_by_rate: dict[float, float]) -> tuple[float, float | None] | None:
+def balanced(compute: float, comm: float) -> bool:
+    """Whether compute and communication take about equally long (within OPERATING_POINT_TOLERANCE)."""
+    return 1 / OPERATING_POINT_TOLERANCE <= comm / compute <= OPERATING_POINT_TOLERANCE
+
+
+def choose_operating_point(
+    compute: float, comm_by_rate: dict[float, float], scalable: bool = True
+) -> tuple[float, float | None] | None:
     """(rate, device scale): scale None when the sweep itself balances compute and communication.
 
     Otherwise the scale multiplies the device rate so that compute equals the communication
-    time at the rate where communication is fastest. None if nothing was measured.
+    time at the rate where communication is fastest; a workload that cannot be scaled (real
+    compute) gets the rate whose communication is closest to its compute, scale None. None if
+    nothing was measured.
     """
     measured = {rate: comm for rate, comm in comm_by_rate.items() if not math.isnan(comm)}
     if not measured or math.isnan(compute):
         return None
     closest = min(measured, key=lambda rate: abs(math.log(measured[rate] / compute)))
-    if 1 / OPERATING_POINT_TOLERANCE <= measured[closest] / compute <= OPERATING_POINT_TOLERANCE:
+    if balanced(compute, measured[closest]) or not scalable:
         return closest, None
     fastest = min(measured, key=measured.get)
     return fastest, compute / measured[fastest]
 
 
-def bench_profile(bench: Bench, profile: Profile, rates: list[float]) -> tuple[list[Point], Point | None]:
+def bench_workload(bench: Bench, workload: Workload, rates: list[float]) -> tuple[list[Point], Point | None]:
     """The sweep's points and the operating point (one of them, or a device-scaled extra one)."""
-    compute = compute_cell(bench, profile, rates[0])
+    compute = compute_cell(bench, workload, rates[0])
     points = []
     for rate in rates:
-        point = Point(rate, profile.device_tflops, {"compute-only": compute})
-        measure_point(bench, profile, rate, ("comm-only", *bench.args.strategy_names), point)
+        point = Point(rate, workload.device_tflops, {"compute-only": compute})
+        measure_point(bench, workload, rate, ("comm-only", *bench.args.strategy_names), point)
         points.append(point)
-    chosen = choose_operating_point(compute.median, {p.rate_mbit: p.median("comm-only") for p in points})
+    comm_by_rate = {p.rate_mbit: p.median("comm-only") for p in points}
+    chosen = choose_operating_point(compute.median, comm_by_rate, workload.scalable)
     if chosen is None:
-        bench.say(f"{profile.name}: no operating point: compute-only or comm-only failed at every rate")
+        bench.say(f"{workload.name}: no operating point: compute-only or comm-only failed at every rate")
         return points, None
     rate, scale = chosen
     at_rate = next(p for p in points if p.rate_mbit == rate)
+    balance = f"C {compute.median:.3f} s, M {at_rate.median('comm-only'):.3f} s"
     if scale is None:
-        bench.say(f"{profile.name}: operating point {rate:g} Mbit/s from the sweep (C {compute.median:.3f} s, M {at_rate.median('comm-only'):.3f} s)")
+        if balanced(compute.median, comm_by_rate[rate]):
+            bench.say(f"{workload.name}: operating point {rate:g} Mbit/s from the sweep ({balance})")
+        else:
+            bench.say(
+                f"{workload.name}: no swept rate balances C and M within a factor {OPERATING_POINT_TOLERANCE:g} and "
+                f"{workload.device} cannot be scaled; operating point {rate:g} Mbit/s, where M is closest to C ({balance})"
+            )
         return points, at_rate
-    device = scaled(profile, profile.device_tflops * scale)
+    device = workload.scaled(workload.device_tflops * scale)
     bench.say(
-        f"{profile.name}: no swept rate balances C {compute.median:.3f} s; operating point {rate:g} Mbit/s "
-        f"(M {at_rate.median('comm-only'):.3f} s) with the device at {device.device_tflops:.3g} TFLOP/s"
+        f"{workload.name}: no swept rate balances C {compute.median:.3f} s; operating point {rate:g} Mbit/s "
+        f"(M {at_rate.median('comm-only'):.3f} s) with the device at {device.device}"
     )
     operating = Point(rate, device.device_tflops, {"compute-only": compute_cell(bench, device, rate)})
     operating.cells["comm-only"] = at_rate.cells["comm-only"]  # M does not depend on the device
@@ -306,9 +331,10 @@ def bench_profile(bench: Bench, profile: Profile, rates: list[float]) -> tuple[l
 # -- reporting --------------------------------------------------------------------------------
 
 
-def print_table(profile: Profile, points: list[Point], operating: Point | None) -> None:
-    print(f"\n{profile.name}: {profile.parameters / 1e6:.1f} M parameters, {profile.gradient_bytes / 1e6:.0f} MB of "
-          f"gradients, batch {profile.batch_size}; step seconds, median (min-max) of the runs")  # fmt: skip
+def print_table(workload: Workload, points: list[Point], operating: Point | None) -> None:
+    about = f" ({workload.description})" if workload.description else ""
+    print(f"\n{workload.name}{about}: {workload.parameters / 1e6:.3g} M parameters, {workload.gradient_bytes / 1e6:.3g} MB "
+          f"of gradients, batch {workload.batch_size}; step seconds, median (min-max) of the runs")  # fmt: skip
     header = (
         f"{'Mbit/s':>7} {'TFLOP/s':>7} | "
         + " | ".join(f"{name:^{CELL_WIDTH}}" for name in ("horovod", "autotune", "caramel", "compute", "comm"))
@@ -318,11 +344,11 @@ def print_table(profile: Profile, points: list[Point], operating: Point | None) 
     print("-" * len(header))
     rows = points + ([operating] if operating and operating not in points else [])
     for point in rows:
-        rss = [point.cells[s].peak_rss_bytes / 2**20 if s in point.cells else math.nan for s in SWEEP_STRATEGIES]
+        rss = [point.cells.get(s, Cell()).peak_rss_bytes / 2**20 or math.nan for s in SWEEP_STRATEGIES]  # nan: none ran
         marker = " <- operating point" if point is operating else ""
         print(
-            f"{point.rate_mbit:7g} {point.device_tflops:7.3g} | "
-            + " | ".join(point.cells[s].describe() if s in point.cells else "" for s in (*SWEEP_STRATEGIES, "compute-only", "comm-only"))
+            f"{point.rate_mbit:7g} {device_column(point.device_tflops)} | "
+            + " | ".join(point.cells.get(s, Cell()).describe() for s in (*SWEEP_STRATEGIES, "compute-only", "comm-only"))
             + f" | {point.bound:6.3f} | {point.efficiency:5.2f} | {point.ratio('horovod', 'caramel'):5.2f} "
             f"{point.ratio('autotune', 'caramel'):5.2f} {point.median('caramel') / point.bound:5.2f} | "
             f"{rss[0]:.0f}/{rss[1]:.0f}/{rss[2]:.0f} {rss[2] / rss[0]:5.2f}{marker}"
@@ -331,12 +357,16 @@ def print_table(profile: Profile, points: list[Point], operating: Point | None) 
         for run in point.cells.get("autotune", Cell()).runs:
             tuned = run.details.get("autotune", {})
             if tuned:
-                where = f"  autotune at {point.rate_mbit:g} Mbit/s, {point.device_tflops:.3g} TFLOP/s: "
+                where = f"  autotune at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}: "
                 last, state = tuned["last"], "done, best" if tuned["done"] else "NOT done, last"
                 print(where + (
                     f"{tuned['samples']} settings scored, {state}: cycle {last['cycle_time_ms']} ms, "
                     f"fusion {last['tensor_fusion_threshold']} MB" if last else "no setting scored"
                 ))  # fmt: skip
+
+
+def device_column(device_tflops: float | None) -> str:
+    return f"{'real':>7}" if device_tflops is None else f"{device_tflops:7.3g}"
 
 
 def summary_line(name: str, operating: Point | None) -> str:
@@ -367,7 +397,7 @@ def plot(results: dict[str, tuple[list[Point], Point | None]], path: Path) -> No
             axis.errorbar(rates, medians, yerr=errors, fmt=f"o{style}", capsize=3, label=strategy)
         axis.plot(rates, [p.bound for p in points], ":", color="black", label="bound max(C, M)")
         axis.set(xscale="log", xlabel="link rate (Mbit/s)", ylabel="step time (s)", ylim=(0, None),
-                 title=f"{name} at {points[0].device_tflops:g} TFLOP/s")  # fmt: skip
+                 title=f"{name}, {device_label(points[0].device_tflops)}")  # fmt: skip
         axis.set_xticks(rates, [f"{r:g}" for r in rates])
         axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axis.grid(True, which="both", alpha=0.3)
@@ -387,10 +417,10 @@ def save_results(path: Path, results: dict[str, tuple[list[Point], Point | None]
 # -- the rate drop ----------------------------------------------------------------------------
 
 
-def rate_drop(bench: Bench, profile: Profile, drop: tuple[float, float, int]) -> None:
+def rate_drop(bench: Bench, workload: Workload, drop: tuple[float, float, int]) -> None:
     drop_from, drop_to, at_step = drop
     steps = at_step + bench.args.steps_after_drop
-    fresh = bench.run(profile, "caramel", drop_to, 0, steps=bench.args.steps)
+    fresh = bench.run(workload, "caramel", drop_to, 0, steps=bench.args.steps)
     arrivals: dict[int, float] = {}  # step -> when its line reached us
 
     def watch(event: dict) -> None:
@@ -401,24 +431,24 @@ def rate_drop(bench: Bench, profile: Profile, drop: tuple[float, float, int]) ->
             bench.cluster.set_rate(drop_to)
             bench.say(f"  step {at_step} done: links now {drop_to:g} Mbit/s")
 
-    run = bench.run(profile, "caramel", drop_from, 0, steps=steps, on_event=watch)
+    run = bench.run(workload, "caramel", drop_from, 0, steps=steps, on_event=watch)
     # Valid only if the steps after the drop were reported as they ran, not all at the end.
     after_drop = sum(run.steps[at_step:])
     if at_step not in arrivals or max(arrivals.values()) - arrivals[at_step] < after_drop / 2:
-        print(f"\n{profile.name}: no valid rate drop: rank 0 did not report step {at_step} while the later steps "
+        print(f"\n{workload.name}: no valid rate drop: rank 0 did not report step {at_step} while the later steps "
               "ran (the worker must print each step line as the step ends)")  # fmt: skip
         return
     reference = fresh.step_seconds
-    print(f"\n{profile.name}: Caramel, links {drop_from:g} -> {drop_to:g} Mbit/s after step {at_step}; "
+    print(f"\n{workload.name}: Caramel, links {drop_from:g} -> {drop_to:g} Mbit/s after step {at_step}; "
           f"a fresh run at {drop_to:g} Mbit/s: median step {reference:.3f} s")  # fmt: skip
     for step, seconds in enumerate(run.steps, start=1):
         if step >= at_step - 3:
             print(f"  step {step:4d}  {seconds:7.3f} s  {seconds / reference:5.2f} x fresh{'   <- rate drop' if step == at_step else ''}")
     recovered = steps_to_recover(run.steps[at_step:], reference)
     if recovered is None:
-        print(f"{profile.name} rate drop: never back within 10% of a fresh run")
+        print(f"{workload.name} rate drop: never back within 10% of a fresh run")
     else:
-        print(f"{profile.name} rate drop: within 10% of a fresh run from step {at_step + recovered + 1} on "
+        print(f"{workload.name} rate drop: within 10% of a fresh run from step {at_step + recovered + 1} on "
               f"({recovered} slower step(s) after the drop)")  # fmt: skip
 
 
@@ -440,7 +470,16 @@ def parse_rate_drop(spec: str) -> tuple[float, float, int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the method.")
-    parser.add_argument("--profiles", default=",".join(NAMES), help="comma-separated (default: all three)")
+    parser.add_argument(
+        "--compute", choices=tuple(COMPUTE_MODES), default="emulated",
+        help="emulated: profiles' layer compute slept on an emulated accelerator (default); real: the example "
+        "models' real TensorFlow compute on this machine's CPU",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profiles",
+        help=f"comma-separated: emulated profiles ({', '.join(COMPUTE_MODES['emulated'])}) or, with --compute real, "
+        f"example models ({', '.join(COMPUTE_MODES['real'])}); default: all of the mode's",
+    )
     parser.add_argument("--rates", default="1000,2000,4000,8000", help="link rates in Mbit/s (default 1000,2000,4000,8000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and rate (default 3)")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
@@ -455,7 +494,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(SWEEP_STRATEGIES)} to compare (default: all); "
         "compute-only and comm-only always run, for the bound",
     )  # fmt: skip
-    parser.add_argument("--device-tflops", type=float, help="emulated device rate (default: each profile's)")
+    parser.add_argument("--device-tflops", type=float, help="emulated device rate (default: each profile's; --compute emulated only)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--run-timeout", type=float, help="seconds per run (default: from the expected step time)")
     parser.add_argument("--rate-drop", metavar="FROM:TO:AT_STEP", help="run the rate-drop experiment instead of the sweep")
@@ -463,18 +502,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--steps-after-drop", type=int, default=60,
         help="rate drop: measured steps after the drop (default 60; Caramel re-plans early and then every replanIntervalSteps (20 by default))",
     )  # fmt: skip
-    parser.add_argument("--worker", type=Path, default=WORKER, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--cluster-prefix", default=DEFAULT_PREFIX,
+        help=f"name prefix of the namespaces, links and bridge (default {DEFAULT_PREFIX}); another cluster running at the same time needs its own",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cluster-subnet", default=DEFAULT_SUBNET,
+        help=f"the cluster's private /24 (default {DEFAULT_SUBNET}); another cluster running at the same time needs its own, such as 10.213.8.0/24",
+    )  # fmt: skip
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # default: the compute mode's worker
     parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/bench-<time>)")
     args = parser.parse_args(argv)
-    args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()]
-    unknown = [name for name in args.profile_names if name not in NAMES]
-    if unknown:
-        parser.error(f"--profiles: unknown {', '.join(unknown)} (known: {', '.join(NAMES)})")
+    known = COMPUTE_MODES[args.compute]
+    args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()] if args.profiles else list(known)
+    unknown = [name for name in args.profile_names if name not in known]
+    if unknown or not args.profile_names:
+        parser.error(
+            f"--profiles: unknown {', '.join(unknown) or '(none given)'} for --compute {args.compute} (known: {', '.join(known)})"
+        )
+    if args.device_tflops and args.compute != "emulated":
+        parser.error("--device-tflops: only with --compute emulated (real compute runs at this machine's rate)")
+    try:
+        Names(args.cluster_prefix)
+    except HarnessError as error:
+        parser.error(f"--cluster-prefix: {error}")
     args.strategy_names = tuple(name.strip() for name in args.strategies.split(",") if name.strip())
     unknown = [name for name in args.strategy_names if name not in SWEEP_STRATEGIES]
     if unknown or not args.strategy_names:
         parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(SWEEP_STRATEGIES)})")
-    args.rate_list = sorted(float(rate) for rate in args.rates.split(","))
+    try:
+        args.rate_list = sorted(float(rate) for rate in args.rates.split(","))
+    except ValueError:
+        parser.error(f"--rates: expected comma-separated Mbit/s such as 1000,4000, got {args.rates!r}")
+    if any(rate <= 0 for rate in args.rate_list):
+        parser.error(f"--rates: rates must be positive, got {args.rates!r}")
     try:
         args.drop = parse_rate_drop(args.rate_drop) if args.rate_drop else None
     except ValueError:
@@ -492,31 +553,29 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"warning: load average {load:.1f}: other processes compete for the CPU that Gloo and the workers need", flush=True)
-    profiles = [load_profile(name) for name in args.profile_names]
-    if args.device_tflops:
-        profiles = [scaled(profile, args.device_tflops) for profile in profiles]
+    workloads = make_workloads(args.compute, args.profile_names, args.device_tflops, args.worker)
     names = hostnames(bench_job(JOB_NAME, ["true"], args.workers, None))  # depend on the job's name and size only
     try:
-        with EmulatedCluster(args.workers, args.rate_list[0], hostnames=names) as cluster:
+        with EmulatedCluster(args.workers, args.rate_list[0], args.cluster_prefix, args.cluster_subnet, names) as cluster:
             bench = Bench(args, cluster, output)
-            bench.say(f"{args.workers} workers; output in {output}")
+            bench.say(f"{args.workers} workers, {args.compute} compute; output in {output}")
             if args.drop:
-                for profile in profiles:
-                    rate_drop(bench, profile, args.drop)
+                for workload in workloads:
+                    rate_drop(bench, workload, args.drop)
                 return 0
             results = {}
-            for profile in profiles:
-                results[profile.name] = bench_profile(bench, profile, args.rate_list)
+            for workload in workloads:
+                results[workload.name] = bench_workload(bench, workload, args.rate_list)
                 save_results(output / "results.json", results)
     except HarnessError as error:
         print(f"scheduling_bench: {error}", file=sys.stderr)
         return 2
-    for profile in profiles:
-        print_table(profile, *results[profile.name])
+    for workload in workloads:
+        print_table(workload, *results[workload.name])
     plot(results, output / "step_time_vs_bandwidth.png")
     print(f"\nplot: {output / 'step_time_vs_bandwidth.png'}; results: {output / 'results.json'}; logs in {output}\n")
-    for profile in profiles:
-        print(summary_line(profile.name, results[profile.name][1]))
+    for workload in workloads:
+        print(summary_line(workload.name, results[workload.name][1]))
     return 0
 
 

@@ -14,6 +14,10 @@ import tensorflow as tf
 import caramel.tensorflow as ctf
 from caramel.training import TrainingRun
 
+SEED = 1234
+MIN_IMAGE_SIZE = 32  # ResNet-50's five stride-2 stages need at least 32 x 32
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy()
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="ResNet-50 on synthetic images with Caramel.")
@@ -26,27 +30,39 @@ def parse_args() -> argparse.Namespace:
         "--horovod-baseline", action="store_true", help="average gradients with Horovod's own tape (for benchmarks)"
     )
     args = parser.parse_args()
-    if args.image_size < 32:
-        parser.error(f"--image-size must be at least 32 for ResNet-50, got {args.image_size}")
+    if args.image_size < MIN_IMAGE_SIZE:
+        parser.error(f"--image-size must be at least {MIN_IMAGE_SIZE} for ResNet-50, got {args.image_size}")
     return args
+
+
+def build_model(image_size: int, classes: int) -> tf.keras.Model:
+    return tf.keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=classes)
+
+
+def build_optimizer(learning_rate: float) -> tf.keras.optimizers.Optimizer:
+    return tf.keras.optimizers.SGD(learning_rate, momentum=0.9)
+
+
+def batch(step: int, rank: int, size: int, image_size: int, classes: int) -> tuple[tf.Tensor, tf.Tensor]:
+    seed = [step, rank]
+    images = tf.random.stateless_uniform([size, image_size, image_size, 3], seed=seed)
+    labels = tf.random.stateless_uniform([size], seed=seed, maxval=classes, dtype=tf.int32)
+    return images, labels
 
 
 def main() -> None:
     args = parse_args()
     ctf.init()
-    tf.keras.utils.set_random_seed(1234)
-    model = tf.keras.applications.ResNet50(
-        weights=None, input_shape=(args.image_size, args.image_size, 3), classes=args.classes
-    )
-    sgd = tf.keras.optimizers.SGD(args.learning_rate, momentum=0.9)
+    tf.keras.utils.set_random_seed(SEED)
+    model = build_model(args.image_size, args.classes)
+    sgd = build_optimizer(args.learning_rate)
     # The wrapped optimizer averages the gradients over all ranks before applying them.
     optimizer = sgd if args.horovod_baseline else ctf.DistributedOptimizer(sgd)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
 
     @tf.function
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(images, training=True))
+            loss = LOSS(labels, model(images, training=True))
         if args.horovod_baseline:
             gradients = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
@@ -54,15 +70,9 @@ def main() -> None:
             optimizer.minimize(loss, model.trainable_variables, tape=tape)
         return loss
 
-    def batch(step: int) -> tuple[tf.Tensor, tf.Tensor]:
-        seed = [step, ctf.rank()]
-        images = tf.random.stateless_uniform([args.batch_size, args.image_size, args.image_size, 3], seed=seed)
-        labels = tf.random.stateless_uniform([args.batch_size], seed=seed, maxval=args.classes, dtype=tf.int32)
-        return images, labels
-
     run = TrainingRun(model, optimizer, total_steps=args.steps, batch_size=args.batch_size)
     for step in run.steps():
-        run.report_loss(train_step(*batch(step)))
+        run.report_loss(train_step(*batch(step, ctf.rank(), args.batch_size, args.image_size, args.classes)))
 
 
 if __name__ == "__main__":

@@ -33,12 +33,17 @@ from caramel.schedule import Plan, TensorCost, best_schedule
 
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
-# Collectives in flight at once. One keeps every transfer's time its own, which the link model
-# is fitted from; the schedule's order is kept either way.
-TRANSFERS_IN_FLIGHT = 1
+# Collectives in flight at once. With two, the next transfer is already queued in Horovod when
+# the current one ends, so the hand-over between threads (milliseconds on a loaded machine) is
+# off the link's path; Horovod keeps the queue's order, which is the schedule's.
+TRANSFERS_IN_FLIGHT = 2
 # The first plan rests on probes alone, which show a collective's best case: re-plan early, as
 # soon as real transfers have been timed, then every replanIntervalSteps.
 EARLY_REPLANS = (0, 3, 10)
+# A plan searched for at a re-plan point takes effect this many iterations later, the same on
+# every rank: the search (a fraction of a second) runs in a background thread meanwhile instead
+# of stalling the transfers. The first plan is waited for.
+PLAN_LAG_ITERATIONS = 2
 # Probe collectives at every re-plan: (elements, repeats). A one-element allreduce costs alpha;
 # a 4 MiB one adds bandwidth. Back to back right after the ranks met, they time the link alone.
 PROBES = ((1, 3), (1024 * 1024, 2))
@@ -128,6 +133,9 @@ class TransferEngine:
         self._stopping = False
         self._reducers = _Reducers()
         self._pool = ThreadPoolExecutor(TRANSFERS_IN_FLIGHT, thread_name_prefix="caramel-collective")
+        self._planner = ThreadPoolExecutor(1, thread_name_prefix="caramel-planner")
+        # Plans being searched for: (the iteration they take effect at, the link they assume, the search).
+        self._pending_plans: deque[tuple[int, LinkModel, Future[Plan]]] = deque()
         self._last_finished = 0.0
         self._thread = threading.Thread(target=self._run, name="caramel-transfers", daemon=True)
         self._thread.start()
@@ -166,6 +174,7 @@ class TransferEngine:
             self._condition.notify_all()
         self._thread.join(timeout=30)
         self._pool.shutdown(wait=False)
+        self._planner.shutdown(wait=False, cancel_futures=True)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -182,7 +191,10 @@ class TransferEngine:
                     if self._iterations_queued <= iteration:
                         return
                 if iteration in EARLY_REPLANS or iteration % self.scheduling.replan_interval_steps == 0:
-                    self._replan()
+                    self._replan(iteration)
+                while self._pending_plans and self._pending_plans[0][0] == iteration:
+                    _, link, search = self._pending_plans.popleft()
+                    self._adopt(search.result(), link)
                 self._run_iteration(iteration, self.plan.transfers)
                 iteration += 1
         except BaseException as error:  # surfaced to the training loop by wait_updated
@@ -203,22 +215,24 @@ class TransferEngine:
         for position, transfer in enumerate(transfers):
             waited = time.perf_counter()
             inputs = self._take_inputs(iteration, transfer)
-            stats.waiting_seconds += time.perf_counter() - waited
+            ready = time.perf_counter()
+            stats.waiting_seconds += ready - waited
             if len(in_flight) == TRANSFERS_IN_FLIGHT:
                 in_flight.popleft().result()  # frees the slot this transfer takes
-            in_flight.append(self._pool.submit(self._transfer, iteration, transfer, inputs, position, stats, pieces_left))
+            in_flight.append(self._pool.submit(self._transfer, iteration, transfer, inputs, position, ready, stats, pieces_left))
         while in_flight:
             in_flight.popleft().result()
 
-    def _transfer(self, iteration, transfer, inputs, position, stats, pieces_left) -> None:
+    def _transfer(self, iteration, transfer, inputs, position, ready, stats, pieces_left) -> None:
         """One collective in a pool thread, then the updates it completes."""
-        started = time.perf_counter()
         outputs = self._reducers.reduce(position, inputs)
         finished = time.perf_counter()
         with self._condition:
-            # The link's own time for this transfer: from when the one before it finished.
-            busy = finished - max(started, self._last_finished)
-            self._last_finished = finished
+            # What this transfer cost the link: from when it could have started (its gradients
+            # there, the transfer before it done) to its end, hand-overs between threads included,
+            # since a plan pays them for every transfer.
+            busy = max(0.0, finished - max(ready, self._last_finished))
+            self._last_finished = max(self._last_finished, finished)
             self.observer.observe_transfer(transfer.nbytes, busy)
             stats.communication_seconds += busy
             stats.nbytes += transfer.nbytes
@@ -242,18 +256,26 @@ class TransferEngine:
         # Slices of a flat tensor along its only axis share its buffer: chunking copies nothing.
         return [tf.reshape(gradients[p.tensor], [-1])[p.start : p.stop] for p in transfer.pieces]
 
-    def _replan(self) -> None:
-        """Probe and refit the link, share rank 0's model, and re-plan identically on every rank."""
+    def _replan(self, iteration: int) -> None:
+        """Probe and refit the link, share rank 0's model, and start the search for a plan from
+        it, which every rank makes identically and adopts at the same iteration."""
         self._probe()
         local = self.observer.model(previous=self.link)
         shared = hvd.broadcast(tf.constant([local.alpha, local.beta], dtype=tf.float64), root_rank=0, name="caramel_link")
         alpha, beta = (float(value) for value in np.asarray(shared))
-        self.link = LinkModel(alpha=alpha, beta=beta)
-        plan = best_schedule(self.tensors, self.link, self.scheduling)
+        link = LinkModel(alpha=alpha, beta=beta)
+        search = self._planner.submit(best_schedule, self.tensors, link, self.scheduling)
+        if self.plan is None:
+            self._adopt(search.result(), link)
+        else:
+            self._pending_plans.append((iteration + PLAN_LAG_ITERATIONS, link, search))
+
+    def _adopt(self, plan: Plan, link: LinkModel) -> None:
         if self.plan is not None and plan.transfers != self.plan.transfers:
             self.plan_changes += 1
             self._reducers.forget()
         self.plan = plan
+        self.link = link
 
     def _probe(self) -> None:
         """Time a few back-to-back collectives; the first of each size also lines the ranks up."""

@@ -21,9 +21,6 @@ MIN_GROUP_SAMPLES = 3
 # No collective costs less than this here (Python, TensorFlow and Horovod's negotiation): a
 # lower alpha, from noise, would plan thousands of tiny transfers.
 ALPHA_FLOOR_SECONDS = 1e-4
-# A collective waits for the slowest rank, which only ever adds time: a low quantile of a size
-# group's times is the link's own.
-LOW_QUANTILE = 25
 
 
 @dataclass(frozen=True)
@@ -57,9 +54,11 @@ class LinkObserver:
 
     Probes run back to back right after every rank met: the best case of a collective, and a
     first model before any real transfer. Real transfers carry every cost a plan pays (the
-    runtime's own handling included), but also waits for slower ranks, which only ever add
-    time: they are grouped by size (powers of two), each group's low quartile stands for it,
-    and a least-squares line through those gives alpha and beta. The probes' alpha is the floor.
+    runtime's own handling included): they are grouped by size (powers of two), each group's
+    median stands for it, and a least-squares line through those gives alpha and beta. The
+    median, not a best case: a collective also waits for the slowest rank, and a plan pays
+    those waits every step, so a plan made from best cases is too tight to keep. The probes'
+    alpha is the floor.
     """
 
     def __init__(self, window: int = OBSERVATION_WINDOW) -> None:
@@ -86,7 +85,7 @@ class LinkObserver:
         for members in groups.values():
             if len(members) >= MIN_GROUP_SAMPLES:
                 sizes = [m[0] for m in members]
-                points.append((float(np.median(sizes)), float(np.percentile([m[1] for m in members], LOW_QUANTILE))))
+                points.append((float(np.median(sizes)), float(np.median([m[1] for m in members]))))
         line = _fit_line(points)
         if line is None or line[1] <= 0:
             return probed

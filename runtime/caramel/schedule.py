@@ -5,7 +5,9 @@ the next forward pass when that pass reaches the layer (its deadline). Deadlines
 forward order, so sending the released piece with the earliest deadline first (TicTac's order,
 earliest-deadline-first) is optimal for one link when transfers can be cut into chunks, which
 lets an urgent small gradient overtake the rest of a large one. Small gradients are batched,
-because every transfer pays the link's fixed cost alpha.
+because every transfer pays the link's fixed cost alpha, but only with gradients needed at
+about the same time: bytes needed late in the next forward pass, carried along with the first
+layers' gradients, would hold up the very layers the pass starts with.
 
 `build_schedule` turns predicted layer times and a link model into a static sequence of
 transfers; `simulate` predicts the step time of a schedule, with the next forward pass waiting
@@ -17,6 +19,7 @@ data all ranks share, so every rank derives the same schedule.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +32,8 @@ MiB = 1024 * KiB
 # Candidate sizes for the planner's search: powers of four from 64 KiB to 256 MiB, kept within
 # the job's minBucketBytes..maxBucketBytes.
 CANDIDATE_SIZES = [64 * KiB * 4**power for power in range(7)]
+# Candidate deadline spans for the planner's search, as fractions of the forward pass.
+CANDIDATE_SPANS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, math.inf)
 # Iterations simulated to reach the steady state (the first has no waits).
 SIMULATED_ITERATIONS = 4
 
@@ -47,11 +52,13 @@ class TensorCost:
 class Batch:
     """How gradients are grouped: no transfer starts below `min_bytes` while more gradients are
     still to come in the iteration; none exceeds `max_bytes`; tensors are cut into chunks of at
-    most `chunk_bytes`."""
+    most `chunk_bytes`; the pieces of one transfer are needed by the next forward pass within
+    `deadline_span_seconds` of each other."""
 
     min_bytes: int
     max_bytes: int
     chunk_bytes: int
+    deadline_span_seconds: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,16 @@ def release_times(tensors: Sequence[TensorCost]) -> list[float]:
     return released
 
 
+def deadlines(tensors: Sequence[TensorCost]) -> list[float]:
+    """When the next forward pass reads each parameter, from the start of that pass."""
+    started = [0.0] * len(tensors)
+    elapsed = 0.0
+    for index, tensor in enumerate(tensors):
+        started[index] = elapsed
+        elapsed += tensor.forward_seconds
+    return started
+
+
 def _pieces(tensors: Sequence[TensorCost], chunk_bytes: int, batching: Batching) -> list[Piece]:
     pieces = []
     for index, tensor in enumerate(tensors):
@@ -87,6 +104,7 @@ def build_schedule(
 ) -> tuple[Transfer, ...]:
     """The static sequence of one iteration's transfers, by simulated earliest-deadline-first."""
     released = release_times(tensors)
+    needed = deadlines(tensors)
     item = [t.item_size for t in tensors]
 
     def urgency(piece: Piece) -> tuple[int, int]:
@@ -113,7 +131,11 @@ def build_schedule(
         nbytes = 0
         while ready:
             piece = ready[0][1]
-            if bucket and (batching is Batching.OFF or nbytes + size[piece] > batch.max_bytes):
+            if bucket and (
+                batching is Batching.OFF
+                or nbytes + size[piece] > batch.max_bytes
+                or abs(needed[piece.tensor] - needed[bucket[0].tensor]) > batch.deadline_span_seconds
+            ):
                 break
             heapq.heappop(ready)
             bucket.append(piece)
@@ -153,15 +175,18 @@ def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link:
     return backward_ends[-1] - backward_ends[-2]
 
 
-def candidate_batches(scheduling: Scheduling) -> list[Batch]:
+def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling) -> list[Batch]:
     low, high = scheduling.min_bucket_bytes, scheduling.max_bucket_bytes
     sizes = sorted({min(high, max(low, size)) for size in CANDIDATE_SIZES})
     if scheduling.batching is not Batching.AUTO:
         return [Batch(min_bytes=0, max_bytes=high, chunk_bytes=high)]
+    forward = sum(tensor.forward_seconds for tensor in tensors)
+    spans = sorted({fraction * forward for fraction in CANDIDATE_SPANS}) if forward > 0 else [math.inf]
     return [
-        Batch(min_bytes=min_bytes, max_bytes=max_bytes, chunk_bytes=max_bytes)
+        Batch(min_bytes=min_bytes, max_bytes=max_bytes, chunk_bytes=max_bytes, deadline_span_seconds=span)
         for max_bytes in sizes
         for min_bytes in [0, *(size for size in sizes if size <= max_bytes)]
+        for span in spans
     ]
 
 
@@ -169,7 +194,7 @@ def best_schedule(tensors: Sequence[TensorCost], link: LinkModel, scheduling: Sc
     """The schedule with the lowest predicted step among the candidate batchings."""
     ordering = Ordering.ARRIVAL if scheduling.ordering is Ordering.ARRIVAL else Ordering.TIC
     best: Plan | None = None
-    for batch in candidate_batches(scheduling):
+    for batch in candidate_batches(tensors, scheduling):
         transfers = build_schedule(tensors, link, batch, ordering, scheduling.batching)
         predicted = simulate(tensors, transfers, link)
         if best is None or predicted < best.predicted_step_seconds - 1e-9:

@@ -1,0 +1,174 @@
+"""One worker of the real-compute benchmark: an example model's real TensorFlow training step.
+
+The model, optimizer, loss and synthetic batches are the example scripts' own
+(examples/train_resnet50.py, examples/train_small.py), at the sizes of workloads.REAL_MODELS;
+the step is a tf.function as in the examples, run on this machine's CPU with one intra-op
+thread per worker (the workers share the machine's cores with each other and with Gloo).
+
+    --strategy horovod       hvd.DistributedGradientTape, as the examples' --horovod-baseline
+                             (HOROVOD_AUTOTUNE=1 in the environment makes it autotune).
+    --strategy caramel       ctf.DistributedGradientTape: the step's gradients go to Caramel's
+                             communicator (through tf.py_function inside the tf.function).
+    --strategy compute-only  the same step with a plain tape: no communication.
+    --strategy comm-only     random tensors of the gradients' shapes allreduced at once with
+                             Horovod's defaults: emulated_worker.py's comm-only, its code.
+
+Rank 0 prints a JSON line per measured step as it ends; every rank prints a JSON summary at the
+end, as emulated_worker.py does. Run it through the benchmark driver
+(`scheduling_bench.py --compute real`), which starts it as a Caramel worker in a network namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+# Before the examples are imported: their module-level tensors initialise TensorFlow's runtime.
+tf.config.threading.set_intra_op_parallelism_threads(1)
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "examples")]
+import train_resnet50  # noqa: E402
+import train_small  # noqa: E402
+from emulated_worker import Device, StepLog, run_horovod  # noqa: E402
+from workloads import REAL_MODELS, RealModel  # noqa: E402
+
+import caramel.tensorflow as ctf  # noqa: E402
+
+STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
+LEARNING_RATE = 0.01
+RESNET50_IMAGE_SIZE = 32  # the smallest ResNet-50 takes: a step well under a second here
+RESNET50_CLASSES = 100  # train_resnet50.py's default
+SMALL_HIDDEN = 256  # train_small.py's default
+
+
+@dataclass(frozen=True)
+class Example:
+    """An example model as its training script builds it."""
+
+    model: tf.keras.Model
+    optimizer: tf.keras.optimizers.Optimizer
+    loss: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+    batch: Callable[[int, int], tuple[tf.Tensor, tf.Tensor]]
+    """(step, rank) -> (inputs, labels)"""
+
+
+def resnet50(spec: RealModel) -> Example:
+    tf.keras.utils.set_random_seed(train_resnet50.SEED)
+    size, classes = RESNET50_IMAGE_SIZE, RESNET50_CLASSES
+    return Example(
+        train_resnet50.build_model(size, classes),
+        train_resnet50.build_optimizer(LEARNING_RATE),
+        train_resnet50.LOSS,
+        lambda step, rank: train_resnet50.batch(step, rank, spec.batch_size, size, classes),
+    )
+
+
+def small(spec: RealModel) -> Example:
+    tf.keras.utils.set_random_seed(train_small.SEED)
+    return Example(
+        train_small.build_model(SMALL_HIDDEN),
+        train_small.build_optimizer(LEARNING_RATE),
+        train_small.LOSS,
+        lambda step, rank: train_small.batch(step, rank, spec.batch_size),
+    )
+
+
+BUILDERS: dict[str, Callable[[RealModel], Example]] = {"resnet50": resnet50, "small": small}
+assert BUILDERS.keys() == REAL_MODELS.keys(), "workloads.REAL_MODELS and BUILDERS name the same models"
+
+TAPES = {
+    "horovod": hvd.DistributedGradientTape,
+    "caramel": ctf.DistributedGradientTape,
+    "compute-only": lambda tape: tape,
+}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, choices=sorted(REAL_MODELS))
+    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
+    parser.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
+    parser.add_argument("--warmup", type=int, default=5, help="steps run before measuring (default 5)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.strategy == "caramel":
+        ctf.init()  # joins Horovod's ranks and makes the communicator from the worker contract
+    else:
+        hvd.init()
+    spec = REAL_MODELS[args.model]
+    example = BUILDERS[args.model](spec)
+    variables = example.model.trainable_variables
+    parameters = sum(variable.shape.num_elements() for variable in variables)
+    if parameters != spec.parameters:
+        sys.exit(f"{args.model} has {parameters} trainable parameters, workloads.REAL_MODELS says {spec.parameters}: update it")
+    times = StepLog(args.warmup)
+    total = args.warmup + args.steps
+    details = {"model": args.model, "parameters": parameters, "batch_size": spec.batch_size}
+    if args.strategy == "comm-only":
+        gradients = [tf.random.stateless_uniform(v.shape, seed=[hvd.rank(), i]) for i, v in enumerate(variables)]
+        # emulated_worker's comm-only: only len(layers) of the layers is used, and the device is never run.
+        run_horovod(argparse.Namespace(strategy="comm-only"), gradients, gradients, [], Device(), total, times)
+    else:
+        train(example, TAPES[args.strategy], total, times)
+        if args.strategy == "caramel":
+            details.update(caramel_details())
+    summary = {
+        "event": "summary",
+        "rank": hvd.rank(),
+        "strategy": args.strategy,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        **details,
+    }
+    print(json.dumps(summary), flush=True)
+
+
+def train(example: Example, tape: Callable[[tf.GradientTape], object], total: int, times: StepLog) -> None:
+    """total steps of the example's training step, each timed from its batch's arrival to its end."""
+    model, optimizer, variables = example.model, example.optimizer, example.model.trainable_variables
+
+    @tf.function
+    def train_step(inputs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as plain:
+            loss = example.loss(labels, model(inputs, training=True))
+        gradients = tape(plain).gradient(loss, variables)
+        optimizer.apply_gradients(zip(gradients, variables))
+        return loss
+
+    for step in range(total):
+        inputs, labels = example.batch(step, hvd.rank())  # made in advance, as by an input pipeline
+        started = time.perf_counter()
+        train_step(inputs, labels).numpy()  # the step has ended once its loss exists
+        times.append(time.perf_counter() - started)
+
+
+def caramel_details() -> dict:
+    communicator = ctf.communicator()
+    engine, stats = communicator.engine, communicator.take_stats()
+    plan = engine.plan
+    return {
+        "transfers_per_step": len(plan.transfers),
+        "max_bucket_bytes": plan.batch.max_bytes,
+        "min_bucket_bytes": plan.batch.min_bytes,
+        "predicted_step_seconds": plan.predicted_step_seconds,
+        "alpha_seconds": engine.link.alpha,
+        "bytes_per_second": engine.link.bytes_per_second,
+        "plan_changes": engine.plan_changes,
+        "exposed_wait_seconds": stats.exposed_seconds,
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""What a scheduling-benchmark run trains, in either compute mode, without importing TensorFlow.
+
+    emulated  a profile of profiles.py, its layer compute slept on an emulated accelerator of a
+              given rate (emulated_worker.py); the device rate can be scaled.
+    real      an example model (examples/train_*.py) trained with real TensorFlow compute on
+              this machine's CPU (real_worker.py); nothing can be scaled.
+
+The driver (scheduling_bench.py) sees either as a Workload; real_worker.py builds the models of
+REAL_MODELS and checks their parameter counts against this table, so the driver needs no
+TensorFlow to know the gradient bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from profiles import BYTES_PER_PARAMETER, NAMES, Profile, load_profile, scaled
+
+HERE = Path(__file__).resolve().parent
+EMULATED_WORKER = HERE / "emulated_worker.py"
+REAL_WORKER = HERE / "real_worker.py"
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """An example model at the size real_worker.py trains it."""
+
+    name: str
+    description: str
+    batch_size: int
+    parameters: int
+    """Trainable parameters: real_worker.py refuses to run if the model it builds has others."""
+    compute_seconds: float
+    """A generous step compute time with 4 workers on 2 cores, for run timeouts only."""
+
+
+REAL_MODELS = {
+    model.name: model
+    for model in (
+        RealModel("resnet50", "ResNet-50 of examples/train_resnet50.py, 32x32 images, 100 classes", 16, 23_739_492, 2.0),
+        RealModel("small", "the MLP of examples/train_small.py, hidden width 256", 64, 76_810, 0.1),
+    )
+}
+COMPUTE_MODES = {"emulated": NAMES, "real": tuple(REAL_MODELS)}
+
+
+def device_label(device_tflops: float | None) -> str:
+    return "real TF compute" if device_tflops is None else f"{device_tflops:.3g} TFLOP/s"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model as the driver sees it: the worker that trains it and what to expect of a step."""
+
+    name: str
+    worker: Path
+    worker_args: tuple[str, ...]
+    """Which model (and device) the worker runs."""
+    parameters: int
+    batch_size: int
+    compute_seconds: float
+    """Expected compute per step, for timeouts (the runs measure the real C)."""
+    description: str = ""
+    profile: Profile | None = None
+    """The emulated accelerator's profile; None for real compute, which cannot be device-scaled."""
+
+    @classmethod
+    def emulated(cls, profile: Profile, worker: Path = EMULATED_WORKER) -> Workload:
+        args = ("--profile", profile.name, "--device-tflops", repr(profile.device_tflops))
+        return cls(profile.name, worker, args, profile.parameters, profile.batch_size, profile.compute_seconds, "", profile)
+
+    @classmethod
+    def real(cls, model: RealModel, worker: Path = REAL_WORKER) -> Workload:
+        return cls(model.name, worker, ("--model", model.name), model.parameters, model.batch_size, model.compute_seconds, model.description)
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.parameters * BYTES_PER_PARAMETER
+
+    @property
+    def device_tflops(self) -> float | None:
+        return self.profile.device_tflops if self.profile else None
+
+    @property
+    def scalable(self) -> bool:
+        """Whether the device rate can be changed to balance compute and communication."""
+        return self.profile is not None
+
+    @property
+    def device(self) -> str:
+        return device_label(self.device_tflops)
+
+    @property
+    def device_tag(self) -> str:
+        """The device in a file name."""
+        return f"{self.device_tflops:.3g}tflops" if self.profile else "real"
+
+    def scaled(self, device_tflops: float) -> Workload:
+        if self.profile is None:
+            raise ValueError(f"{self.name}: real compute has no device rate to scale")
+        return Workload.emulated(scaled(self.profile, device_tflops), self.worker)
+
+    def command(self, strategy: str, steps: int, warmup: int) -> list[str]:
+        return [
+            sys.executable, str(self.worker), *self.worker_args,
+            "--strategy", strategy, "--steps", str(steps), "--warmup", str(warmup),
+        ]  # fmt: skip
+
+
+def make_workloads(
+    compute: str, names: list[str], device_tflops: float | None = None, worker: Path | None = None
+) -> list[Workload]:
+    """The workloads of names (COMPUTE_MODES[compute]); device_tflops overrides the profiles' (emulated only)."""
+    if compute == "real":
+        return [Workload.real(REAL_MODELS[name], worker or REAL_WORKER) for name in names]
+    profiles = [load_profile(name) for name in names]
+    if device_tflops:
+        profiles = [scaled(profile, device_tflops) for profile in profiles]
+    return [Workload.emulated(profile, worker or EMULATED_WORKER) for profile in profiles]

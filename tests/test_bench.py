@@ -1,0 +1,167 @@
+"""The scheduling benchmark driver's pure parts: arguments, the operating point, recovery, events."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import scheduling_bench as bench  # noqa: E402
+from jobrun import parse_event  # noqa: E402
+from workloads import REAL_MODELS, make_workloads  # noqa: E402
+
+
+def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(list(argv))
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_defaults_are_the_emulated_mode() -> None:
+    args = bench.parse_args([])
+    assert args.compute == "emulated"
+    assert args.profile_names == ["resnet50", "vgg16", "bert_base"]
+    assert args.strategy_names == bench.SWEEP_STRATEGIES
+    assert args.rate_list == [1000, 2000, 4000, 8000]
+    assert args.drop is None
+
+
+def test_real_mode_defaults_to_every_example_model() -> None:
+    args = bench.parse_args(["--compute", "real", "--strategies", "caramel, horovod", "--rates", "4000,1000"])
+    assert args.profile_names == list(REAL_MODELS)
+    assert args.strategy_names == ("caramel", "horovod")
+    assert args.rate_list == [1000, 4000]
+
+
+def test_bad_compute_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--compute: invalid choice: 'gpu'" in parse_error(capsys, "--compute", "gpu")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--profiles", "small"], "--profiles: unknown small for --compute emulated (known: resnet50, vgg16, bert_base)"),
+        (["--compute", "real", "--profiles", "resnet50,vgg16"], "--profiles: unknown vgg16 for --compute real (known: resnet50, small)"),
+        (["--profiles", ","], "--profiles: unknown (none given)"),
+    ],
+)
+def test_bad_profiles(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert message in parse_error(capsys, *argv)
+
+
+@pytest.mark.parametrize(
+    ("strategies", "message"),
+    [("horovod,compute-only", "--strategies: unknown compute-only"), ("", "--strategies: unknown (none given)")],
+)
+def test_bad_strategies(capsys: pytest.CaptureFixture[str], strategies: str, message: str) -> None:
+    assert message in parse_error(capsys, "--strategies", strategies)
+
+
+@pytest.mark.parametrize("spec", ["4000:1000", "4000:1000:x", "fast:1000:20", "1:2:3:4"])
+def test_bad_rate_drop(capsys: pytest.CaptureFixture[str], spec: str) -> None:
+    assert "--rate-drop: expected FROM:TO:AT_STEP" in parse_error(capsys, "--rate-drop", spec)
+
+
+def test_rate_drop() -> None:
+    assert bench.parse_args(["--rate-drop", "4000:1000:20"]).drop == (4000.0, 1000.0, 20)
+
+
+@pytest.mark.parametrize(("rates", "message"), [("1000,fast", "--rates: expected"), ("0,1000", "--rates: rates must be positive")])
+def test_bad_rates(capsys: pytest.CaptureFixture[str], rates: str, message: str) -> None:
+    assert message in parse_error(capsys, "--rates", rates)
+
+
+def test_device_rate_only_for_emulated_compute(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--device-tflops: only with --compute emulated" in parse_error(capsys, "--compute", "real", "--device-tflops", "2")
+
+
+def test_bad_cluster_prefix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--cluster-prefix: prefix 'Crml-2'" in parse_error(capsys, "--cluster-prefix", "Crml-2")
+
+
+def test_balanced_sweep_gives_the_closest_rate_unscaled() -> None:
+    comm = {1000: 2.0, 2000: 1.1, 4000: 0.6}
+    assert bench.choose_operating_point(1.0, comm) == (2000, None)
+    assert bench.choose_operating_point(1.0, comm, scalable=False) == (2000, None)
+
+
+def test_unbalanced_sweep_scales_the_device_at_the_fastest_communication() -> None:
+    # M is at least twice C everywhere: the device is slowed down until C equals M at 4000 Mbit/s.
+    rate, scale = bench.choose_operating_point(0.5, {1000: 4.0, 2000: 2.0, 4000: 1.5})
+    assert rate == 4000
+    assert scale == pytest.approx(0.5 / 1.5)
+
+
+def test_unbalanced_sweep_without_a_device_takes_the_closest_rate() -> None:
+    assert bench.choose_operating_point(0.5, {1000: 4.0, 2000: 2.0, 4000: 1.5}, scalable=False) == (4000, None)
+    # Closest in ratio: 0.3 is 1.7 times C, 0.05 is 10 times less.
+    assert bench.choose_operating_point(0.5, {1000: 0.05, 500: 0.3}, scalable=False) == (500, None)
+
+
+def test_failed_runs_are_left_out_of_the_operating_point() -> None:
+    assert bench.choose_operating_point(1.0, {1000: math.nan, 2000: 1.1}) == (2000, None)
+    assert bench.choose_operating_point(1.0, {1000: math.nan}) is None
+    assert bench.choose_operating_point(math.nan, {1000: 1.0}) is None
+    assert bench.choose_operating_point(1.0, {}) is None
+
+
+def test_balanced_within_the_tolerance() -> None:
+    tolerance = bench.OPERATING_POINT_TOLERANCE
+    assert bench.balanced(1.0, tolerance) and bench.balanced(1.0, 1 / tolerance)
+    assert not bench.balanced(1.0, tolerance * 1.01) and not bench.balanced(1.0, 0.99 / tolerance)
+
+
+def test_steps_to_recover() -> None:
+    reference = 1.0
+    assert bench.steps_to_recover([1.0, 1.05, 1.1], reference) == 0
+    assert bench.steps_to_recover([3.0, 2.0, 1.05, 1.0, 1.1, 1.5], reference) == 2
+    # Three in a row: a single good step between slow ones does not count.
+    assert bench.steps_to_recover([3.0, 1.0, 3.0, 1.0, 1.0, 1.0], reference) == 3
+    assert bench.steps_to_recover([3.0, 1.0, 1.0, 1.2], reference) is None
+    assert bench.steps_to_recover([1.0, 1.0], reference) is None
+
+
+def test_parse_event() -> None:
+    assert parse_event('rank 0 | {"event": "step", "step": 3, "seconds": 0.5}') == {
+        "event": "step", "step": 3, "seconds": 0.5, "rank": 0,
+    }  # fmt: skip
+    # A rank in the event itself is kept; the prefix only fills it in.
+    assert parse_event('rank 2 | {"event": "summary", "rank": 1}') == {"event": "summary", "rank": 1}
+    for line in ("rank 0 | starting", 'rank 0 | {"broken', "rank 0 | [1, 2]", '{"event": "step"}', 'rank x | {"a": 1}'):
+        assert parse_event(line) is None
+
+
+def test_workloads_of_each_mode() -> None:
+    emulated, = make_workloads("emulated", ["resnet50"], device_tflops=2.5)
+    assert emulated.scalable and emulated.device_tflops == 2.5 and emulated.device == "2.5 TFLOP/s"
+    assert emulated.command("horovod", 10, 3)[1:] == [
+        str(emulated.worker), "--profile", "resnet50", "--device-tflops", "2.5",
+        "--strategy", "horovod", "--steps", "10", "--warmup", "3",
+    ]  # fmt: skip
+    slower = emulated.scaled(1.25)
+    assert slower.device_tflops == 1.25 and slower.compute_seconds == pytest.approx(2 * emulated.compute_seconds)
+    real, = make_workloads("real", ["small"])
+    assert not real.scalable and real.device_tflops is None and real.device_tag == "real"
+    assert real.gradient_bytes == 4 * REAL_MODELS["small"].parameters
+    assert real.command("caramel", 5, 2)[1:] == [
+        str(real.worker), "--model", "small", "--strategy", "caramel", "--steps", "5", "--warmup", "2",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="no device rate"):
+        real.scaled(1.0)
+
+
+def test_table_with_failed_and_left_out_strategies(capsys: pytest.CaptureFixture[str]) -> None:
+    workload, = make_workloads("real", ["small"])
+    ran = bench.Cell([bench.Run(steps=[0.1, 0.2, 0.3], peak_rss_bytes=2**30)])
+    point = bench.Point(1000, None, {"horovod": bench.Cell([bench.Run(error="timed out")]), "caramel": ran,
+                                     "compute-only": ran, "comm-only": ran})  # fmt: skip
+    bench.print_table(workload, [point], point)
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("   1000    real |") and row.endswith("<- operating point")
+    assert row.count("failed") == 1 and row.count("not run") == 1
+    assert bench.summary_line("small", point) == "small speedup_vs_horovod=nan speedup_vs_autotune=nan of_bound=1.000"
