@@ -22,11 +22,9 @@ Caramel worker in a network namespace.
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from pathlib import Path
 
 import horovod.tensorflow as hvd
@@ -34,6 +32,7 @@ import tensorflow as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profiles import load_profile, scaled  # noqa: E402
+from worker_events import HorovodReducers, StepLog, allreduce_all_at_once, engine_details, print_summary  # noqa: E402
 
 from caramel.contract import WorkerContract  # noqa: E402
 from caramel.engine import TransferEngine  # noqa: E402
@@ -87,77 +86,41 @@ def main() -> None:
     sizes = [int(tf.reduce_prod(layer.shape)) if layer.shape else 1 for layer in layers]
     gradients = [tf.random.stateless_uniform([size], seed=[hvd.rank(), index]) for index, size in enumerate(sizes)]
     weights = [tf.Variable(tf.zeros([size])) for size in sizes] if args.apply_updates else []
-    device = Device()
-    details = run_strategy(args, layers, gradients, weights, device, StepLog(args.warmup))
-    print(
-        json.dumps(
-            {
-                "event": "summary",
-                "rank": hvd.rank(),
-                "strategy": args.strategy,
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                **details,
-            }
-        ),
-        flush=True,
-    )
-
-
-class StepLog:
-    """Rank 0 prints every measured step as it ends: the driver watches them live (rate drops)."""
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
-        self.count = 0
-
-    def append(self, seconds: float) -> None:
-        self.count += 1
-        if hvd.rank() == 0 and self.count > self.warmup:
-            print(json.dumps({"event": "step", "step": self.count - self.warmup, "seconds": seconds}), flush=True)
-
-
-def run_strategy(args, layers, gradients, weights, device, times: StepLog) -> dict:
-    """Runs the steps, logging each; returns what the strategy reports about itself."""
+    times = StepLog(args.warmup)
     total = args.warmup + args.steps
     details: dict = {}
     if args.strategy == "compute-only":
+        run_compute_only(layers, Device(), total, times)
+    elif args.strategy == "comm-only":
+        allreduce_all_at_once(gradients, total, times)
+    elif args.strategy == "horovod":
+        run_horovod(layers, gradients, weights, Device(), total, times)
+    else:
+        details = run_caramel(layers, gradients, weights, Device(), total, times)
+    print_summary(args.strategy, details)
+
+
+def run_compute_only(layers, device: Device, total: int, times: StepLog) -> None:
+    for _ in range(total):
+        started = time.perf_counter()
+        for layer in layers:
+            device.run(layer.forward_seconds)
+        for layer in reversed(layers):
+            device.run(layer.backward_seconds)
+        times.append(time.perf_counter() - started)
+
+
+def run_horovod(layers, gradients, weights, device: Device, total: int, times: StepLog) -> None:
+    reducers = HorovodReducers(len(layers))
+    with reducers.pool:
         for _ in range(total):
             started = time.perf_counter()
             for layer in layers:
                 device.run(layer.forward_seconds)
-            for layer in reversed(layers):
-                device.run(layer.backward_seconds)
-            times.append(time.perf_counter() - started)
-    elif args.strategy in ("horovod", "comm-only"):
-        run_horovod(args, layers, gradients, weights, device, total, times)
-    else:
-        details = run_caramel(layers, gradients, weights, device, total, times)
-    return details
-
-
-def run_horovod(args, layers, gradients, weights, device, total, times) -> None:
-    # One graph function per tensor: in a graph Horovod names each request after the tensor, so
-    # requests from many threads are told apart (eager requests all share the op's name).
-    reducers = [
-        tf.function(lambda gradient, index=index: hvd.allreduce(gradient, op=hvd.Average, name=f"gradient_{index}"))
-        for index in range(len(layers))
-    ]
-    with ThreadPoolExecutor(max_workers=len(layers)) as pool:
-
-        def allreduce(index: int) -> tuple[int, tf.Tensor]:
-            return index, reducers[index](gradients[index])
-
-        for _ in range(total):
-            started = time.perf_counter()
-            if args.strategy == "comm-only":
-                futures = [pool.submit(allreduce, index) for index in reversed(range(len(layers)))]
-            else:
-                for layer in layers:
-                    device.run(layer.forward_seconds)
-                futures = []
-                for index in reversed(range(len(layers))):
-                    device.run(layers[index].backward_seconds)
-                    futures.append(pool.submit(allreduce, index))
+            futures = []
+            for index in reversed(range(len(layers))):
+                device.run(layers[index].backward_seconds)
+                futures.append(reducers.submit(index, gradients[index]))
             wait(futures)
             for future in futures:
                 index, average = future.result()
@@ -167,7 +130,7 @@ def run_horovod(args, layers, gradients, weights, device, total, times) -> None:
             times.append(time.perf_counter() - started)
 
 
-def run_caramel(layers, gradients, weights, device, total, times) -> dict:
+def run_caramel(layers, gradients, weights, device: Device, total: int, times: StepLog) -> dict:
     scheduling = WorkerContract.from_env().scheduling
 
     def apply_update(piece: Piece, average: tf.Tensor) -> None:
@@ -199,17 +162,7 @@ def run_caramel(layers, gradients, weights, device, total, times) -> dict:
         engine.wait_all_updated(total - 1)
     finally:
         engine.close()
-    plan = engine.plan
-    return {
-        "transfers_per_step": len(plan.transfers),
-        "max_bucket_bytes": plan.batch.max_bytes,
-        "min_bucket_bytes": plan.batch.min_bytes,
-        "predicted_step_seconds": plan.predicted_step_seconds,
-        "alpha_seconds": engine.link.alpha,
-        "bytes_per_second": engine.link.bytes_per_second,
-        "plan_changes": engine.plan_changes,
-        "exposed_wait_seconds": exposed,
-    }
+    return engine_details(engine, exposed)
 
 
 if __name__ == "__main__":

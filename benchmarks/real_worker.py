@@ -7,11 +7,12 @@ thread per worker (the workers share the machine's cores with each other and wit
 
     --strategy horovod       hvd.DistributedGradientTape, as the examples' --horovod-baseline
                              (HOROVOD_AUTOTUNE=1 in the environment makes it autotune).
-    --strategy caramel       ctf.DistributedGradientTape: the step's gradients go to Caramel's
-                             communicator (through tf.py_function inside the tf.function).
+    --strategy caramel       ctf.DistributedGradientTape: each gradient goes to Caramel's
+                             communicator as backpropagation produces it (through
+                             tf.py_function inside the tf.function).
     --strategy compute-only  the same step with a plain tape: no communication.
     --strategy comm-only     random tensors of the gradients' shapes allreduced at once with
-                             Horovod's defaults: emulated_worker.py's comm-only, its code.
+                             Horovod's defaults, as emulated_worker.py's comm-only.
 
 Rank 0 prints a JSON line per measured step as it ends; every rank prints a JSON summary at the
 end, as emulated_worker.py does. Run it through the benchmark driver
@@ -21,8 +22,6 @@ end, as emulated_worker.py does. Run it through the benchmark driver
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "examples")]
 import train_resnet50  # noqa: E402
 import train_small  # noqa: E402
-from emulated_worker import Device, StepLog, run_horovod  # noqa: E402
+from worker_events import StepLog, allreduce_all_at_once, engine_details, print_summary  # noqa: E402
 from workloads import REAL_MODELS, RealModel  # noqa: E402
 
 import caramel.tensorflow as ctf  # noqa: E402
@@ -119,20 +118,13 @@ def main() -> None:
     details = {"model": args.model, "parameters": parameters, "batch_size": spec.batch_size}
     if args.strategy == "comm-only":
         gradients = [tf.random.stateless_uniform(v.shape, seed=[hvd.rank(), i]) for i, v in enumerate(variables)]
-        # emulated_worker's comm-only: only len(layers) of the layers is used, and the device is never run.
-        run_horovod(argparse.Namespace(strategy="comm-only"), gradients, gradients, [], Device(), total, times)
+        allreduce_all_at_once(gradients, total, times)
     else:
         train(example, TAPES[args.strategy], total, times)
         if args.strategy == "caramel":
-            details.update(caramel_details())
-    summary = {
-        "event": "summary",
-        "rank": hvd.rank(),
-        "strategy": args.strategy,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        **details,
-    }
-    print(json.dumps(summary), flush=True)
+            communicator = ctf.communicator()
+            details.update(engine_details(communicator.engine, communicator.take_stats().exposed_seconds))
+    print_summary(args.strategy, details)
 
 
 def train(example: Example, tape: Callable[[tf.GradientTape], object], total: int, times: StepLog) -> None:
@@ -152,22 +144,6 @@ def train(example: Example, tape: Callable[[tf.GradientTape], object], total: in
         started = time.perf_counter()
         train_step(inputs, labels).numpy()  # the step has ended once its loss exists
         times.append(time.perf_counter() - started)
-
-
-def caramel_details() -> dict:
-    communicator = ctf.communicator()
-    engine, stats = communicator.engine, communicator.take_stats()
-    plan = engine.plan
-    return {
-        "transfers_per_step": len(plan.transfers),
-        "max_bucket_bytes": plan.batch.max_bytes,
-        "min_bucket_bytes": plan.batch.min_bytes,
-        "predicted_step_seconds": plan.predicted_step_seconds,
-        "alpha_seconds": engine.link.alpha,
-        "bytes_per_second": engine.link.bytes_per_second,
-        "plan_changes": engine.plan_changes,
-        "exposed_wait_seconds": stats.exposed_seconds,
-    }
 
 
 if __name__ == "__main__":

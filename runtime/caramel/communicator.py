@@ -1,10 +1,12 @@
-"""Gradient communication for the tape and optimizer drop-ins: a whole step's gradients at once.
+"""Gradient communication for the tape and optimizer drop-ins.
 
-`tf.GradientTape` hands over every gradient together, so the communicator gives them all to a
-TransferEngine in one go and waits for the averages. The engine plans and batches the
-transfers, fits the link from their timings and re-plans, exactly as for layer-wise training.
-Inside a `tf.function` the communicator is reached through `tf.py_function`, so the schedule
-is decided in Python at run time rather than frozen into the graph.
+Inside a `tf.function` each gradient is handed over to a TransferEngine the moment
+backpropagation produces it (`hand_over`, reached through a `tf.py_function`), so its transfer
+overlaps the rest of backpropagation, and the step then waits for all the averages (`collect`).
+Eagerly, `tf.GradientTape` produces every gradient together and `allreduce` hands them over in
+one go. Either way the engine plans and batches the transfers, fits the link from their
+timings and re-plans, exactly as for layer-wise training, and the schedule is decided in
+Python at run time rather than frozen into the graph.
 """
 
 from __future__ import annotations
@@ -23,13 +25,20 @@ from caramel.planning import Piece
 from caramel.schedule import TensorCost
 
 
+# What the engine plans for: every gradient's element count and dtype name, in order.
+Signature = tuple[tuple[int, str], ...]
+
+
+def signature_of(tensors: Sequence[tf.Tensor]) -> Signature:
+    return tuple((int(tf.size(tensor)), tensor.dtype.name) for tensor in tensors)
+
+
 @dataclass
 class CommunicationStats(IterationStats):
     """What the communicator did since the stats were last taken."""
 
     exposed_seconds: float = 0.0
-    """Time the training step waited for the averages: with a whole step handed over at once,
-    all of the communication."""
+    """Time the training step waited for the averages once it had handed over every gradient."""
 
 
 def initial_link(tuning: Tuning | None) -> LinkModel:
@@ -52,12 +61,14 @@ class GradientCommunicator:
         self._stats = CommunicationStats()
         self._lock = threading.Lock()
 
-    def _engine_for(self, tensors: Sequence[tf.Tensor]) -> TransferEngine:
-        signature = tuple((int(tf.size(t)), t.dtype.name) for t in tensors)
+    def _engine_for(self, signature: Signature) -> TransferEngine:
         if self.engine is None or signature != self._signature:
             if self.engine is not None:
                 raise ValueError("the set of gradients changed between steps; Caramel plans for a fixed model")
-            costs = [TensorCost(nbytes=count * t.dtype.size, item_size=t.dtype.size) for (count, _), t in zip(signature, tensors)]
+            costs = []
+            for elements, dtype_name in signature:
+                item_size = tf.as_dtype(dtype_name).size
+                costs.append(TensorCost(nbytes=elements * item_size, item_size=item_size))
             self.engine = TransferEngine(costs, self.scheduling, self._store_piece, self._initial_link)
             self._signature = signature
         return self.engine
@@ -66,19 +77,29 @@ class GradientCommunicator:
         self._pieces.setdefault(piece.tensor, []).append((piece.start, average))
 
     def allreduce(self, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """The average of every tensor over all ranks."""
-        engine = self._engine_for(tensors)
+        """The average of every tensor over all ranks, all handed over at once."""
+        signature = signature_of(tensors)
+        for index, tensor in enumerate(tensors):
+            self.hand_over(signature, index, tensor)
+        return self.collect([tensor.shape for tensor in tensors])
+
+    def hand_over(self, signature: Signature, index: int, gradient: tf.Tensor) -> None:
+        """Gradient `index` of the step's gradients (described by `signature`) exists: its
+        transfer may start."""
+        self._engine_for(signature).gradient_ready(self._iteration, index, gradient)
+
+    def collect(self, shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]:
+        """The averages of the step's gradients, of these shapes, once every one was handed over."""
+        engine = self._engine_for(self._signature)
         iteration = self._iteration
         started = time.perf_counter()
-        for index, tensor in enumerate(tensors):
-            engine.gradient_ready(iteration, index, tensor)
         engine.wait_all_updated(iteration)
         waited = time.perf_counter() - started
         results = []
-        for index, tensor in enumerate(tensors):
+        for index, shape in enumerate(shapes):
             parts = [part for _, part in sorted(self._pieces.pop(index), key=lambda item: item[0])]
             joined = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
-            results.append(tf.reshape(joined, tf.shape(tensor)))
+            results.append(tf.reshape(joined, shape))
         stats = engine.stats(iteration)
         with self._lock:
             self._stats.communication_seconds += stats.communication_seconds

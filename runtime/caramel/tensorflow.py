@@ -11,7 +11,7 @@ job's scheduling settings, so the result is that of synchronous SGD on the globa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -57,19 +57,43 @@ def allreduce_gradients(gradients: Sequence[tf.Tensor | tf.IndexedSlices | None]
         return list(gradients)
     if tf.executing_eagerly():
         reduced = communicator().allreduce(dense)
-    else:
-        reduced = tf.py_function(
-            lambda *tensors: communicator().allreduce(tensors),
-            dense,
-            Tout=[tensor.dtype for tensor in dense],
-            name="caramel_allreduce_gradients",
-        )
-        for output, tensor in zip(reduced, dense):
-            output.set_shape(tensor.shape)
+    elif all(tensor.shape.is_fully_defined() for tensor in dense):
+        reduced = _overlapped_allreduce(dense)
+    else:  # shapes known only at run time: handed over together once all exist
+        reduced = _averages_op(lambda *tensors: communicator().allreduce(tensors), dense, dense, "caramel_allreduce_gradients")
     averaged: list[tf.Tensor | None] = list(gradients)
     for index, tensor in zip(present, reduced):
         averaged[index] = tensor
     return averaged
+
+
+def _overlapped_allreduce(dense: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """In a graph: every gradient is handed over by its own op, which runs as soon as
+    backpropagation has produced it, and one op waits for all the averages.
+
+    The hand-over ops are stateful, so tf.function runs them in the order they are created;
+    they are created last gradient first, the order in which backpropagation produces them.
+    """
+    signature = tuple((tensor.shape.num_elements(), tensor.dtype.name) for tensor in dense)
+    shapes = [tensor.shape for tensor in dense]
+
+    def hand_over(index: int, gradient: tf.Tensor) -> tf.Tensor:
+        communicator().hand_over(signature, index, gradient)
+        return tf.constant(index)
+
+    handed_over = [
+        tf.py_function(lambda gradient, index=index: hand_over(index, gradient), [dense[index]], Tout=tf.int32, name="caramel_hand_over")
+        for index in reversed(range(len(dense)))
+    ]
+    return _averages_op(lambda *_: communicator().collect(shapes), handed_over, dense, "caramel_collect_gradients")
+
+
+def _averages_op(function: Callable[..., list[tf.Tensor]], inputs: Sequence[tf.Tensor], gradients: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:
+    """A graph op running `function` on `inputs` in Python, returning averages like `gradients`."""
+    averages = tf.py_function(function, list(inputs), Tout=[gradient.dtype for gradient in gradients], name=name)
+    for average, gradient in zip(averages, gradients):
+        average.set_shape(gradient.shape)
+    return averages
 
 
 class DistributedGradientTape:
