@@ -483,7 +483,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rates", default="1000,2000,4000,8000", help="link rates in Mbit/s (default 1000,2000,4000,8000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and rate (default 3)")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (default 3)")
+    parser.add_argument(
+        "--warmup", type=int, default=15,
+        help="unmeasured steps first (default 15: Caramel re-plans at steps 0, 3 and 10 and adopts each plan two "
+        "steps later, so from step 12 on it runs the plan of the link it has measured)",
+    )  # fmt: skip
     parser.add_argument(
         "--autotune-warmup", type=int, default=65,
         help="unmeasured steps of the autotune runs, for Horovod to tune in: 60 with the autotune "

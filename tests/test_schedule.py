@@ -8,7 +8,17 @@ import pytest
 
 from caramel.api import Batching, Ordering, Scheduling
 from caramel.linkmodel import LinkModel, LinkObserver
-from caramel.schedule import Batch, TensorCost, best_schedule, build_schedule, candidate_batches, deadlines, release_times, simulate
+from caramel.schedule import (
+    Batch,
+    TensorCost,
+    backward_seconds_from_releases,
+    best_schedule,
+    build_schedule,
+    candidate_batches,
+    deadlines,
+    release_times,
+    simulate,
+)
 
 MiB = 1024 * 1024
 LINK = LinkModel(alpha=1e-3, beta=1 / 500e6)
@@ -92,6 +102,16 @@ def test_deadline_spans_are_searched_only_when_layer_times_are_known():
 
 def test_release_times_follow_backpropagation():
     assert release_times([TensorCost(4, 4, 1.0, 2.0), TensorCost(4, 4, 1.0, 3.0)]) == [7.0, 5.0]
+
+
+def test_measured_release_times_become_backward_times():
+    released = [10.9, 10.5, 10.45, 10.0]  # seconds on some clock; the last layer's gradient came first
+    backward = backward_seconds_from_releases(released)
+    assert backward == pytest.approx([0.4, 0.05, 0.45, 0.0])
+    assert release_times([TensorCost(4, 4, 0.0, b) for b in backward]) == pytest.approx([0.9, 0.5, 0.45, 0.0])
+    # Tensor 0 came before tensor 1, out of backpropagation's order: released with it.
+    backward = backward_seconds_from_releases([1.0, 2.0, 1.5])
+    assert release_times([TensorCost(4, 4, 0.0, b) for b in backward]) == pytest.approx([1.0, 1.0, 0.5])
 
 
 def test_simulation_overlaps_communication_with_the_next_forward_pass():

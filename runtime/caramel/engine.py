@@ -14,6 +14,8 @@ broadcast at the re-plan points, and the schedule is a pure function of it and t
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 import time
 from collections import deque
@@ -29,7 +31,7 @@ from caramel.api import Scheduling
 from caramel.linkmodel import LinkModel, LinkObserver
 from caramel.metrics import PlanRecord
 from caramel.planning import Piece, Transfer
-from caramel.schedule import Plan, TensorCost, best_schedule
+from caramel.schedule import Plan, TensorCost, backward_seconds_from_releases, best_schedule
 
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
@@ -137,6 +139,11 @@ class TransferEngine:
         # Plans being searched for: (the iteration they take effect at, the link they assume, the search).
         self._pending_plans: deque[tuple[int, LinkModel, Future[Plan]]] = deque()
         self._last_finished = 0.0
+        # Without layer times from the model (the tape and optimizer drop-ins), plan with the
+        # times at which backpropagation hands the gradients over, measured (TicTac's TAC).
+        self._measuring_releases = not any(t.forward_seconds or t.backward_seconds for t in self.tensors)
+        self._handed_over: dict[int, list[float]] = {}  # iteration -> when each gradient came
+        self._measured_backward = [0.0] * len(self.tensors)
         self._thread = threading.Thread(target=self._run, name="caramel-transfers", daemon=True)
         self._thread.start()
 
@@ -144,6 +151,8 @@ class TransferEngine:
 
     def gradient_ready(self, iteration: int, index: int, gradient: tf.Tensor) -> None:
         with self._condition:
+            if self._measuring_releases:
+                self._handed_over.setdefault(iteration, [math.nan] * len(self.tensors))[index] = time.perf_counter()
             self._gradients[index] = gradient
             self._ready_iteration[index] = iteration
             if iteration >= self._iterations_queued:
@@ -222,6 +231,10 @@ class TransferEngine:
             in_flight.append(self._pool.submit(self._transfer, iteration, transfer, inputs, position, ready, stats, pieces_left))
         while in_flight:
             in_flight.popleft().result()
+        if self._measuring_releases:
+            with self._condition:
+                handed_over = self._handed_over.pop(iteration)
+            self._measured_backward = backward_seconds_from_releases(handed_over)
 
     def _transfer(self, iteration, transfer, inputs, position, ready, stats, pieces_left) -> None:
         """One collective in a pool thread, then the updates it completes."""
@@ -257,14 +270,18 @@ class TransferEngine:
         return [tf.reshape(gradients[p.tensor], [-1])[p.start : p.stop] for p in transfer.pieces]
 
     def _replan(self, iteration: int) -> None:
-        """Probe and refit the link, share rank 0's model, and start the search for a plan from
-        it, which every rank makes identically and adopts at the same iteration."""
+        """Probe and refit the link, share rank 0's model (and its measured release times), and
+        start the search for a plan from it, which every rank makes identically and adopts at
+        the same iteration."""
         self._probe()
         local = self.observer.model(previous=self.link)
-        shared = hvd.broadcast(tf.constant([local.alpha, local.beta], dtype=tf.float64), root_rank=0, name="caramel_link")
-        alpha, beta = (float(value) for value in np.asarray(shared))
-        link = LinkModel(alpha=alpha, beta=beta)
-        search = self._planner.submit(best_schedule, self.tensors, link, self.scheduling)
+        measured = [local.alpha, local.beta, *self._measured_backward]
+        shared = np.asarray(hvd.broadcast(tf.constant(measured, dtype=tf.float64), root_rank=0, name="caramel_link"))
+        link = LinkModel(alpha=float(shared[0]), beta=float(shared[1]))
+        tensors = self.tensors
+        if self._measuring_releases:
+            tensors = [dataclasses.replace(t, backward_seconds=float(b)) for t, b in zip(self.tensors, shared[2:])]
+        search = self._planner.submit(best_schedule, tensors, link, self.scheduling)
         if self.plan is None:
             self._adopt(search.result(), link)
         else:

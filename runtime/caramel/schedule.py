@@ -79,6 +79,18 @@ def release_times(tensors: Sequence[TensorCost]) -> list[float]:
     return released
 
 
+def backward_seconds_from_releases(released: Sequence[float]) -> list[float]:
+    """Backward times that make `release_times` give these release times (measured ones, any
+    origin), as far as they follow backpropagation's order: a gradient that came earlier than
+    the one after it in the model counts as released with it."""
+    backward = [0.0] * len(released)
+    later = min(released, default=0.0)  # when the gradient after this one was released
+    for index in reversed(range(len(released))):
+        backward[index] = max(0.0, released[index] - later)
+        later = max(later, released[index])
+    return backward
+
+
 def deadlines(tensors: Sequence[TensorCost]) -> list[float]:
     """When the next forward pass reads each parameter, from the start of that pass."""
     started = [0.0] * len(tensors)
