@@ -30,7 +30,8 @@ Signature = tuple[tuple[int, str], ...]
 
 
 def signature_of(tensors: Sequence[tf.Tensor]) -> Signature:
-    return tuple((int(tf.size(tensor)), tensor.dtype.name) for tensor in tensors)
+    """The signature of tensors whose shapes are known (eager tensors, or static graph shapes)."""
+    return tuple((tensor.shape.num_elements(), tensor.dtype.name) for tensor in tensors)
 
 
 @dataclass
@@ -55,7 +56,7 @@ class GradientCommunicator:
         self.scheduling = scheduling
         self._initial_link = initial_link(tuning)
         self.engine: TransferEngine | None = None
-        self._signature: tuple[tuple[int, str], ...] = ()
+        self._signature: Signature = ()
         self._iteration = 0
         self._pieces: dict[int, list[tuple[int, tf.Tensor]]] = {}
         self._stats = CommunicationStats()

@@ -275,7 +275,8 @@ class TransferEngine:
         the same iteration."""
         self._probe()
         local = self.observer.model(previous=self.link)
-        measured = [local.alpha, local.beta, *self._measured_backward]
+        # Every rank runs the same model, so every rank broadcasts a vector of the same length.
+        measured = [local.alpha, local.beta, *(self._measured_backward if self._measuring_releases else [])]
         shared = np.asarray(hvd.broadcast(tf.constant(measured, dtype=tf.float64), root_rank=0, name="caramel_link"))
         link = LinkModel(alpha=float(shared[0]), beta=float(shared[1]))
         tensors = self.tensors

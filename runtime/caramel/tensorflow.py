@@ -17,7 +17,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from caramel.communicator import GradientCommunicator
+from caramel.communicator import GradientCommunicator, signature_of
 from caramel.contract import WorkerContract
 
 _communicator: GradientCommunicator | None = None
@@ -74,7 +74,7 @@ def _overlapped_allreduce(dense: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     The hand-over ops are stateful, so tf.function runs them in the order they are created;
     they are created last gradient first, the order in which backpropagation produces them.
     """
-    signature = tuple((tensor.shape.num_elements(), tensor.dtype.name) for tensor in dense)
+    signature = signature_of(dense)
     shapes = [tensor.shape for tensor in dense]
 
     def hand_over(index: int, gradient: tf.Tensor) -> tf.Tensor:
