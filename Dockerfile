@@ -52,7 +52,7 @@ RUN pip wheel --no-deps --no-cache-dir --wheel-dir /wheels /src
 FROM base AS runtime
 RUN useradd --uid 10001 --create-home --home-dir /home/caramel caramel
 ENV VIRTUAL_ENV=/opt/caramel/venv
-# `python` is the venv's python: worker commands are `python -m caramel.entrypoint ...`.
+# `python` is the venv's python: worker commands are `python -m caramel.launch.entrypoint ...`.
 ENV PATH=$VIRTUAL_ENV/bin:$PATH \
     TF_USE_LEGACY_KERAS=1 \
     PYTHONDONTWRITEBYTECODE=1 \

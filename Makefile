@@ -38,7 +38,7 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh
 	$(VENV_PYTHON) -m pip install --quiet $(WHEEL_CACHE)/horovod-*.whl
 	@echo "--- installing Caramel"
 	$(VENV_PYTHON) -m pip install --quiet -e '.[test]'
-	TF_CPP_MIN_LOG_LEVEL=3 $(VENV_PYTHON) -c "import horovod.tensorflow, caramel.api"
+	TF_CPP_MIN_LOG_LEVEL=3 $(VENV_PYTHON) -c "import horovod.tensorflow, caramel.job.api"
 	@touch $@
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 
@@ -54,7 +54,7 @@ test-fast: setup
 BENCH_ARGS ?=
 
 bench: bench-needs-root $(VENV)/.bench-done
-	$(VENV_PYTHON) benchmarks/scheduling_bench.py $(BENCH_ARGS)
+	$(VENV_PYTHON) -m benchmarks.scheduling_bench $(BENCH_ARGS)
 
 bench-needs-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make bench needs root: it creates network namespaces, veths, a bridge, tc qdiscs and an iptables rule (try: sudo make bench)" >&2; exit 1; }

@@ -30,14 +30,13 @@ from pathlib import Path
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profiles import load_profile, scaled  # noqa: E402
-from worker_events import HorovodReducers, StepLog, allreduce_all_at_once, engine_details, print_summary  # noqa: E402
+from benchmarks.profiles import load_profile, scaled
+from benchmarks.worker_events import HorovodReducers, StepLog, allreduce_all_at_once, engine_details, print_summary
 
-from caramel.contract import WorkerContract  # noqa: E402
-from caramel.engine import TransferEngine  # noqa: E402
-from caramel.planning import Piece  # noqa: E402
-from caramel.schedule import TensorCost  # noqa: E402
+from caramel.job.contract import WorkerContract  # noqa: E402
+from caramel.tensorflow.engine import TransferEngine  # noqa: E402
+from caramel.planner.transfers import Piece  # noqa: E402
+from caramel.planner.schedule import TensorCost  # noqa: E402
 
 STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
 

@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caramel.api import CaramelJob
-from caramel.contract import worker_command, worker_env, worker_name
-from caramel.jobfile import parse_job
-from caramel.processes import describe_exit, pump_lines
+from caramel.job.api import CaramelJob
+from caramel.job.contract import worker_command, worker_env, worker_name
+from caramel.job.jobfile import parse_job
+from caramel.launch.processes import describe_exit, pump_lines
 
-from netem import EmulatedCluster
+from benchmarks.netem import EmulatedCluster
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 RENDEZVOUS_PORT = 29400

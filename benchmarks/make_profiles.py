@@ -35,7 +35,7 @@ from dataclasses import dataclass
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # as every Caramel worker runs
 
-from profiles import NAMES, PROFILE_DIRECTORY  # noqa: E402
+from benchmarks.profiles import NAMES, PROFILE_DIRECTORY
 
 DEVICE_TFLOPS = 1.25
 DEVICE = (

@@ -42,8 +42,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from caramel.processes import spawn as spawn_process
-from caramel.processes import stop_groups
+from caramel.launch.processes import spawn as spawn_process
+from caramel.launch.processes import stop_groups
 
 DEFAULT_PREFIX = "crml"
 DEFAULT_SUBNET = "10.213.7.0/24"

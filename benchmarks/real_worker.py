@@ -38,8 +38,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "examples")]
 import train_resnet50  # noqa: E402
 import train_small  # noqa: E402
-from worker_events import StepLog, allreduce_all_at_once, engine_details, print_summary  # noqa: E402
-from workloads import REAL_MODELS, RealModel  # noqa: E402
+from benchmarks.worker_events import StepLog, allreduce_all_at_once, engine_details, print_summary
+from benchmarks.workloads import REAL_MODELS, RealModel
 
 import caramel.tensorflow as ctf  # noqa: E402
 

@@ -73,9 +73,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
-from netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
-from workloads import COMPUTE_MODES, Workload, device_label, make_workloads
+from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
+from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
+from benchmarks.workloads import COMPUTE_MODES, Workload, device_label, make_workloads
 
 JOB_NAME = "bench"
 OPERATING_POINT_TOLERANCE = 1.25
@@ -514,7 +514,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cluster-subnet", default=DEFAULT_SUBNET,
         help=f"the cluster's private /24 (default {DEFAULT_SUBNET}); another cluster running at the same time needs its own, such as 10.213.8.0/24",
     )  # fmt: skip
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # default: the compute mode's worker
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # a worker module; default: the compute mode's worker
     parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/bench-<time>)")
     args = parser.parse_args(argv)
     known = COMPUTE_MODES[args.compute]

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jobrun import RunFailed, bench_job, hostnames, run_job
-from netem import DEFAULT_PREFIX, EmulatedCluster, HarnessError, Names
+from benchmarks.jobrun import RunFailed, bench_job, hostnames, run_job
+from benchmarks.netem import DEFAULT_PREFIX, EmulatedCluster, HarnessError, Names
 
 HERE = Path(__file__).resolve().parent
 TCP_PORT = 5201

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from caramel.engine import TransferEngine
+from caramel.tensorflow.engine import TransferEngine
 
 
 class StepLog:

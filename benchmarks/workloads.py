@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from profiles import BYTES_PER_PARAMETER, NAMES, Profile, load_profile, scaled
+from benchmarks.profiles import BYTES_PER_PARAMETER, NAMES, Profile, load_profile, scaled
 
-HERE = Path(__file__).resolve().parent
-EMULATED_WORKER = HERE / "emulated_worker.py"
-REAL_WORKER = HERE / "real_worker.py"
+EMULATED_WORKER = "benchmarks.emulated_worker"
+REAL_WORKER = "benchmarks.real_worker"
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,8 @@ class Workload:
     """A model as the driver sees it: the worker that trains it and what to expect of a step."""
 
     name: str
-    worker: Path
+    worker: str
+    """The worker's module, run with `python -m` from the repository root."""
     worker_args: tuple[str, ...]
     """Which model (and device) the worker runs."""
     parameters: int
@@ -67,12 +66,12 @@ class Workload:
     """The emulated accelerator's profile; None for real compute, which cannot be device-scaled."""
 
     @classmethod
-    def emulated(cls, profile: Profile, worker: Path = EMULATED_WORKER) -> Workload:
+    def emulated(cls, profile: Profile, worker: str = EMULATED_WORKER) -> Workload:
         args = ("--profile", profile.name, "--device-tflops", repr(profile.device_tflops))
         return cls(profile.name, worker, args, profile.parameters, profile.batch_size, profile.compute_seconds, "", profile)
 
     @classmethod
-    def real(cls, model: RealModel, worker: Path = REAL_WORKER) -> Workload:
+    def real(cls, model: RealModel, worker: str = REAL_WORKER) -> Workload:
         return cls(model.name, worker, ("--model", model.name), model.parameters, model.batch_size, model.compute_seconds, model.description)
 
     @property
@@ -104,13 +103,13 @@ class Workload:
 
     def command(self, strategy: str, steps: int, warmup: int) -> list[str]:
         return [
-            sys.executable, str(self.worker), *self.worker_args,
+            sys.executable, "-m", self.worker, *self.worker_args,
             "--strategy", strategy, "--steps", str(steps), "--warmup", str(warmup),
         ]  # fmt: skip
 
 
 def make_workloads(
-    compute: str, names: list[str], device_tflops: float | None = None, worker: Path | None = None
+    compute: str, names: list[str], device_tflops: float | None = None, worker: str | None = None
 ) -> list[Workload]:
     """The workloads of names (COMPUTE_MODES[compute]); device_tflops overrides the profiles' (emulated only)."""
     if compute == "real":

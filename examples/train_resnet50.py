@@ -12,7 +12,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from caramel.training import TrainingRun
+from caramel.tensorflow.training import TrainingRun
 
 SEED = 1234
 MIN_IMAGE_SIZE = 32  # ResNet-50's five stride-2 stages need at least 32 x 32

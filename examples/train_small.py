@@ -11,7 +11,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from caramel.training import TrainingRun
+from caramel.tensorflow.training import TrainingRun
 
 FEATURES = 32
 CLASSES = 10

@@ -69,7 +69,7 @@ def write_manifest(directory: Path, manifest: dict[str, Any], filename: str = "j
 
 
 def caramel_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "caramel.cli", *args]
+    return [sys.executable, "-m", "caramel.launch.cli", *args]
 
 
 def run_caramel(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

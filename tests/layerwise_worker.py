@@ -12,9 +12,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from caramel.contract import WorkerContract
-from caramel.engine import TransferEngine
-from caramel.schedule import TensorCost
+from caramel.job.contract import WorkerContract
+from caramel.tensorflow.engine import TransferEngine
+from caramel.planner.schedule import TensorCost
 
 SIZES = [3, 1000, 70_000, 5, 300_000, 17]
 LEARNING_RATE = 0.1

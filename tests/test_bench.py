@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import scheduling_bench as bench  # noqa: E402
-from jobrun import parse_event  # noqa: E402
-from workloads import REAL_MODELS, make_workloads  # noqa: E402
+import benchmarks.scheduling_bench as bench
+from benchmarks.jobrun import parse_event
+from benchmarks.workloads import REAL_MODELS, make_workloads
 
 
 def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -140,7 +136,7 @@ def test_workloads_of_each_mode() -> None:
     emulated, = make_workloads("emulated", ["resnet50"], device_tflops=2.5)
     assert emulated.scalable and emulated.device_tflops == 2.5 and emulated.device == "2.5 TFLOP/s"
     assert emulated.command("horovod", 10, 3)[1:] == [
-        str(emulated.worker), "--profile", "resnet50", "--device-tflops", "2.5",
+        "-m", emulated.worker, "--profile", "resnet50", "--device-tflops", "2.5",
         "--strategy", "horovod", "--steps", "10", "--warmup", "3",
     ]  # fmt: skip
     slower = emulated.scaled(1.25)
@@ -149,7 +145,7 @@ def test_workloads_of_each_mode() -> None:
     assert not real.scalable and real.device_tflops is None and real.device_tag == "real"
     assert real.gradient_bytes == 4 * REAL_MODELS["small"].parameters
     assert real.command("caramel", 5, 2)[1:] == [
-        str(real.worker), "--model", "small", "--strategy", "caramel", "--steps", "5", "--warmup", "2",
+        "-m", real.worker, "--model", "small", "--strategy", "caramel", "--steps", "5", "--warmup", "2",
     ]  # fmt: skip
     with pytest.raises(ValueError, match="no device rate"):
         real.scaled(1.0)

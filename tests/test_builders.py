@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from caramel.jobfile import parse_job
+from caramel.job.jobfile import parse_job
 from caramel_operator.builders import build_service, build_worker_pod, worker_address
 from caramel_operator.observe import WorkerState, observe_pod
 

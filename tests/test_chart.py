@@ -32,7 +32,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from caramel.jobfile import load_job, parse_job
+from caramel.job.jobfile import load_job, parse_job
 from caramel_operator.builders import build_worker_pod
 from conftest import REPO, require_binary, runtime_metrics
 

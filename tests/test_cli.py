@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-import caramel.launcher
-from caramel.cli import main
+import caramel.launch.launcher
+from caramel.launch.cli import main
 from conftest import job_manifest, write_manifest
 
 
@@ -18,7 +18,7 @@ def no_spawn(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a worker was started")
 
-    monkeypatch.setattr(caramel.launcher, "spawn", refuse)
+    monkeypatch.setattr(caramel.launch.launcher, "spawn", refuse)
 
 
 def run_cli(capsys, *args) -> tuple[int, str]:
@@ -61,9 +61,9 @@ def test_workers_flag_overrides_replicas_through_validation(tmp_path, capsys, mo
             seen["replicas"] = job.spec.workers.replicas
 
         def run(self):
-            raise caramel.launcher.LaunchError("recorded")
+            raise caramel.launch.launcher.LaunchError("recorded")
 
-    monkeypatch.setattr("caramel.cli.LocalRun", Recorder)
+    monkeypatch.setattr("caramel.launch.cli.LocalRun", Recorder)
     code, _ = run_cli(capsys, "run", str(write_manifest(tmp_path, job_manifest())), "--workers", "5")
     assert code == 2 and seen["replicas"] == 5
 

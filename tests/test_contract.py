@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
-from caramel.contract import WorkerContract, slot_env, worker_command, worker_env, worker_name
-from caramel.jobfile import parse_job
+from caramel.job.contract import WorkerContract, slot_env, worker_command, worker_env, worker_name
+from caramel.job.jobfile import parse_job
 
 
 def job(replicas=3, slots=2, **spec):
@@ -88,7 +88,7 @@ def test_user_env_is_added_and_may_override_defaults():
 
 def test_worker_command_runs_the_entrypoint_with_the_script_or_command():
     assert worker_command(job(), python="/venv/bin/python") == [
-        "/venv/bin/python", "-m", "caramel.entrypoint", "--", "/venv/bin/python", "train.py", "--steps", "3",
+        "/venv/bin/python", "-m", "caramel.launch.entrypoint", "--", "/venv/bin/python", "train.py", "--steps", "3",
     ]
     with_command = job(script=None, command=["bash", "-c", "train"])
     assert worker_command(with_command)[-5:] == ["bash", "-c", "train", "--steps", "3"]

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from caramel.jobfile import parse_job
-from caramel.progress import parse_report
+from caramel.job.jobfile import parse_job
+from caramel.job.progress import parse_report
 from caramel_operator.builders import build_worker_pods, worker_address
 from conftest import REPO, job_manifest, require_binary, unavailable
 

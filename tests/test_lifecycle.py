@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from caramel.api import CaramelJobStatus, Phase, Tuning
-from caramel.jobfile import parse_job
+from caramel.job.api import CaramelJobStatus, Phase, Tuning
+from caramel.job.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
 from caramel_operator.lifecycle import (
     CreatePods,

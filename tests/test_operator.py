@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from caramel.jobfile import parse_job
+from caramel.job.jobfile import parse_job
 from caramel.metrics import PlanRecord, StepRecord, WorkerMetrics
 from conftest import free_port
 from caramel_operator.builders import build_worker_pods

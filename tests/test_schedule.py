@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from caramel.api import Batching, Ordering, Scheduling
-from caramel.linkmodel import LinkModel, LinkObserver
-from caramel.schedule import (
+from caramel.job.api import Batching, Ordering, Scheduling
+from caramel.planner.linkmodel import LinkModel, LinkObserver
+from caramel.planner.schedule import (
     Batch,
     TensorCost,
     backward_seconds_from_releases,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from caramel.api import CaramelJob, Tuning
-from caramel.contract import worker_command, worker_env, worker_name
+from caramel.job.api import CaramelJob, Tuning
+from caramel.job.contract import worker_command, worker_env, worker_name
 
 WORKER_CONTAINER = "worker"
 JOB_LABEL = "caramel.dev/job"

@@ -15,8 +15,8 @@ import kopf
 import pydantic
 from prometheus_client import start_http_server
 
-from caramel.api import GROUP, VERSION, CaramelJob, Phase
-from caramel.jobfile import describe_validation_error
+from caramel.job.api import GROUP, VERSION, CaramelJob, Phase
+from caramel.job.jobfile import describe_validation_error
 from caramel_operator import metrics
 from caramel_operator.builders import JOB_LABEL
 from caramel_operator.cluster import Cluster, scrape

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from caramel.api import (
+from caramel.job.api import (
     CaramelJob,
     CaramelJobStatus,
     CleanPodPolicy,
@@ -27,7 +27,7 @@ from caramel.api import (
     WorkerCounts,
     WorkerFailure,
 )
-from caramel.contract import worker_name
+from caramel.job.contract import worker_name
 from caramel_operator.builders import build_service, build_worker_pod
 from caramel_operator.config import OperatorSettings
 from caramel_operator.observe import NODE_LOST_REASONS, WorkerObservation, WorkerState

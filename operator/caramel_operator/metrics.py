@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from caramel.api import Phase
+from caramel.job.api import Phase
 
 REGISTRY = CollectorRegistry()
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from caramel.api import TrainingProgress, Tuning
+from caramel.job.api import TrainingProgress, Tuning
 from caramel.metrics import BANDWIDTH, BUCKET_BYTES, GLOBAL_STEP, LINK_ALPHA, LINK_BETA, LOSS, STEP_DURATION
 from caramel_operator.lifecycle import timestamp
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from caramel.api import Scheduling, Tuning
-from caramel.engine import INITIAL_LINK, IterationStats, TransferEngine
-from caramel.linkmodel import LinkModel
-from caramel.planning import Piece
-from caramel.schedule import TensorCost
+from caramel.job.api import Scheduling, Tuning
+from caramel.tensorflow.engine import INITIAL_LINK, IterationStats, TransferEngine
+from caramel.planner.linkmodel import LinkModel
+from caramel.planner.transfers import Piece
+from caramel.planner.schedule import TensorCost
 
 
 # What the engine plans for: every gradient's element count and dtype name, in order.

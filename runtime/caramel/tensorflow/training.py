@@ -25,9 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from caramel.contract import WorkerContract
+from caramel.job.contract import WorkerContract
 from caramel.metrics import StepRecord, WorkerMetrics
-from caramel.progress import ProgressReport, format_report
+from caramel.job.progress import ProgressReport, format_report
 
 # Rank 0 logs progress at most this often (and always on the first and last step).
 PROGRESS_INTERVAL_SECONDS = 0.5

@@ -17,8 +17,8 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from caramel.communicator import GradientCommunicator, signature_of
-from caramel.contract import WorkerContract
+from caramel.tensorflow.communicator import GradientCommunicator, signature_of
+from caramel.job.contract import WorkerContract
 
 _communicator: GradientCommunicator | None = None
 

@@ -27,11 +27,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from caramel.api import Scheduling
-from caramel.linkmodel import LinkModel, LinkObserver
+from caramel.job.api import Scheduling
+from caramel.planner.linkmodel import LinkModel, LinkObserver
 from caramel.metrics import PlanRecord
-from caramel.planning import Piece, Transfer
-from caramel.schedule import Plan, TensorCost, backward_seconds_from_releases, best_schedule
+from caramel.planner.transfers import Piece, Transfer
+from caramel.planner.schedule import Plan, TensorCost, backward_seconds_from_releases, best_schedule
 
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from caramel.api import CaramelJob, Checkpoint, Scheduling, Tuning
+from caramel.job.api import CaramelJob, Checkpoint, Scheduling, Tuning
 
 TENSORFLOW_ENV = {
     # Horovod 0.28.1 on TensorFlow 2.16+ works only with legacy Keras (the tf-keras package).
@@ -78,7 +78,7 @@ def worker_command(job: CaramelJob, python: str = "python") -> list[str]:
     """The argv a worker runs: the entrypoint, which starts every slot with the training command."""
     spec = job.spec
     training = [python, spec.script] if spec.script else list(spec.command or [])
-    return [python, "-m", "caramel.entrypoint", "--", *training, *spec.args]
+    return [python, "-m", "caramel.launch.entrypoint", "--", *training, *spec.args]
 
 
 def slot_env(worker: Mapping[str, str], slot: int) -> dict[str, str]:

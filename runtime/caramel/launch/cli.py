@@ -10,9 +10,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from caramel import __version__
-from caramel.jobfile import JobFileError, load_job, parse_job
-from caramel.launcher import LaunchError, LocalRun, RunOutcome
-from caramel.progress import ProgressReport, format_report
+from caramel.job.jobfile import JobFileError, load_job, parse_job
+from caramel.launch.launcher import LaunchError, LocalRun, RunOutcome
+from caramel.job.progress import ProgressReport, format_report
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -1,4 +1,4 @@
-"""The worker entrypoint: `python -m caramel.entrypoint -- TRAINING COMMAND...`.
+"""The worker entrypoint: `python -m caramel.launch.entrypoint -- TRAINING COMMAND...`.
 
 It reads the environment contract, serves (worker 0) or awaits (the others) the rendezvous,
 then runs one training process per slot with that slot's ranks. Every output line is prefixed
@@ -14,9 +14,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from caramel.contract import WorkerContract, slot_env
-from caramel.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
-from caramel.rendezvous import RendezvousServer, wait_for_rendezvous
+from caramel.job.contract import WorkerContract, slot_env
+from caramel.launch.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
+from caramel.launch.rendezvous import RendezvousServer, wait_for_rendezvous
 
 # Worker 0 may start well after the others (a slow image pull, a busy scheduler).
 RENDEZVOUS_WAIT_SECONDS = 600
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m caramel.entrypoint -- TRAINING COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m caramel.launch.entrypoint -- TRAINING COMMAND [ARGS...]", file=sys.stderr)
         return 2
     try:
         contract = WorkerContract.from_env()

@@ -23,9 +23,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from caramel.api import Batching, Ordering, Scheduling
-from caramel.linkmodel import LinkModel
-from caramel.planning import Piece, Transfer
+from caramel.job.api import Batching, Ordering, Scheduling
+from caramel.planner.linkmodel import LinkModel
+from caramel.planner.transfers import Piece, Transfer
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -8,7 +8,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from caramel.api import CaramelJob
+from caramel.job.api import CaramelJob
 
 
 class JobFileError(Exception):

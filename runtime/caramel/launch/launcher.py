@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caramel.api import CaramelJob
-from caramel.contract import worker_command, worker_env
-from caramel.processes import describe_exit, pump_lines, spawn, stop_groups
-from caramel.progress import ProgressReport, parse_report
+from caramel.job.api import CaramelJob
+from caramel.job.contract import worker_command, worker_env
+from caramel.launch.processes import describe_exit, pump_lines, spawn, stop_groups
+from caramel.job.progress import ProgressReport, parse_report
 
 LOCALHOST = "127.0.0.1"
 LAST_LINES_KEPT = 20

@@ -1,0 +1,1 @@
+"""Local launching: `caramel run`, the worker entrypoint, the rendezvous and process handling."""

@@ -1,0 +1,1 @@
+"""The pure transfer planner and link model: plans are functions of data every rank shares."""
