@@ -1,6 +1,6 @@
 """Operator scale, measured against kmock's Kubernetes API emulator (not a timed test).
 
-    python benchmarks/operator_scale.py [--workers 256] [--jobs 100] [--repeat 3]
+    python -m benchmarks.operator_scale [--workers 256] [--jobs 100] [--repeat 3]
 
 1. Time from creating one CaramelJob with --workers workers until all its pods exist.
 2. The operator's memory (RSS) while it manages --jobs jobs of 2 workers each, all running.
@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from operator_harness import Emulator, Operator, eventually  # noqa: E402
+from testbed.operator_harness import Emulator, Operator, eventually
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"]}
 

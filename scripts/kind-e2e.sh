@@ -96,7 +96,7 @@ kill "$port_forward" 2>/dev/null || true
 port_forward=""
 
 kubectl -n "$JOB_NAMESPACE" wait --for=jsonpath='{.status.phase}'=Succeeded "carameljob/$job" --timeout=15m
-kubectl -n "$JOB_NAMESPACE" get cj -o wide
+kubectl -n "$JOB_NAMESPACE" get cmj -o wide
 
 step=$(kubectl -n "$JOB_NAMESPACE" get carameljob "$job" -o jsonpath='{.status.progress.step}')
 echo "--- $job Succeeded; status.progress.step=${step:-unset}, rank 0 scraped while running: $scraped"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from testbed.ports import free_port, free_port_block  # noqa: F401  (tests import them from here)
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_EXAMPLE = REPO / "examples" / "train_small.py"
@@ -23,31 +24,6 @@ def runtime_metrics() -> dict[str, str]:
 
     families = WorkerMetrics(rank=0).registry.collect()
     return {f"{family.name}_total" if family.type == "counter" else family.name: family.type for family in families}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def free_port_block(count: int) -> int:
-    """The first of `count` consecutive free ports."""
-    for _ in range(100):
-        first = free_port()
-        if first + count < 65535 and all(_is_free(first + offset) for offset in range(count)):
-            return first
-    raise RuntimeError(f"no block of {count} free ports")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-        return True
 
 
 def job_manifest(name: str = "test-job", **spec: Any) -> dict[str, Any]:

@@ -74,7 +74,15 @@ def test_every_field_is_documented():
         ({"workers": {"resources": {"limits": {"memory": "lots"}}}}, "spec.workers.resources.limits.memory"),
         ({"command": ["python", "x.py"]}, "spec: give exactly one of script or command"),
         ({"checkpoint": {"intervalSteps": 5}}, "spec.checkpoint.path: Field required"),
-        ({"env": [{"name": "1BAD", "value": "x"}]}, "spec.env[0].name: String should match pattern"),
+        ({"env": [{"name": "1BAD", "value": "x"}]}, "spec.env[0].name: must be letters, digits and '_', not starting with a digit (got '1BAD')"),
+        ({"workers": {"resources": {"requests": {"cpu": "lots"}}}}, "spec.workers.resources.requests.cpu: must be a Kubernetes quantity such as 2, 500m or 4Gi, not negative (got 'lots')"),
+        ({"workers": {"resources": {"limits": {"memory": -1}}}}, "spec.workers.resources.limits.memory: must be a Kubernetes quantity"),
+        ({"workers": {"resources": {"limits": {"memory": "-1Gi"}}}}, "spec.workers.resources.limits.memory: must be a Kubernetes quantity"),
+        ({"workers": {"resources": {"requests": {"cpu": 0.5}}}}, "spec.workers.resources.requests.cpu: must be a Kubernetes quantity"),
+        ({"image": ""}, "spec.image: must be a container image reference such as caramel:0.1.0"),
+        ({"image": "my image:1"}, "spec.image: must be a container image reference"),
+        ({"image": "Team/Train:1"}, "spec.image: must be a container image reference"),
+        ({"image": "train:"}, "spec.image: must be a container image reference"),
     ],
 )
 def test_invalid_fields_are_named(spec, expected):
@@ -84,7 +92,7 @@ def test_invalid_fields_are_named(spec, expected):
 def test_invalid_job_name_is_named():
     document = manifest()
     document["metadata"]["name"] = "Bad_Name"
-    assert "metadata.name: String should match pattern" in error_of(document)
+    assert "metadata.name: must be lower-case letters, digits and '-', starting with a letter" in error_of(document)
 
 
 def test_wrong_kind_is_named():
@@ -130,3 +138,37 @@ def test_readme_documents_every_runtime_metric():
     readme = (REPO / "README.md").read_text()
     undocumented = [name for name in runtime_metrics() if name not in readme]
     assert undocumented == []
+
+
+def test_messages_speak_of_fields_not_of_pydantic_internals():
+    """One line per bad field, in the user's terms: no union member tags, no regular expressions."""
+    message = error_of(manifest(workers={"resources": {"requests": {"cpu": "lots"}}}, env=[{"name": "1BAD"}]))
+    assert message.count("\n") == 2, message
+    for internal in ("int", "constrained-str", "function-plain", "pattern", "^"):
+        assert f".{internal}" not in message and f"'{internal}" not in message, message
+
+
+@pytest.mark.parametrize(
+    "quantity", [0, 2, "2", "500m", "1.5", ".5", "4Gi", "128974848", "129e6", "129M", "123Mi", "1k", "1e3"]
+)
+def test_kubernetes_quantities_are_accepted(quantity):
+    job = parse_job(manifest(workers={"resources": {"requests": {"cpu": quantity}}}))
+    assert job.spec.workers.resources.requests["cpu"] == quantity
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "caramel:0.1.0",
+        "caramel",
+        "team/train:2",
+        "registry.example.com:5000/team/caramel:0.1.0-rc1",
+        "localhost/caramel",
+        "ghcr.io/org/sub/image_name__x-y:v1.2_3",
+        "[::1]:5000/caramel:dev",
+        "caramel@sha256:" + "a" * 64,
+        "caramel:0.1.0@sha256:" + "0123456789abcdef" * 4,
+    ],
+)
+def test_image_references_are_accepted(image):
+    assert parse_job(manifest(image=image)).spec.image == image

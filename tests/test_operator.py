@@ -10,7 +10,7 @@ from caramel.job.jobfile import parse_job
 from caramel.metrics import PlanRecord, StepRecord, WorkerMetrics
 from conftest import free_port
 from caramel_operator.builders import build_worker_pods
-from operator_harness import SERVICES, Emulator, Operator, eventually, printer_row, terminated
+from testbed.operator_harness import SERVICES, Emulator, Operator, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
 
@@ -211,7 +211,7 @@ def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emu
     tuning = {"bucketBytes": 8 * 1024 * 1024, "alphaSeconds": 0.002, "betaSecondsPerByte": 1e-9}
     assert api.status("demo")["tuning"] == tuning
     row = printer_row(api.job("demo"))
-    print(f"\nkubectl get cj -o wide: {row}")
+    print(f"\nkubectl get cmj -o wide: {row}")
     assert row["Phase"] == "Running" and row["Ready"] == "2/2" and row["Step"] == 5 and row["Bandwidth"] == "2.0 GB/s"
 
     api.set_pod_status("demo-worker-1", terminated(1))

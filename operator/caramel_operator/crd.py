@@ -15,7 +15,9 @@ from caramel.job.api import GROUP, JOB_NAME_MAX_LENGTH, KIND, VERSION, CaramelJo
 
 PLURAL = "carameljobs"
 SINGULAR = "carameljob"
-SHORT_NAMES = ["cj"]
+# Built-in resources win over a CRD's short names (`cj` is CronJob's): tests/test_crd.py checks
+# these against a real API server's discovery.
+SHORT_NAMES = ["cmj"]
 
 # Kept out of the structural schema: Kubernetes rejects or ignores them.
 _DROPPED_KEYS = {"title", "additionalProperties", "$defs"}
@@ -78,7 +80,10 @@ def _collapse_any_of(node: dict[str, Any]) -> dict[str, Any]:
     rest = {k: v for k, v in node.items() if k != "anyOf"}
     types = {option.get("type") for option in options}
     if types == {"integer", "string"}:
-        return {**rest, "x-kubernetes-int-or-string": True}
+        # Each member's own constraints (minimum, pattern) hold only for values of its type,
+        # as OpenAPI's validators apply them, so they can sit side by side on one node.
+        constraints = {k: v for option in options for k, v in option.items() if k != "type"}
+        return {**constraints, **rest, "x-kubernetes-int-or-string": True}
     if len(options) == 1:
         return {**options[0], **rest}
     raise ValueError(f"cannot express anyOf {node['anyOf']} in a structural schema")

@@ -7,10 +7,11 @@ every Kubernetes API, and snake_case in Python.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "caramel.dev"
@@ -22,6 +23,39 @@ KIND = "CaramelJob"
 # "<job>-worker-<index>", so the job name leaves room for that suffix within 63 characters.
 JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 JOB_NAME_MAX_LENGTH = 52
+
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _image_pattern() -> str:
+    """An image reference as container runtimes parse it (the grammar of the OCI distribution
+    project's `reference` package): [domain[:port]/]path[:tag][@digest], path lower-case.
+    A name outside it leaves a pod waiting forever with InvalidImageName."""
+    component = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+    domain_component = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+    domain = rf"(?:{domain_component}(?:\.{domain_component})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+    tag = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+    digest = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+    return rf"^(?:{domain}/)?{component}(?:/{component})*(?::{tag})?(?:@{digest})?$"
+
+
+IMAGE_PATTERN = _image_pattern()
+IMAGE_MAX_LENGTH = 4096
+
+# Kubernetes' resource quantity (what its own CRDs put on int-or-string quantities), without
+# the sign: a negative request or limit is never meant.
+QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+# What each pattern means, for error messages in the user's terms rather than as a regex.
+PATTERN_MEANINGS = {
+    JOB_NAME_PATTERN: "lower-case letters, digits and '-', starting with a letter and not ending with '-'",
+    ENV_NAME_PATTERN: "letters, digits and '_', not starting with a digit",
+    IMAGE_PATTERN: "a container image reference such as caramel:0.1.0 or registry.example.com/team/train:2 "
+    "(lower-case repository, no spaces)",
+    QUANTITY_PATTERN: "a Kubernetes quantity such as 2, 500m or 4Gi",
+}
 
 MiB = 1024 * 1024
 
@@ -38,10 +72,27 @@ class ApiModel(BaseModel):
     )
 
 
+def _quantity(value: Any) -> int | str:
+    # One check with one message: a union of int and patterned str would report a failure per
+    # member, in pydantic's terms.
+    ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+        isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value)
+    )
+    if not ok:
+        raise ValueError(f"must be {PATTERN_MEANINGS[QUANTITY_PATTERN]}, not negative")
+    return value
+
+
 # A Kubernetes resource quantity such as 2, "500m" or "4Gi".
 Quantity = Annotated[
-    int | Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")],
-    Field(description="A Kubernetes quantity, such as 2, 500m or 4Gi."),
+    int | str,
+    PlainValidator(_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": QUANTITY_PATTERN}],
+            "description": "A Kubernetes quantity, such as 2, 500m or 4Gi.",
+        }
+    ),
 ]
 
 
@@ -133,7 +184,13 @@ class Scheduling(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "self.minBucketBytes <= self.maxBucketBytes", "message": "minBucketBytes must not exceed maxBucketBytes"}
+                {
+                    # The API server also checks every rule on the schema's own default ({} here),
+                    # before nested defaults apply: an unguarded rule rejects the whole CRD.
+                    "rule": "!has(self.minBucketBytes) || !has(self.maxBucketBytes) || self.minBucketBytes <= self.maxBucketBytes",
+                    "message": "minBucketBytes must not exceed maxBucketBytes",
+                    "fieldPath": ".minBucketBytes",
+                }
             ]
         }
     )
@@ -203,7 +260,7 @@ class Checkpoint(ApiModel):
 class EnvVar(ApiModel):
     """An environment variable for the training processes."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    name: str = Field(pattern=ENV_NAME_PATTERN)
     """Variable name."""
 
     value: str = ""
@@ -221,7 +278,7 @@ class CaramelJobSpec(ApiModel):
         }
     )
 
-    image: str | None = None
+    image: str | None = Field(None, max_length=IMAGE_MAX_LENGTH, pattern=IMAGE_PATTERN)
     """Container image holding the Caramel runtime and the training code; defaults to the
     operator's runtime image. Ignored by `caramel run`."""
 

@@ -8,7 +8,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from caramel.job.api import CaramelJob
+from caramel.job.api import PATTERN_MEANINGS, CaramelJob
 
 
 class JobFileError(Exception):
@@ -29,6 +29,9 @@ def describe_validation_error(error: pydantic.ValidationError) -> list[str]:
         message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             message = "unknown field (check its spelling)"
+        elif problem["type"] == "string_pattern_mismatch":
+            pattern = problem.get("ctx", {}).get("pattern")
+            message = f"must be {PATTERN_MEANINGS[pattern]}" if pattern in PATTERN_MEANINGS else message
         given = problem.get("input")
         shown = "" if problem["type"] in {"missing", "extra_forbidden"} or isinstance(given, dict) else f" (got {given!r})"
         lines.append(f"{_field_path(problem['loc'])}: {message}{shown}")

@@ -1,6 +1,6 @@
 """A Kubernetes API emulator on a local port: kmock's KubernetesEmulator, serving the CaramelJob resource.
 
-Run as `python tests/kube_emulator.py URL_FILE`; it writes its base URL to URL_FILE and serves
+Run as `python -m testbed.kube_emulator URL_FILE`; it writes its base URL to URL_FILE and serves
 until SIGTERM. It stands in for kube-apiserver, which cannot run on these machines: it keeps
 objects and serves real HTTP lists, watches, patches and deletes, but has no scheduler, kubelet,
 garbage collector or label selectors. Tests play the kubelet by patching pod status.
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import attrs
 import kmock
+
+from caramel_operator.crd import SHORT_NAMES
 
 
 @attrs.define(kw_only=True)
@@ -46,7 +48,7 @@ async def serve(url_file: Path) -> None:
             kind="CaramelJob",
             singular="carameljob",
             namespaced=True,
-            shortnames={"cj"},
+            shortnames=set(SHORT_NAMES),
             subresources={"status"},
             verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
         )

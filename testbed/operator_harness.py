@@ -1,6 +1,6 @@
 """The operator under test, a real process, against the Kubernetes API emulator over HTTP.
 
-The emulator (tests/kube_emulator.py, kmock) stands in for kube-apiserver, which cannot run
+The emulator (testbed/kube_emulator.py, kmock) stands in for kube-apiserver, which cannot run
 here. Nothing else is simulated, except what a kubelet would do: tests patch pod status.
 """
 
@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 
 import yaml
 
-from conftest import REPO, free_port
+from testbed.ports import free_port
 
 T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
 JOBS = "/apis/caramel.dev/v1alpha1/namespaces/default/carameljobs"
 PODS = "/api/v1/namespaces/default/pods"
 SERVICES = "/api/v1/namespaces/default/services"
@@ -91,7 +92,7 @@ class KubeApi:
 
 
 def printer_row(job: dict[str, Any]) -> dict[str, Any]:
-    """The `kubectl get cj -o wide` row of a job, from the CRD's printer columns (kubectl needs a real server)."""
+    """The `kubectl get cmj -o wide` row of a job, from the CRD's printer columns (kubectl needs a real server)."""
     from caramel_operator.crd import PRINTER_COLUMNS
 
     def follow(path: str) -> Any:
@@ -138,7 +139,8 @@ class Emulator:
     def __init__(self, directory: Path) -> None:
         url_file = directory / "emulator-url"
         self.process = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "kube_emulator.py"), str(url_file)],
+            [sys.executable, "-m", "testbed.kube_emulator", str(url_file)],
+            cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=(directory / "emulator.log").open("wb"),
         )
