@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 JOBS = "/apis/caramel.dev/v1alpha1/namespaces/default/carameljobs"
 PODS = "/api/v1/namespaces/default/pods"
 SERVICES = "/api/v1/namespaces/default/services"
+NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
 EVENTS = "/api/v1/namespaces/default/events"
 
 

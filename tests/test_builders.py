@@ -72,3 +72,28 @@ def test_observing_pods_round_trips_the_builders_labels():
     seen = observe_pod({**pod, "status": {"phase": "Running", "podIP": "10.0.0.7"}})
     assert (seen.index, seen.gang, seen.state, seen.pod_ip) == (1, 2, WorkerState.RUNNING, "10.0.0.7")
     assert observe_pod({"metadata": {"name": "other", "labels": {}}}) is None
+
+
+def test_network_policy_admits_the_gang_the_operator_and_monitoring_only():
+    from caramel_operator.builders import OPERATOR_POD_LABELS, build_network_policy
+
+    policy = build_network_policy(job(workers={"slotsPerWorker": 2}), monitoring_namespace="monitoring", operator_namespace="caramel-system")
+    spec = policy["spec"]
+    assert policy["metadata"]["namespace"] == "ml" and policy["metadata"]["labels"]["caramel.dev/job"] == "demo"
+    assert spec["podSelector"] == {"matchLabels": {"caramel.dev/job": "demo"}} and spec["policyTypes"] == ["Ingress"]
+    gang, metrics = spec["ingress"]
+    # Gloo picks its ports at run time: the gang reaches each other on every port, nobody else does.
+    assert gang == {"from": [{"podSelector": {"matchLabels": {"caramel.dev/job": "demo"}}}]}
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9401, "endPort": 9402}]
+    operator, monitoring = metrics["from"]
+    assert operator == {"podSelector": {"matchLabels": OPERATOR_POD_LABELS},
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "caramel-system"}}}
+    assert monitoring == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    quiet = build_network_policy(job(metrics={"enabled": False}), monitoring_namespace="", operator_namespace="")
+    assert len(quiet["spec"]["ingress"]) == 1
+
+
+def test_worker_writes_its_final_report_where_kubernetes_reads_the_termination_message():
+    pod = build_worker_pod(job(), 0, default_image="x")
+    (container,) = pod["spec"]["containers"]
+    assert env_of(pod)["CARAMEL_TERMINATION_MESSAGE_PATH"] == container["terminationMessagePath"] == "/dev/termination-log"

@@ -33,8 +33,11 @@ import pytest
 import yaml
 
 from caramel.job.jobfile import load_job, parse_job
-from caramel_operator.builders import build_worker_pod
+from caramel_operator.builders import OPERATOR_POD_LABELS, build_worker_pod
+from caramel_operator.cluster import PERMISSIONS
+from caramel_operator.config import OperatorSettings
 from conftest import REPO, require_binary, runtime_metrics
+from testbed.crd_validation import default_violations
 
 CHART = REPO / "helm" / "caramel"
 MANIFESTS = REPO / "manifests"
@@ -54,6 +57,8 @@ FULL_VALUES: dict[str, Any] = {
     "crds": {"install": True, "keep": False},
     "serviceAccount": {"create": True, "name": "trainer", "annotations": {"example.com/role": "training"}},
     "rbac": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]},
+    "networkPolicy": {"enabled": False, "monitoringNamespace": "observability"},
+    "gangSchedulingTimeoutSeconds": 900,
     "extraEnv": [{"name": "CARAMEL_RECONCILE_INTERVAL_SECONDS", "value": "5"}],
     "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}},
     "podAnnotations": {"example.com/scrape": "true"},
@@ -365,6 +370,9 @@ def test_full_values_reach_the_deployment() -> None:
     assert env["CARAMEL_RUNTIME_IMAGE"] == FULL_VALUES["runtimeImage"]
     assert env["CARAMEL_WATCH_NAMESPACES"] == "team-a,team-b"
     assert env["CARAMEL_RECONCILE_INTERVAL_SECONDS"] == "5"
+    settings = OperatorSettings.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.network_policy is False and settings.monitoring_namespace == "observability"
+    assert settings.gang_scheduling_timeout_seconds == 900
     assert pod["serviceAccountName"] == "trainer"
     for field in ("imagePullSecrets", "priorityClassName", "nodeSelector", "tolerations", "affinity"):
         assert pod[field] == FULL_VALUES[field], field
@@ -389,7 +397,7 @@ def test_cluster_scope_grants_the_operator_rules_cluster_wide() -> None:
     assert DISCOVERY_RULES[0] in rules and DISCOVERY_RULES[1] not in rules
     # Least privilege: no wildcards, no secrets, nothing beyond the operator's kinds.
     granted = {resource for rule in rules for resource in rule["resources"]}
-    assert granted == {"carameljobs", "carameljobs/status", "pods", "services", "events", "customresourcedefinitions"}
+    assert granted == {"carameljobs", "carameljobs/status", "pods", "services", "networkpolicies", "events", "customresourcedefinitions"}
     assert all("*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"] for rule in rules)
     binding = only(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -534,3 +542,56 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     result = subprocess.run([promtool, "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(rf"SUCCESS: {len(rules)} rules found", result.stdout), result.stdout
+
+
+# --- what the operator needs, granted; what it builds, admitted ------------------------------
+
+RBAC_VARIANTS = {
+    "chart cluster": lambda: render(),
+    "chart namespaced": lambda: render("--set", "rbac.scope=namespaced"),
+    "chart full": lambda: render(*FULL_VALUES_ARGS),
+    "manifests": lambda: load_yaml(MANIFESTS / "rbac.yaml"),
+    "manifests namespaced": lambda: load_yaml(MANIFESTS / "namespaced" / "rbac-namespaced.yaml"),
+}
+
+
+def granted(objects: Iterable[dict[str, Any]], namespace: str | None) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) the operator may use in `namespace` (None: cluster-wide rules only)."""
+    return {
+        (group, resource, verb)
+        for obj in objects
+        if obj["kind"] == "ClusterRole" or (obj["kind"] == "Role" and obj["metadata"].get("namespace") == namespace)
+        for rule in obj["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+@pytest.mark.parametrize("variant", RBAC_VARIANTS)
+def test_every_rbac_variant_grants_what_the_operator_does(variant: str) -> None:
+    """ttlSecondsAfterFinished deletes jobs: without `delete` on carameljobs it failed silently."""
+    objects = RBAC_VARIANTS[variant]()
+    served = {o["metadata"]["namespace"] for o in objects if o["kind"] == "Role"} or {None}
+    for namespace in served:
+        missing = PERMISSIONS - granted(objects, namespace)
+        assert not missing, f"{variant} does not grant {sorted(missing)} in {namespace or 'the cluster'}"
+
+
+def test_network_policy_admits_the_operator_pods_of_chart_and_manifests() -> None:
+    for deployment in (only(render(), "Deployment"), only(load_yaml(MANIFESTS / "deployment.yaml"), "Deployment")):
+        assert selects(OPERATOR_POD_LABELS, deployment["spec"]["template"]["metadata"]["labels"])
+        env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["CARAMEL_OPERATOR_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+        assert env["CARAMEL_NETWORK_POLICY"]["value"] == "true"
+
+
+def test_chart_crd_is_accepted_by_the_api_server_rules() -> None:
+    """helm install failed on the CRD's CEL rule evaluated on its own default."""
+    assert default_violations(only(render(), "CustomResourceDefinition")) == []
+
+
+def test_notes_point_to_the_chart_crd() -> None:
+    result = helm("install", RELEASE, str(CHART), "--dry-run", "--namespace", NAMESPACE, "--set", "crds.install=false")
+    assert result.returncode == 0, result.stderr
+    assert "files/crd.yaml" in result.stdout and "get cmj" in result.stdout

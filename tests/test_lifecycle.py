@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,20 +10,23 @@ import pytest
 from caramel.job.api import CaramelJobStatus, Phase, Tuning
 from caramel.job.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
+from caramel.job.progress import ProgressReport
 from caramel_operator.lifecycle import (
+    CreateObject,
     CreatePods,
-    CreateService,
-    DeleteJob,
     DeletePods,
     decide,
+    expires_at,
     reject_invalid,
+    report_creation_failures,
     status_from,
     timestamp,
 )
-from caramel_operator.observe import WorkerObservation, WorkerState
+from caramel_operator.observe import INVALID_IMAGE, WorkerObservation, WorkerState
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
-SETTINGS = OperatorSettings(restart_backoff_seconds=10, restart_backoff_max_seconds=60)
+SETTINGS = OperatorSettings(restart_backoff_seconds=10, restart_backoff_max_seconds=60, gang_scheduling_timeout_seconds=120)
+ALL = frozenset({"Service", "NetworkPolicy"})  # the job's own objects exist
 
 
 def job(**spec):
@@ -44,8 +48,8 @@ def actions_of(decision, kind):
 
 
 def test_a_new_job_gets_its_service_and_whole_gang():
-    decision = decide(job(), status(), [], service_exists=False, now=NOW, settings=SETTINGS)
-    assert actions_of(decision, CreateService)
+    decision = decide(job(), status(), [], existing=frozenset(), now=NOW, settings=SETTINGS)
+    assert [a.manifest["kind"] for a in actions_of(decision, CreateObject)] == ["Service", "NetworkPolicy"]
     [create] = actions_of(decision, CreatePods)
     assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-0", "demo-worker-1"]
     assert decision.status.phase is Phase.PENDING
@@ -53,13 +57,13 @@ def test_a_new_job_gets_its_service_and_whole_gang():
 
 
 def test_only_missing_pods_are_created_while_pending():
-    decision = decide(job(), status(), [worker(0, WorkerState.PENDING)], True, NOW, SETTINGS)
+    decision = decide(job(), status(), [worker(0, WorkerState.PENDING)], ALL, NOW, SETTINGS)
     [create] = actions_of(decision, CreatePods)
     assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-1"]
 
 
 def test_all_running_is_running_with_a_start_time():
-    decision = decide(job(), status(), [worker(0), worker(1)], True, NOW, SETTINGS)
+    decision = decide(job(), status(), [worker(0), worker(1)], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.RUNNING
     assert decision.status.start_time == timestamp(NOW)
     assert decision.status.ready_workers == "2/2"
@@ -68,7 +72,7 @@ def test_all_running_is_running_with_a_start_time():
 
 def test_all_succeeded_is_succeeded_and_keeps_finished_pods_by_default():
     decision = decide(
-        job(), status(phase=Phase.RUNNING), [worker(0, WorkerState.SUCCEEDED), worker(1, WorkerState.SUCCEEDED)], True, NOW, SETTINGS
+        job(), status(phase=Phase.RUNNING), [worker(0, WorkerState.SUCCEEDED), worker(1, WorkerState.SUCCEEDED)], ALL, NOW, SETTINGS
     )
     assert decision.status.phase is Phase.SUCCEEDED
     assert decision.status.completion_time == timestamp(NOW)
@@ -77,7 +81,7 @@ def test_all_succeeded_is_succeeded_and_keeps_finished_pods_by_default():
 
 def test_a_failure_restarts_the_gang_with_exponential_backoff():
     failed = worker(1, WorkerState.FAILED, failure_reason="Error", exit_code=3)
-    decision = decide(job(), status(phase=Phase.RUNNING, restarts=2), [worker(0), failed], True, NOW, SETTINGS)
+    decision = decide(job(), status(phase=Phase.RUNNING, restarts=2), [worker(0), failed], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.RESTARTING
     assert decision.status.restarts == 3 and decision.status.gang == 1
     assert decision.status.restart_after == timestamp(NOW + timedelta(seconds=40))  # 10 s x 2^2
@@ -93,12 +97,12 @@ def test_backoff_is_capped():
 
 def test_the_new_gang_waits_for_the_backoff_and_for_the_old_pods_to_go():
     restarting = status(phase=Phase.RESTARTING, gang=1, restarts=1, restart_after=timestamp(NOW + timedelta(seconds=5)))
-    waiting = decide(job(), restarting, [], True, NOW, SETTINGS)
+    waiting = decide(job(), restarting, [], ALL, NOW, SETTINGS)
     assert not actions_of(waiting, CreatePods)
     later = NOW + timedelta(seconds=6)
-    old_pod_terminating = decide(job(), restarting, [worker(0, gang=0, terminating=True)], True, later, SETTINGS)
+    old_pod_terminating = decide(job(), restarting, [worker(0, gang=0, terminating=True)], ALL, later, SETTINGS)
     assert not actions_of(old_pod_terminating, CreatePods)
-    ready = decide(job(), restarting.model_copy(update={"tuning": Tuning(bucket_bytes=4096)}), [], True, later, SETTINGS)
+    ready = decide(job(), restarting.model_copy(update={"tuning": Tuning(bucket_bytes=4096)}), [], ALL, later, SETTINGS)
     [create] = actions_of(ready, CreatePods)
     assert all(pod["metadata"]["labels"]["caramel.dev/gang"] == "1" for pod in create.manifests)
     env = {e["name"]: e["value"] for e in create.manifests[0]["spec"]["containers"][0]["env"]}
@@ -107,7 +111,7 @@ def test_the_new_gang_waits_for_the_backoff_and_for_the_old_pods_to_go():
 
 def test_backoff_limit_reached_fails_with_the_workers_reason():
     failed = worker(0, WorkerState.FAILED, failure_reason="OOMKilled", exit_code=137)
-    decision = decide(job(runPolicy={"backoffLimit": 1}), status(phase=Phase.RUNNING, restarts=1), [failed, worker(1)], True, NOW, SETTINGS)
+    decision = decide(job(runPolicy={"backoffLimit": 1}), status(phase=Phase.RUNNING, restarts=1), [failed, worker(1)], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.FAILED
     failed_condition = next(c for c in decision.status.conditions if c.type == "Failed")
     assert failed_condition.reason == "BackoffLimitExceeded"
@@ -119,12 +123,12 @@ def test_backoff_limit_reached_fails_with_the_workers_reason():
 @pytest.mark.parametrize(("policy", "deleted"), [("None", []), ("Running", ["demo-worker-1"]), ("All", ["demo-worker-0", "demo-worker-1"])])
 def test_clean_pod_policy(policy, deleted):
     workers = [worker(0, WorkerState.FAILED, failure_reason="Error"), worker(1)]
-    decision = decide(job(runPolicy={"cleanPodPolicy": policy}), status(phase=Phase.FAILED), workers, True, NOW, SETTINGS)
+    decision = decide(job(runPolicy={"cleanPodPolicy": policy}), status(phase=Phase.FAILED), workers, ALL, NOW, SETTINGS)
     assert sorted(name for action in actions_of(decision, DeletePods) for name in action.names) == deleted
 
 
 def test_a_deleted_pod_of_a_running_gang_is_a_failure():
-    decision = decide(job(), status(phase=Phase.RUNNING), [worker(0)], True, NOW, SETTINGS)
+    decision = decide(job(), status(phase=Phase.RUNNING), [worker(0)], ALL, NOW, SETTINGS)
     assert decision.status.last_failure.reason == "PodDeleted"
     assert decision.status.last_failure.worker == "demo-worker-1"
     assert decision.status.phase is Phase.RESTARTING
@@ -132,7 +136,7 @@ def test_a_deleted_pod_of_a_running_gang_is_a_failure():
 
 def test_a_lost_node_restarts_and_force_deletes_its_pod():
     lost = worker(1, WorkerState.FAILED, failure_reason="NodeLost")
-    decision = decide(job(), status(phase=Phase.RUNNING), [worker(0), lost], True, NOW, SETTINGS)
+    decision = decide(job(), status(phase=Phase.RUNNING), [worker(0), lost], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.RESTARTING
     forced = [a for a in actions_of(decision, DeletePods) if a.force]
     assert forced and forced[0].names == ["demo-worker-1"]
@@ -140,7 +144,7 @@ def test_a_lost_node_restarts_and_force_deletes_its_pod():
 
 def test_deadline_fails_the_job():
     started = status(phase=Phase.RUNNING, start_time=timestamp(NOW - timedelta(seconds=61)))
-    decision = decide(job(runPolicy={"activeDeadlineSeconds": 60}), started, [worker(0), worker(1)], True, NOW, SETTINGS)
+    decision = decide(job(runPolicy={"activeDeadlineSeconds": 60}), started, [worker(0), worker(1)], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.FAILED
     assert decision.status.conditions[-1].reason == "DeadlineExceeded" or any(
         c.reason == "DeadlineExceeded" for c in decision.status.conditions
@@ -148,33 +152,34 @@ def test_deadline_fails_the_job():
     assert sorted(actions_of(decision, DeletePods)[0].names) == ["demo-worker-0", "demo-worker-1"]
 
 
-def test_ttl_deletes_the_finished_job_only_when_due():
+def test_ttl_expiry_of_a_finished_job():
     finished = status(phase=Phase.SUCCEEDED, completion_time=timestamp(NOW - timedelta(seconds=30)))
-    assert not actions_of(decide(job(runPolicy={"ttlSecondsAfterFinished": 60}), finished, [], True, NOW, SETTINGS), DeleteJob)
-    assert actions_of(decide(job(runPolicy={"ttlSecondsAfterFinished": 10}), finished, [], True, NOW, SETTINGS), DeleteJob)
+    assert expires_at(60, finished) == NOW + timedelta(seconds=30)
+    assert expires_at(None, finished) is None
+    assert expires_at(60, status(phase=Phase.RUNNING)) is None
 
 
 def test_suspend_and_resume():
-    suspended = decide(job(runPolicy={"suspend": True}), status(phase=Phase.RUNNING), [worker(0), worker(1)], True, NOW, SETTINGS)
+    suspended = decide(job(runPolicy={"suspend": True}), status(phase=Phase.RUNNING), [worker(0), worker(1)], ALL, NOW, SETTINGS)
     assert suspended.status.phase is Phase.SUSPENDED
     assert sorted(actions_of(suspended, DeletePods)[0].names) == ["demo-worker-0", "demo-worker-1"]
-    resumed = decide(job(), suspended.status, [], True, NOW, SETTINGS)
+    resumed = decide(job(), suspended.status, [], ALL, NOW, SETTINGS)
     assert resumed.status.phase is Phase.PENDING and resumed.status.gang == 1
     assert actions_of(resumed, CreatePods)
 
 
 def test_pending_reason_is_reported_once():
     stuck = worker(1, WorkerState.PENDING, pending_reason="Unschedulable", pending_message="0/3 nodes are available")
-    first = decide(job(), status(), [worker(0), stuck], True, NOW, SETTINGS)
+    first = decide(job(), status(), [worker(0), stuck], ALL, NOW, SETTINGS)
     assert first.status.message == "demo-worker-1 is pending: Unschedulable: 0/3 nodes are available"
     assert [e.reason for e in first.events] == ["Unschedulable"]
-    again = decide(job(), first.status, [worker(0), stuck], True, NOW, SETTINGS)
+    again = decide(job(), first.status, [worker(0), stuck], ALL, NOW, SETTINGS)
     assert again.events == []
 
 
 def test_condition_transition_time_moves_only_on_change():
-    running = decide(job(), status(), [worker(0), worker(1)], True, NOW, SETTINGS).status
-    later = decide(job(), running, [worker(0), worker(1)], True, NOW + timedelta(minutes=5), SETTINGS).status
+    running = decide(job(), status(), [worker(0), worker(1)], ALL, NOW, SETTINGS).status
+    later = decide(job(), running, [worker(0), worker(1)], ALL, NOW + timedelta(minutes=5), SETTINGS).status
     assert later.conditions == running.conditions
 
 
@@ -188,3 +193,79 @@ def test_invalid_spec_fails_once_and_creates_nothing():
 def test_status_from_ignores_foreign_keys():
     assert status_from({"phase": "Running", "kopf": {"progress": {}}}).phase is Phase.RUNNING
     assert status_from(None) == CaramelJobStatus()
+
+
+def test_finished_jobs_are_left_alone():
+    """No actions and no events for a finished job (the handlers also take it off the timer)."""
+    done = status(phase=Phase.SUCCEEDED, completion_time=timestamp(NOW))
+    decision = decide(job(), done, [worker(0, WorkerState.SUCCEEDED), worker(1, WorkerState.SUCCEEDED)], ALL, NOW, SETTINGS)
+    assert decision.actions == [] and decision.events == [] and decision.status == done.model_copy(update={"workers": decision.status.workers, "ready_workers": "0/2"})
+
+
+def test_network_policy_only_when_enabled():
+    off = OperatorSettings(network_policy=False)
+    decision = decide(job(), status(), [], frozenset(), NOW, off)
+    assert [a.manifest["kind"] for a in actions_of(decision, CreateObject)] == ["Service"]
+    assert not actions_of(decide(job(), status(), [], frozenset({"Service"}), NOW, off), CreateObject)
+
+
+def test_a_template_that_weakens_pod_security_fails_naming_the_field():
+    template = {"spec": {"securityContext": {"runAsUser": 0}, "volumes": [{"name": "ckpt", "hostPath": {"path": "/ckpt"}}]}}
+    decision = decide(job(workers={"template": template}), status(), [], frozenset(), NOW, SETTINGS)
+    assert decision.status.phase is Phase.FAILED and decision.actions == []
+    message = decision.status.message
+    assert "spec.workers.template.spec.securityContext.runAsUser: must not be 0 (root)" in message
+    assert "spec.workers.template.spec.volumes[ckpt]: volume type hostPath is not allowed" in message
+    assert [e.reason for e in decision.events] == ["InvalidSpec"]
+
+
+def test_a_template_may_change_pod_security_within_restricted():
+    template = {"spec": {"securityContext": {"runAsUser": 2000, "fsGroup": 3000}}}
+    decision = decide(job(workers={"template": template}), status(), [], frozenset(), NOW, SETTINGS)
+    [create] = actions_of(decision, CreatePods)
+    assert create.manifests[0]["spec"]["securityContext"]["runAsUser"] == 2000
+    assert create.manifests[0]["spec"]["securityContext"]["fsGroup"] == 3000
+
+
+def test_an_invalid_image_name_fails_the_job_at_once():
+    bad = worker(1, WorkerState.PENDING, pending_reason=INVALID_IMAGE, pending_message='InvalidImageName: "Caramel:x"')
+    decision = decide(job(), status(), [worker(0, WorkerState.PENDING), bad], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.FAILED and decision.status.restarts == 0
+    failed = next(c for c in decision.status.conditions if c.type == "Failed")
+    assert failed.reason == "InvalidImage" and "check spec.image" in failed.message
+
+
+def test_a_partly_scheduled_gang_is_released_after_the_timeout_and_retried():
+    created = timestamp(NOW - timedelta(seconds=121))
+    holding = worker(0, WorkerState.RUNNING, scheduled=True, created=created)
+    stuck = worker(1, WorkerState.PENDING, pending_reason="Unschedulable", pending_message="0/1 nodes: Insufficient cpu", created=created)
+    decision = decide(job(), status(), [holding, stuck], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.RESTARTING and decision.status.gang == 1
+    assert decision.status.last_failure.reason == "GangUnschedulable"
+    assert "released the partly scheduled gang: 1 of 2 workers unschedulable for 121 s" in decision.status.message
+    assert sorted(actions_of(decision, DeletePods)[0].names) == ["demo-worker-0", "demo-worker-1"]
+    recent = timestamp(NOW - timedelta(seconds=60))
+    early = decide(job(), status(), [replace(holding, created=recent), replace(stuck, created=recent)], ALL, NOW, SETTINGS)
+    assert early.status.phase is Phase.PENDING
+    nothing_held = decide(job(), status(), [stuck, worker(0, WorkerState.PENDING, pending_reason="Unschedulable", created=created)], ALL, NOW, SETTINGS)
+    assert nothing_held.status.phase is Phase.PENDING, "a gang that holds nothing may wait"
+
+
+def test_success_records_the_final_progress_from_rank0():
+    report = ProgressReport(step=200, total=200, loss=0.15, step_seconds=0.025, examples_per_second=5000.0, final=True)
+    running = status(phase=Phase.RUNNING, progress={"step": 174, "bandwidth": "1.0 GB/s"})
+    workers = [worker(0, WorkerState.SUCCEEDED, final_report=report), worker(1, WorkerState.SUCCEEDED)]
+    decision = decide(job(), running, workers, ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.SUCCEEDED
+    assert decision.status.progress.step == 200 and decision.status.progress.loss == 0.15
+    assert decision.status.progress.bandwidth == "1.0 GB/s"
+
+
+def test_creation_refusals_reach_the_status_and_one_event():
+    first = decide(job(), status(), [], ALL, NOW, SETTINGS)
+    refusal = 'Pod demo-worker-0: pods "demo-worker-0" is forbidden: exceeded quota: q'
+    reported = report_creation_failures(first, [refusal, "Pod demo-worker-1: ..."], NOW)
+    assert reported.status.message == f"cannot create the job's objects: {refusal} (and 1 more refusals)"
+    assert [e.reason for e in reported.events] == ["GangCreated", "FailedCreate"]
+    again = report_creation_failures(decide(job(), reported.status, [], ALL, NOW, SETTINGS), [refusal, "Pod demo-worker-1: ..."], NOW)
+    assert "FailedCreate" not in [e.reason for e in again.events]

@@ -10,7 +10,7 @@ from caramel.job.jobfile import parse_job
 from caramel.metrics import PlanRecord, StepRecord, WorkerMetrics
 from conftest import free_port
 from caramel_operator.builders import build_worker_pods
-from testbed.operator_harness import SERVICES, Emulator, Operator, eventually, printer_row, terminated
+from testbed.operator_harness import NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
 
@@ -110,8 +110,9 @@ def test_deleting_the_job_cleans_up(emulator, operator):
     eventually(lambda: len(api.pods("demo")) == 2 and api.get(f"{SERVICES}/demo"), what="pods and service")
     api.delete("/apis/caramel.dev/v1alpha1/namespaces/default/carameljobs/demo")
     eventually(lambda: api.job("demo") is None, what="the job gone")
-    assert api.pods("demo") == []
-    assert api.get(f"{SERVICES}/demo") is None
+    # The garbage collector (emulated) deletes what the job owns.
+    eventually(lambda: api.pods("demo") == [] and api.get(f"{SERVICES}/demo") is None, what="pods and service gone")
+    assert api.get(f"{NETWORK_POLICIES}/demo") is None
 
 
 def test_an_invalid_spec_fails_and_creates_nothing(emulator, operator):

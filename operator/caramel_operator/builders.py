@@ -12,6 +12,7 @@ from typing import Any
 
 from caramel.job.api import CaramelJob, Tuning
 from caramel.job.contract import worker_command, worker_env, worker_name
+from caramel_operator.podsecurity import restricted_violations
 
 WORKER_CONTAINER = "worker"
 JOB_LABEL = "caramel.dev/job"
@@ -20,6 +21,28 @@ GANG_LABEL = "caramel.dev/gang"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+# The labels of the operator's own pod (chart and manifests), which may scrape workers' metrics.
+OPERATOR_POD_LABELS = {"app.kubernetes.io/part-of": "caramel", "app.kubernetes.io/component": "operator"}
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+# Where a worker writes its final progress report, which becomes the container's termination
+# message: the operator reads the last step from it once the metrics endpoint is gone.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+
+# The image's user (Dockerfile). Group ownership of volumes (fsGroup) lets it write checkpoints
+# to a PersistentVolumeClaim or an emptyDir, whose directories the kubelet creates as root.
+WORKER_UID = 10001
+# What Pod Security "restricted" requires, as defaults that spec.workers.template may change:
+# a change that still passes "restricted" is the user's choice; one that fails it is refused.
+POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": True,
+    "runAsUser": WORKER_UID,
+    "runAsGroup": WORKER_UID,
+    "fsGroup": WORKER_UID,
+    # Re-own a volume only when its root is not the fsGroup's yet: large checkpoints stay fast.
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def job_labels(job: CaramelJob) -> dict[str, str]:
@@ -82,6 +105,7 @@ def build_worker_pod(
         ]
     if worker_index == 0:
         ports.append({"name": "rendezvous", "containerPort": spec.rendezvous.port})
+    env["CARAMEL_TERMINATION_MESSAGE_PATH"] = TERMINATION_MESSAGE_PATH
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
         "image": spec.image or default_image,
@@ -91,6 +115,7 @@ def build_worker_pod(
         "resources": spec.workers.resources.model_dump(exclude_defaults=True),
         # A failed worker's last log lines become its termination message, which the
         # operator copies into the job's status.
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.working_dir:
@@ -108,7 +133,46 @@ def build_worker_pod(
             "containers": [container],
         },
     }
-    return merge_template(pod, spec.workers.template)
+    security = {"spec": {"securityContext": POD_SECURITY_CONTEXT, "containers": [{"name": WORKER_CONTAINER, "securityContext": CONTAINER_SECURITY_CONTEXT}]}}
+    return merge_template(pod, _merge(copy.deepcopy(security), copy.deepcopy(spec.workers.template)))
+
+
+def worker_pod_problems(job: CaramelJob, *, default_image: str) -> list[str]:
+    """Why the job's worker pods would be refused where Pod Security "restricted" is enforced,
+    each naming the field of spec.workers.template (the builders' own part always passes)."""
+    pod = build_worker_pod(job, 0, default_image=default_image)
+    violations = restricted_violations(pod["spec"], pod["metadata"].get("annotations"))
+    return [
+        f"spec.workers.template.{v.field if v.field.startswith('metadata.') else 'spec.' + v.field}: "
+        f'{v.rule} (Pod Security "restricted")'
+        for v in violations
+    ]
+
+
+def build_network_policy(job: CaramelJob, *, monitoring_namespace: str, operator_namespace: str) -> dict[str, Any]:
+    """Ingress to the job's workers: from each other on every port (Gloo picks its ports at run
+    time), and to the metrics ports from the monitoring namespace and the operator."""
+    spec = job.spec
+    own_pods = {"podSelector": {"matchLabels": {JOB_LABEL: job.name}}}
+    ingress: list[dict[str, Any]] = [{"from": [own_pods]}]
+    if spec.metrics.enabled:
+        operator_peer: dict[str, Any] = {"podSelector": {"matchLabels": OPERATOR_POD_LABELS}}
+        operator_peer["namespaceSelector"] = (
+            {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}} if operator_namespace else {}
+        )
+        peers = [operator_peer]
+        if monitoring_namespace:
+            peers.append({"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: monitoring_namespace}}})
+        port: dict[str, Any] = {"protocol": "TCP", "port": spec.metrics.port}
+        if spec.workers.slots_per_worker > 1:
+            port["endPort"] = spec.metrics.port + spec.workers.slots_per_worker - 1
+        ingress.append({"from": peers, "ports": [port]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": job.name, "namespace": job.metadata.namespace, "labels": job_labels(job)},
+        "spec": {"podSelector": own_pods["podSelector"], "policyTypes": ["Ingress"], "ingress": ingress},
+    }
 
 
 def build_worker_pods(

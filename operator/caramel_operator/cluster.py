@@ -2,13 +2,18 @@
 
 The kubernetes client is synchronous: every call runs in a worker thread so that kopf's event
 loop keeps serving other jobs. Responses are not deserialized (`_preload_content=False`): the
-operator needs none of them, and skipping it saves time at hundreds of pods. Creations that find the object already there and deletions that
-find it gone count as done, which makes every action safe to repeat after an operator restart.
+operator needs none of them, and skipping it saves time at hundreds of pods. Creations that find
+the object already there and deletions that find it gone count as done, which makes every action
+safe to repeat after an operator restart. Other refusals of a creation (Pod Security, quota,
+admission webhooks, RBAC) are returned as the API server's messages, for the job's status.
+
+PERMISSIONS lists what these calls and kopf need; tests check that every RBAC variant grants it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -21,6 +26,19 @@ from caramel_operator.crd import PLURAL
 SCRAPE_TIMEOUT_SECONDS = 2.0
 
 
+# (API group, resource, verb) the operator uses: its own calls below, and kopf's (watching jobs,
+# pods, services and network policies, its finalizer and annotations, events, CRD discovery).
+PERMISSIONS = {
+    *((GROUP, "carameljobs", verb) for verb in ("get", "list", "watch", "patch", "update", "delete")),
+    *((GROUP, "carameljobs/status", verb) for verb in ("get", "patch", "update")),
+    *(("", resource, verb) for resource in ("pods", "services") for verb in ("get", "list", "watch", "create", "delete")),
+    *(("networking.k8s.io", "networkpolicies", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    ("", "events", "create"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+
+
 class Cluster:
     def __init__(self) -> None:
         try:
@@ -29,13 +47,55 @@ class Cluster:
             kubernetes.config.load_kube_config()
         client = kubernetes.client.ApiClient()
         self.core = kubernetes.client.CoreV1Api(client)
+        self.networking = kubernetes.client.NetworkingV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
 
-    async def create_pods(self, pods: list[dict[str, Any]]) -> None:
-        await asyncio.gather(*(self._create(self.core.create_namespaced_pod, pod) for pod in pods))
+    async def create_pods(self, pods: list[dict[str, Any]]) -> list[str]:
+        """Create the pods; the API server's refusals, one message each."""
+        results = await asyncio.gather(*(self._create(self.core.create_namespaced_pod, pod) for pod in pods))
+        return [refusal for refusal in results if refusal]
 
-    async def create_service(self, service: dict[str, Any]) -> None:
-        await self._create(self.core.create_namespaced_service, service)
+    async def create_object(self, manifest: dict[str, Any]) -> list[str]:
+        """Create a Service or NetworkPolicy of a job; the API server's refusal, if any."""
+        create = {
+            "Service": self.core.create_namespaced_service,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
+        }[manifest["kind"]]
+        refusal = await self._create(create, manifest)
+        return [refusal] if refusal else []
+
+    async def job_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the job now in the API, or None if it is gone (its CRD too, perhaps)."""
+        try:
+            response = await asyncio.to_thread(
+                self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return json.loads(response.data)["metadata"].get("uid")
+
+    async def release_jobs(self, finalizer: str) -> int:
+        """Remove the operator's finalizer from every job it can list: the CRD is being deleted,
+        and its jobs must be able to go even when no handler of theirs runs again."""
+        response = await asyncio.to_thread(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, _preload_content=False)
+        released = 0
+        for job in json.loads(response.data)["items"]:
+            metadata = job["metadata"]
+            if finalizer in (metadata.get("finalizers") or []):
+                remaining = [f for f in metadata["finalizers"] if f != finalizer]
+                body = {"metadata": {"finalizers": remaining, "resourceVersion": metadata.get("resourceVersion")}}
+                try:
+                    await asyncio.to_thread(
+                        self.custom.patch_namespaced_custom_object, GROUP, VERSION, metadata["namespace"], PLURAL,
+                        metadata["name"], body, _preload_content=False,
+                    )
+                    released += 1
+                except ApiException as error:
+                    if error.status not in (404, 409):  # gone, or changed: the next event retries
+                        raise
+        return released
 
     async def delete_pods(self, namespace: str, names: list[str], force: bool = False) -> None:
         grace = 0 if force else None
@@ -43,18 +103,19 @@ class Cluster:
             *(self._delete(self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=grace) for name in names)
         )
 
-    async def delete_service(self, namespace: str, name: str) -> None:
-        await self._delete(self.core.delete_namespaced_service, name, namespace)
-
     async def delete_job(self, namespace: str, name: str) -> None:
         await self._delete(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
 
-    async def _create(self, create, manifest: dict[str, Any]) -> None:
+    async def _create(self, create, manifest: dict[str, Any]) -> str | None:
         try:
             await asyncio.to_thread(create, manifest["metadata"]["namespace"], manifest, _preload_content=False)
         except ApiException as error:
-            if error.status != 409:  # already there: an earlier pass or operator created it
-                raise
+            if error.status == 409:  # already there: an earlier pass or operator created it
+                return None
+            if error.status is None or error.status >= 500:
+                raise  # the API server's trouble, not a refusal: kopf retries the pass
+            return f"{manifest['kind']} {manifest['metadata']['name']}: {_message(error)}"
+        return None
 
     async def _delete(self, delete, *args: Any, **kwargs: Any) -> None:
         try:
@@ -62,6 +123,14 @@ class Cluster:
         except ApiException as error:
             if error.status != 404:  # already gone
                 raise
+
+
+def _message(error: ApiException) -> str:
+    """The Status message the API server sent, which says why (e.g. which Pod Security rule)."""
+    try:
+        return json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{error.status} {error.reason}"
 
 
 async def scrape(address: str, port: int) -> str | None:

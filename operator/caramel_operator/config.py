@@ -34,6 +34,21 @@ class OperatorSettings:
     restart_backoff_max_seconds: float = 300.0
     """Longest wait before a gang restart (CARAMEL_RESTART_BACKOFF_MAX_SECONDS)."""
 
+    gang_scheduling_timeout_seconds: float = 300.0
+    """How long part of a gang may hold its nodes while the rest is unschedulable before the whole
+    gang is released and retried with backoff (CARAMEL_GANG_SCHEDULING_TIMEOUT_SECONDS)."""
+
+    network_policy: bool = True
+    """Give every job a NetworkPolicy that admits only its own pods, the operator and the
+    monitoring namespace (CARAMEL_NETWORK_POLICY: true or false)."""
+
+    monitoring_namespace: str = "monitoring"
+    """Namespace whose pods may scrape the workers' metrics; empty for none (CARAMEL_MONITORING_NAMESPACE)."""
+
+    operator_namespace: str = ""
+    """The operator's own namespace, from the downward API; empty admits operator pods of any
+    namespace to the workers' metrics (CARAMEL_OPERATOR_NAMESPACE)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> OperatorSettings:
         def number(name: str, default: float, kind: type = float) -> float:
@@ -50,6 +65,9 @@ class OperatorSettings:
             return value
 
         namespaces = tuple(ns.strip() for ns in environ.get("CARAMEL_WATCH_NAMESPACES", "").split(",") if ns.strip())
+        policy = environ.get("CARAMEL_NETWORK_POLICY", "true").strip().lower()
+        if policy not in ("true", "false"):
+            raise SettingsError(f"CARAMEL_NETWORK_POLICY: expected true or false, got {policy!r}")
         return cls(
             runtime_image=environ.get("CARAMEL_RUNTIME_IMAGE") or cls.runtime_image,
             watch_namespaces=namespaces,
@@ -58,6 +76,12 @@ class OperatorSettings:
             reconcile_interval_seconds=number("CARAMEL_RECONCILE_INTERVAL_SECONDS", cls.reconcile_interval_seconds),
             restart_backoff_seconds=number("CARAMEL_RESTART_BACKOFF_SECONDS", cls.restart_backoff_seconds),
             restart_backoff_max_seconds=number("CARAMEL_RESTART_BACKOFF_MAX_SECONDS", cls.restart_backoff_max_seconds),
+            gang_scheduling_timeout_seconds=number(
+                "CARAMEL_GANG_SCHEDULING_TIMEOUT_SECONDS", cls.gang_scheduling_timeout_seconds
+            ),
+            network_policy=policy == "true",
+            monitoring_namespace=environ.get("CARAMEL_MONITORING_NAMESPACE", cls.monitoring_namespace).strip(),
+            operator_namespace=environ.get("CARAMEL_OPERATOR_NAMESPACE", "").strip(),
         )
 
     def restart_backoff(self, restarts_so_far: int) -> float:

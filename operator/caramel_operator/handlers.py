@@ -1,12 +1,16 @@
 """kopf handlers: observe, call the pure lifecycle, carry out its actions. Nothing else.
 
-Worker pods and services are known through kopf indexes, filled from watches before any
-handler runs, so a restarted operator sees every pod it created earlier and creates no
-duplicates. Each job is reconciled by a timer; the state lives only in the job's status.
+Worker pods, services and network policies are known through kopf indexes, filled from watches
+before any handler runs, so a restarted operator sees every pod it created earlier and creates no
+duplicates. Each unfinished job is reconciled by a timer; the state lives only in the job's
+status. Finished jobs leave the timer (and lose kopf's finalizer); one with a TTL gets a daemon
+that sleeps until it is due. The job's pods and objects are owned by it: the garbage collector
+deletes them with it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -22,12 +26,25 @@ from caramel_operator.builders import JOB_LABEL
 from caramel_operator.cluster import Cluster, scrape
 from caramel_operator.config import OperatorSettings
 from caramel_operator.crd import PLURAL
-from caramel_operator.lifecycle import CreatePods, CreateService, Decision, DeleteJob, DeletePods, decide, reject_invalid, status_from
+from caramel_operator.lifecycle import (
+    FINISHED,
+    CreateObject,
+    CreatePods,
+    Decision,
+    DeletePods,
+    decide,
+    expires_at,
+    reject_invalid,
+    report_creation_failures,
+    status_from,
+)
 from caramel_operator.observe import WorkerObservation, WorkerState, observe_pod
 from caramel_operator.progress import read_progress
 
 SETTINGS = OperatorSettings.from_env()
 JOBS = (GROUP, VERSION, PLURAL)
+FINALIZER = f"{GROUP}/finalizer"
+CRD_NAME = f"{PLURAL}.{GROUP}"
 WORKERS = {JOB_LABEL: kopf.PRESENT}
 # Watches that silently stall are a known kopf failure mode: bound every stream.
 WATCH_SERVER_TIMEOUT_SECONDS = 300
@@ -36,13 +53,16 @@ WATCH_CLIENT_TIMEOUT_SECONDS = 330
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     # Progress and diff-bases in annotations: the job's status is Caramel's alone.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_SECONDS
     settings.posting.level = logging.WARNING
+    # A pass every few seconds per job is the design; kopf's line for each successful one says
+    # nothing (it was 149 lines a minute with 7 jobs). Failures are still logged.
+    logging.getLogger("kopf.objects").addFilter(lambda record: not record.getMessage().startswith("Timer 'reconcile' succeeded"))
     memo.cluster = Cluster()
     start_http_server(SETTINGS.metrics_port, registry=metrics.REGISTRY)
 
@@ -54,8 +74,21 @@ def worker_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, st
 
 
 @kopf.index("services", labels=WORKERS)
-def job_services(namespace: str, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], bool]:
-    return {(namespace, labels[JOB_LABEL]): True}
+def job_services(namespace: str, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], str]:
+    return {(namespace, labels[JOB_LABEL]): "Service"}
+
+
+@kopf.index("networking.k8s.io", "networkpolicies", labels=WORKERS)
+def job_network_policies(namespace: str, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], str]:
+    return {(namespace, labels[JOB_LABEL]): "NetworkPolicy"}
+
+
+def unfinished(status: kopf.Status, **_: Any) -> bool:
+    return status.get("phase") not in FINISHED
+
+
+def finished_with_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
+    return not unfinished(status) and (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None
 
 
 @kopf.on.create(*JOBS)
@@ -63,7 +96,7 @@ def count_created(**_: Any) -> None:
     metrics.JOBS_CREATED.inc()
 
 
-@kopf.timer(*JOBS, interval=SETTINGS.reconcile_interval_seconds)
+@kopf.timer(*JOBS, interval=SETTINGS.reconcile_interval_seconds, when=unfinished)
 async def reconcile(
     body: kopf.Body,
     name: str,
@@ -72,6 +105,7 @@ async def reconcile(
     memo: kopf.Memo,
     worker_pods: kopf.Index,
     job_services: kopf.Index,
+    job_network_policies: kopf.Index,
     **_: Any,
 ) -> None:
     with metrics.RECONCILE_DURATION.time():
@@ -83,8 +117,11 @@ async def reconcile(
             decision = reject_invalid(status, "; ".join(describe_validation_error(error)), now)
         else:
             workers = list(worker_pods.get((namespace, name), []))
-            decision = decide(job, status, workers, (namespace, name) in job_services, now, SETTINGS)
-            await _carry_out(decision, body, memo.cluster)
+            key = (namespace, name)
+            existing = frozenset([*job_services.get(key, []), *job_network_policies.get(key, [])])
+            decision = decide(job, status, workers, existing, now, SETTINGS)
+            refusals = await _carry_out(decision, body, memo.cluster)
+            decision = report_creation_failures(decision, refusals, now)
             await _read_progress(decision, job, workers, memo, now)
         for event in decision.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
@@ -93,19 +130,25 @@ async def reconcile(
         patch.status.update(decision.status.model_dump(mode="json", by_alias=True))
 
 
-async def _carry_out(decision: Decision, body: kopf.Body, cluster: Cluster) -> None:
+async def _carry_out(decision: Decision, body: kopf.Body, cluster: Cluster) -> list[str]:
+    """Carry out the actions; the API server's refusals of creations."""
+    creates = any(isinstance(action, CreateObject | CreatePods) for action in decision.actions)
+    if creates and await cluster.job_uid(body.metadata.namespace, body.metadata.name) != body.metadata.uid:
+        # The job (or its CRD) is gone, though this timer has not heard yet: creating pods now
+        # would make orphans, which the garbage collector deletes and the next pass re-creates.
+        return []
+    refusals = []
     for action in decision.actions:
         match action:
-            case CreateService(manifest):
+            case CreateObject(manifest):
                 kopf.adopt(manifest, owner=body)
-                await cluster.create_service(manifest)
+                refusals += await cluster.create_object(manifest)
             case CreatePods(manifests):
                 kopf.adopt(manifests, owner=body)
-                await cluster.create_pods(manifests)
+                refusals += await cluster.create_pods(manifests)
             case DeletePods(names, force):
                 await cluster.delete_pods(body.metadata.namespace, names, force=force)
-            case DeleteJob():
-                await cluster.delete_job(body.metadata.namespace, body.metadata.name)
+    return refusals
 
 
 async def _read_progress(
@@ -129,9 +172,22 @@ async def _read_progress(
     )
 
 
-@kopf.on.delete(*JOBS)
-async def clean_up(name: str, namespace: str, memo: kopf.Memo, worker_pods: kopf.Index, **_: Any) -> None:
-    """Delete the job's pods and service now, rather than leave them to the garbage collector."""
-    names = [worker.name for worker in worker_pods.get((namespace, name), [])]
-    await memo.cluster.delete_pods(namespace, names)
-    await memo.cluster.delete_service(namespace, name)
+@kopf.daemon(*JOBS, when=finished_with_ttl, cancellation_timeout=1.0)
+async def expire(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """Delete a finished job when spec.runPolicy.ttlSecondsAfterFinished has passed."""
+    # Read raw: a job that failed with InvalidSpec expires too.
+    due = expires_at(body.spec.get("runPolicy", {}).get("ttlSecondsAfterFinished"), status_from(body.get("status")))
+    if due is not None:
+        await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
+        await memo.cluster.delete_job(namespace, name)
+
+
+@kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", field="metadata.name", value=CRD_NAME)
+async def release_jobs_of_a_deleted_crd(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Deleting the CRD deletes every job, and each waits on kopf's finalizer; kopf stops serving
+    a resource whose CRD is going, so the finalizers are removed here, or the CRD stays Terminating."""
+    crd = event["object"]
+    if event["type"] == "DELETED" or (crd.get("metadata") or {}).get("deletionTimestamp"):
+        released = await memo.cluster.release_jobs(FINALIZER)
+        if released:
+            logger.warning(f"CRD {CRD_NAME} is being deleted: released {released} CaramelJobs")

@@ -24,19 +24,22 @@ from caramel.job.api import (
     Condition,
     ConditionType,
     Phase,
+    TrainingProgress,
     WorkerCounts,
     WorkerFailure,
 )
 from caramel.job.contract import worker_name
-from caramel_operator.builders import build_service, build_worker_pod
+from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
-from caramel_operator.observe import NODE_LOST_REASONS, WorkerObservation, WorkerState
+from caramel_operator.observe import INVALID_IMAGE, NODE_LOST_REASONS, WorkerObservation, WorkerState
 
 FINISHED = {Phase.SUCCEEDED, Phase.FAILED}
 
 
 @dataclass(frozen=True)
-class CreateService:
+class CreateObject:
+    """One of the job's own objects besides its pods: its headless Service, its NetworkPolicy."""
+
     manifest: dict[str, Any]
 
 
@@ -53,18 +56,13 @@ class DeletePods:
 
 
 @dataclass(frozen=True)
-class DeleteJob:
-    """ttlSecondsAfterFinished has passed."""
-
-
-@dataclass(frozen=True)
 class Event:
     type: str
     reason: str
     message: str
 
 
-Action = CreateService | CreatePods | DeletePods | DeleteJob
+Action = CreateObject | CreatePods | DeletePods
 
 
 @dataclass
@@ -120,25 +118,46 @@ def reject_invalid(status: CaramelJobStatus, problems: str, now: datetime) -> De
     return Decision(failed, events=[Event("Warning", "InvalidSpec", message)], transitions=[Phase.FAILED])
 
 
+def expires_at(ttl: int | None, status: CaramelJobStatus) -> datetime | None:
+    """When a finished job is due for deletion (ttl: spec.runPolicy.ttlSecondsAfterFinished), if ever."""
+    if not isinstance(ttl, int) or ttl < 0 or status.phase not in FINISHED or not status.completion_time:
+        return None
+    return parse_timestamp(status.completion_time) + timedelta(seconds=ttl)
+
+
+def report_creation_failures(decision: Decision, failures: list[str], now: datetime) -> Decision:
+    """What the API server refused (Pod Security, quota, admission webhooks, RBAC), in the status
+    and, when it changes, in a Warning event: otherwise only the operator's log would know."""
+    if not failures:
+        return decision
+    more = f" (and {len(failures) - 1} more refusals)" if len(failures) > 1 else ""
+    message = f"cannot create the job's objects: {failures[0]}{more}"
+    if message != decision.status.message:
+        decision.events.append(Event("Warning", "FailedCreate", message))
+    decision.status = decision.status.model_copy(update={"message": message})
+    return decision
+
+
 def decide(
     job: CaramelJob,
     status: CaramelJobStatus,
     workers: list[WorkerObservation],
-    service_exists: bool,
+    existing: frozenset[str],
     now: datetime,
     settings: OperatorSettings,
 ) -> Decision:
-    return _Reconciliation(job, status, workers, service_exists, now, settings).run()
+    """`existing`: the kinds of the job's own objects that exist (Service, NetworkPolicy)."""
+    return _Reconciliation(job, status, workers, existing, now, settings).run()
 
 
 class _Reconciliation:
     """One pass of decide(); a class only to share its inputs between the steps."""
 
-    def __init__(self, job, status, workers, service_exists, now, settings) -> None:
+    def __init__(self, job, status, workers, existing, now, settings) -> None:
         self.job: CaramelJob = job
         self.replicas = job.spec.workers.replicas
         self.workers: list[WorkerObservation] = workers
-        self.service_exists: bool = service_exists
+        self.existing: frozenset[str] = existing
         self.now: datetime = now
         self.settings: OperatorSettings = settings
         self.decision = Decision(status)
@@ -163,6 +182,10 @@ class _Reconciliation:
     # -- the steps -------------------------------------------------------------------------
 
     def run(self) -> Decision:
+        if self.status.phase not in FINISHED:
+            problems = worker_pod_problems(self.job, default_image=self.settings.runtime_image)
+            if problems:
+                return reject_invalid(self.status, "; ".join(problems), self.now)
         if self.status.phase in FINISHED:
             self.finished()
         elif self.job.spec.run_policy.suspend:
@@ -174,10 +197,6 @@ class _Reconciliation:
 
     def finished(self) -> None:
         self.clean_up_pods()
-        ttl = self.job.spec.run_policy.ttl_seconds_after_finished
-        if ttl is not None and self.status.completion_time:
-            if self.now >= parse_timestamp(self.status.completion_time) + timedelta(seconds=ttl):
-                self.decision.actions.append(DeleteJob())
 
     def suspend(self) -> None:
         self.delete([w for w in self.workers if not w.terminating])
@@ -197,14 +216,15 @@ class _Reconciliation:
             self.event("Normal", "Resumed", "creating the worker gang again")
         if self.deadline_passed():
             return
-        if not self.service_exists:
-            self.decision.actions.append(CreateService(build_service(self.job)))
+        for manifest in self.own_objects():
+            if manifest["kind"] not in self.existing:
+                self.decision.actions.append(CreateObject(manifest))
         stale = [w for w in self.workers if w.gang != self.status.gang]
         self.delete([w for w in stale if not w.terminating])
         current = {w.index: w for w in self.workers if w.gang == self.status.gang}
         if self.status.phase is Phase.RESTARTING and (stale or self.now < parse_timestamp(self.status.restart_after)):
             return  # the backoff runs, or the failed gang is still going away
-        if self.worker_failed(current):
+        if self.image_invalid(current) or self.worker_failed(current) or self.gang_stuck(current):
             return
         if len(current) < self.replicas:
             if not stale:  # stale pods hold the names the new ones need
@@ -220,6 +240,51 @@ class _Reconciliation:
                 return True
         return False
 
+    def own_objects(self) -> list[dict[str, Any]]:
+        objects = [build_service(self.job)]
+        if self.settings.network_policy:
+            objects.append(
+                build_network_policy(
+                    self.job,
+                    monitoring_namespace=self.settings.monitoring_namespace,
+                    operator_namespace=self.settings.operator_namespace,
+                )
+            )
+        return objects
+
+    def image_invalid(self, current: dict[int, WorkerObservation]) -> bool:
+        """An image name no runtime accepts: no restart can help, so the job fails at once."""
+        worker = next((w for w in current.values() if w.pending_reason == INVALID_IMAGE), None)
+        if worker is None:
+            return False
+        self.update(last_failure=WorkerFailure(worker=worker.name, reason=INVALID_IMAGE, message=worker.pending_message))
+        self.fail(INVALID_IMAGE, f"{worker.name} cannot start: {worker.pending_message} (check spec.image)")
+        return True
+
+    def gang_stuck(self, current: dict[int, WorkerObservation]) -> bool:
+        """Part of the gang holds its nodes while the rest cannot be scheduled: after the timeout,
+        release it all, so that the held resources can serve the gang as a whole later (or another
+        job), and retry with backoff. Kueue admission (spec.runPolicy.schedulingPolicy) avoids this."""
+        if len(current) < self.replicas or self.status.phase is Phase.RUNNING:
+            return False
+        unschedulable = [w for w in current.values() if w.pending_reason == "Unschedulable"]
+        holding = [w for w in current.values() if w.scheduled]
+        created = [parse_timestamp(w.created) for w in current.values() if w.created]
+        if not unschedulable or not holding or not created:
+            return False
+        waited = (self.now - min(created)).total_seconds()
+        timeout = self.settings.gang_scheduling_timeout_seconds
+        if waited < timeout:
+            return False
+        what = (
+            f"{len(unschedulable)} of {self.replicas} workers unschedulable for {waited:.0f} s "
+            f"while {len(holding)} held their nodes (gang scheduling timeout {timeout:.0f} s)"
+        )
+        worker = min(unschedulable, key=lambda w: w.index)
+        failure = WorkerFailure(worker=worker.name, reason="GangUnschedulable", message=worker.pending_message)
+        self.restart(failure, f"released the partly scheduled gang: {what}", reason="GangUnschedulable")
+        return True
+
     def worker_failed(self, current: dict[int, WorkerObservation]) -> bool:
         failure = self.first_failure(current)
         if failure is None:
@@ -227,11 +292,17 @@ class _Reconciliation:
         what = f"worker {failure.worker} failed: {failure.reason}" + (
             f", exit code {failure.exit_code}" if failure.exit_code is not None else ""
         )
+        self.restart(failure, what, reason="WorkerFailed")
+        return True
+
+    def restart(self, failure: WorkerFailure, what: str, reason: str) -> None:
+        """Delete the whole gang and start a new one after the backoff, or fail at the backoff limit."""
+        current = [w for w in self.workers if w.gang == self.status.gang]
         self.update(last_failure=failure)
         limit = self.job.spec.run_policy.backoff_limit
         if self.status.restarts >= limit:
             self.fail("BackoffLimitExceeded", f"{what}; spec.runPolicy.backoffLimit ({limit}) reached")
-            return True
+            return
         backoff = self.settings.restart_backoff(self.status.restarts)
         self.enter(Phase.RESTARTING)
         self.update(
@@ -241,11 +312,10 @@ class _Reconciliation:
         )
         message = f"{what}; restarting the whole gang ({self.status.restarts} of {limit}) in {backoff:.0f} s"
         self.update(message=message)
-        self.condition(ConditionType.RESTARTING, True, "WorkerFailed", message)
-        self.condition(ConditionType.RUNNING, False, "WorkerFailed", what)
-        self.event("Warning", "WorkerFailed", message)
-        self.delete([w for w in current.values() if not w.terminating])
-        return True
+        self.condition(ConditionType.RESTARTING, True, reason, message)
+        self.condition(ConditionType.RUNNING, False, reason, what)
+        self.event("Warning", reason, message)
+        self.delete([w for w in current if not w.terminating])
 
     def first_failure(self, current: dict[int, WorkerObservation]) -> WorkerFailure | None:
         for index in range(self.replicas):
@@ -282,6 +352,7 @@ class _Reconciliation:
         if all(state is WorkerState.SUCCEEDED for state in states):
             self.enter(Phase.SUCCEEDED)
             self.update(completion_time=timestamp(self.now), message="")
+            self.final_progress(current.get(0))
             self.condition(ConditionType.SUCCEEDED, True, "AllWorkersSucceeded", "every worker finished")
             self.condition(ConditionType.RUNNING, False, "AllWorkersSucceeded")
             self.condition(ConditionType.RESTARTING, False, "AllWorkersSucceeded")
@@ -296,6 +367,24 @@ class _Reconciliation:
                 self.event("Normal", "Running", f"all {self.replicas} workers running")
         else:
             self.explain_pending(current)
+
+    def final_progress(self, rank0_worker: WorkerObservation | None) -> None:
+        """The last scrape may predate the last steps: the final report in worker 0's termination
+        message has the step the job ended at."""
+        report = rank0_worker.final_report if rank0_worker else None
+        if report is None:
+            return
+        progress = self.status.progress or TrainingProgress()
+        self.update(
+            progress=progress.model_copy(
+                update={
+                    "step": report.step,
+                    "step_seconds": round(report.step_seconds, 6),
+                    "loss": report.loss,
+                    "update_time": timestamp(self.now),
+                }
+            )
+        )
 
     def explain_pending(self, current: dict[int, WorkerObservation]) -> None:
         """Say why the gang waits: the first worker with a known cause, in status and an Event."""

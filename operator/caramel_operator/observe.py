@@ -6,10 +6,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from caramel.job.progress import ProgressReport, parse_report
 from caramel_operator.builders import GANG_LABEL, JOB_LABEL, WORKER_CONTAINER, WORKER_INDEX_LABEL
 
-# Container waiting reasons that mean the image cannot be had.
-IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+# Container waiting reasons that mean the image cannot be had (yet: a registry may come back, a
+# secret may be added).
+IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff"}
+# Waiting reasons no retry can cure: the kubelet never tries again.
+PERMANENT_IMAGE_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
+INVALID_IMAGE = "InvalidImage"
 # Pod status reasons that mean the pod's node is gone or the pod was pushed off it.
 NODE_LOST_REASONS = {"NodeLost", "Evicted", "Terminated", "NodeShutdown"}
 TERMINATION_MESSAGE_CHARS = 400
@@ -38,6 +43,12 @@ class WorkerObservation:
     failure_message: str = ""
     pending_reason: str = ""
     pending_message: str = ""
+    scheduled: bool = False
+    """Bound to a node: it holds that node's resources."""
+    created: str = ""
+    """The pod's creation time (RFC 3339)."""
+    final_report: ProgressReport | None = None
+    """The last progress report of a worker that succeeded (rank 0's, from worker 0's termination message)."""
 
 
 def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
@@ -58,6 +69,9 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
         gang=int(labels.get(GANG_LABEL, "0")),
         terminating=bool(metadata.get("deletionTimestamp")),
         pod_ip=status.get("podIP"),
+        created=metadata.get("creationTimestamp", ""),
+        scheduled=bool((pod.get("spec") or {}).get("nodeName"))
+        or any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or []),
     )
     terminated = (container.get("state") or {}).get("terminated")
     if status.get("reason") in NODE_LOST_REASONS:
@@ -73,7 +87,8 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
             failure_message=((terminated or {}).get("message") or status.get("message") or "")[-TERMINATION_MESSAGE_CHARS:],
         )
     if phase == "Succeeded":
-        return WorkerObservation(**base, state=WorkerState.SUCCEEDED)
+        report = parse_report(((terminated or {}).get("message") or "").strip())
+        return WorkerObservation(**base, state=WorkerState.SUCCEEDED, final_report=report)
     if phase == "Running":
         return WorkerObservation(**base, state=WorkerState.RUNNING)
     return WorkerObservation(**base, state=WorkerState.PENDING, **_pending_cause(status, container))
@@ -81,6 +96,8 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
 
 def _pending_cause(status: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
     waiting = (container.get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") in PERMANENT_IMAGE_REASONS:
+        return {"pending_reason": INVALID_IMAGE, "pending_message": f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")}
     if waiting.get("reason") in IMAGE_PULL_REASONS:
         return {"pending_reason": "ImagePullFailed", "pending_message": f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")}
     for condition in status.get("conditions") or []:

@@ -81,10 +81,11 @@ each served namespace by a Role. Kept equal to manifests/rbac.yaml (tests/test_c
 */}}
 {{- define "caramel.operatorRules" -}}
 # CaramelJobs: kopf lists and watches them and patches its finalizer and handler state onto
-# them; the operator reads and updates them and writes their status.
+# them; the operator reads and updates them, writes their status, and deletes them when
+# runPolicy.ttlSecondsAfterFinished has passed.
 - apiGroups: [caramel.dev]
   resources: [carameljobs]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch, update, delete]
 - apiGroups: [caramel.dev]
   resources: [carameljobs/status]
   verbs: [get, patch, update]
@@ -92,6 +93,10 @@ each served namespace by a Role. Kept equal to manifests/rbac.yaml (tests/test_c
 - apiGroups: [""]
   resources: [pods, services]
   verbs: [get, list, watch, create, patch, delete]
+# Each job's NetworkPolicy.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, delete]
 # Events about CaramelJobs, in both events APIs (kopf posts core/v1 ones).
 - apiGroups: ["", events.k8s.io]
   resources: [events]
