@@ -1,0 +1,82 @@
+"""All-reduce schedules: which host sends which chunk to which host, in which time step.
+
+An all-reduce of a buffer over N hosts cuts the buffer into `chunks` contiguous chunks, as
+even as possible (`chunk_bounds`), and runs two phases:
+- reduce-scatter: a transfer sends the sender's partial sum of the chunk, and the receiver
+  adds it to its own partial sum;
+- all-gather: a transfer sends the finished chunk, and the receiver keeps it.
+A transfer starts at time step `step` and lasts `steps` steps (more than one only where a link
+is slower than the schedule's time unit). A sender sends what it holds when the transfer
+starts; a receiver has it when the transfer ends. The all-gather starts when the reduce-scatter
+has ended. `caramel.topology.replay` executes a schedule on real buffers: it is the executable
+definition of these rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One chunk sent from one host to another (hosts by rank)."""
+
+    step: int
+    src: int
+    dst: int
+    chunk: int
+    steps: int = 1
+
+    @property
+    def end(self) -> int:
+        return self.step + self.steps
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The two phases of an all-reduce over `hosts` hosts, on a buffer cut into `chunks` chunks."""
+
+    algorithm: str
+    hosts: int
+    chunks: int
+    reduce_scatter: tuple[Transfer, ...]
+    all_gather: tuple[Transfer, ...]
+
+    @property
+    def reduce_scatter_steps(self) -> int:
+        return phase_steps(self.reduce_scatter)
+
+    @property
+    def all_gather_steps(self) -> int:
+        return phase_steps(self.all_gather)
+
+
+def phase_steps(transfers: Iterable[Transfer]) -> int:
+    """Time steps a phase lasts: until its last transfer ends."""
+    return max((transfer.end for transfer in transfers), default=0)
+
+
+def by_step(transfers: Iterable[Transfer]) -> list[list[Transfer]]:
+    """The transfers that start in each time step, step by step (what an executor issues)."""
+    transfers = list(transfers)
+    steps: list[list[Transfer]] = [[] for _ in range(phase_steps(transfers))]
+    for transfer in transfers:
+        steps[transfer.step].append(transfer)
+    return steps
+
+
+def chunk_bounds(elements: int, chunks: int) -> list[tuple[int, int]]:
+    """[start, stop) of each chunk of a buffer of `elements` elements: sizes differ by one at most."""
+    size, extra = divmod(elements, chunks)
+    bounds, start = [], 0
+    for chunk in range(chunks):
+        stop = start + size + (1 if chunk < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def shifted(transfers: Sequence[Transfer], by: int) -> list[Transfer]:
+    """The transfers, `by` steps later (to run one part of a phase after another)."""
+    return [Transfer(t.step + by, t.src, t.dst, t.chunk, t.steps) for t in transfers]
