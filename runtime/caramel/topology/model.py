@@ -125,7 +125,8 @@ class Topology:
         return np.repeat([link.latency for link in self.links], 2).astype(np.float64)
 
     @cached_property
-    def _directed(self) -> dict[tuple[int, int], int]:
+    def link_numbers(self) -> dict[tuple[int, int], int]:
+        """The directed link number of each (from node, to node) pair of linked nodes."""
         numbers = {}
         for number, link in enumerate(self.links):
             a, b = self.index[link.a], self.index[link.b]
@@ -153,7 +154,7 @@ class Topology:
             if not paths:
                 raise ValueError(f"no route from {self.hosts[src]} to {self.hosts[dst]} through switches")
             path = paths[_ecmp_choice(src, dst, len(paths))]
-            self._routes[key] = tuple(self._directed[hop] for hop in zip(path, path[1:]))
+            self._routes[key] = tuple(self.link_numbers[hop] for hop in zip(path, path[1:]))
         return self._routes[key]
 
     def hop_route(self, src: int, dst: int) -> tuple[int, ...] | None:
