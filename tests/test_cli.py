@@ -57,7 +57,7 @@ def test_workers_flag_overrides_replicas_through_validation(tmp_path, capsys, mo
     seen = {}
 
     class Recorder:
-        def __init__(self, job, on_log, on_progress):
+        def __init__(self, job, on_log, on_progress, on_notice):
             seen["replicas"] = job.spec.workers.replicas
 
         def run(self):

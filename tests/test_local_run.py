@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
-import threading
 import time
 
 import numpy as np
@@ -13,8 +11,9 @@ import psutil
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, caramel_command, job_manifest, run_caramel, runtime_metrics, write_manifest
+from conftest import job_manifest, run_caramel, runtime_metrics, write_manifest
 from prometheus_server import PrometheusServer
+from testbed.local_runs import BackgroundRun, digests
 
 pytestmark = pytest.mark.e2e
 
@@ -24,10 +23,6 @@ EXPECTED_SERIES = [
     for name, kind in runtime_metrics().items()
     for series in ([f"{name}_bucket", f"{name}_count", f"{name}_sum"] if kind == "histogram" else [name])
 ]
-
-
-def digests(output: str) -> dict[int, str]:
-    return {int(rank): digest for rank, digest in re.findall(r"rank (\d+) \| caramel: weights digest (\w+)", output)}
 
 
 def test_two_workers_train_identically_and_serve_metrics(tmp_path):
@@ -54,71 +49,21 @@ def test_two_workers_train_identically_and_serve_metrics(tmp_path):
         assert all(float(s["value"][1]) > 0 for s in steps), steps
 
 
-class BackgroundRun:
-    """`caramel run` in the background, its output collected line by line."""
-
-    def __init__(self, job_file) -> None:
-        self.process = subprocess.Popen(
-            caramel_command("run", str(job_file)),
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            assert self.process.poll() is None, f"caramel exited before {text!r}:\n{self.output}"
-            assert time.monotonic() < deadline, f"no {text!r} after {timeout} s:\n{self.output}"
-            time.sleep(0.2)
-
-    def descendants(self) -> list[psutil.Process]:
-        return psutil.Process(self.process.pid).children(recursive=True)
-
-    def finish(self, timeout: float = 120) -> int:
-        code = self.process.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return code
-
-
 def assert_all_gone(processes: list[psutil.Process], timeout: float = 15) -> None:
     _, alive = psutil.wait_procs(processes, timeout=timeout)
     assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
-def long_job(tmp_path):
-    return write_manifest(tmp_path, job_manifest(args=["--steps", "1000000", "--batch-size", "32", "--hidden", "64"]))
-
-
-def training_process(run: BackgroundRun, rank: int) -> psutil.Process:
-    for process in run.descendants():
-        try:
-            if process.environ().get("HOROVOD_RANK") == str(rank):
-                return process
-        except psutil.NoSuchProcess:
-            continue
-    raise AssertionError(f"no training process of rank {rank} among {run.descendants()}")
+def long_job(tmp_path, **spec):
+    return write_manifest(tmp_path, job_manifest(args=["--steps", "1000000", "--batch-size", "32", "--hidden", "64"], **spec))
 
 
 def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
-    run = BackgroundRun(long_job(tmp_path))
+    run = BackgroundRun(long_job(tmp_path, runPolicy={"backoffLimit": 0}))
     run.wait_for("caramel-progress")
     everything = run.descendants()
     assert len(everything) == 4  # two entrypoints, two training processes
-    training_process(run, 1).send_signal(signal.SIGKILL)
+    run.training_process(1).send_signal(signal.SIGKILL)
     assert run.finish() == 1
     assert "Failed test-job: worker 1 exited with code 137" in run.output
     assert "last lines of worker 1:" in run.output
@@ -189,7 +134,7 @@ def test_slots_run_several_ranks_per_worker(tmp_path):
 
 
 def test_a_command_that_cannot_start_is_reported(tmp_path):
-    manifest = job_manifest(script=None, command=["no-such-trainer"], args=[])
+    manifest = job_manifest(script=None, command=["no-such-trainer"], args=[], runPolicy={"backoffLimit": 0})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=60)
     assert result.returncode == 1
     assert "cannot start 'no-such-trainer': No such file or directory (check spec.script or spec.command)" in result.stderr
@@ -198,7 +143,22 @@ def test_a_command_that_cannot_start_is_reported(tmp_path):
 def test_a_crashing_script_shows_its_traceback(tmp_path):
     crash = tmp_path / "crash.py"
     crash.write_text("import sys\nprint('loading data')\nraise ValueError('bad shard 7')\n")
-    result = run_caramel("run", str(write_manifest(tmp_path, job_manifest(script=str(crash), args=[]))), timeout=60)
+    manifest = job_manifest(script=str(crash), args=[], runPolicy={"backoffLimit": 1})
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=60)
     assert result.returncode == 1
+    # As the operator does: the whole gang restarts up to backoffLimit, showing why each time.
+    notice = result.stderr.split("restarting the whole gang (1 of 1, spec.runPolicy.backoffLimit) in 1 s")[1]
+    assert "ValueError: bad shard 7" in notice.split("rank 0 | loading data")[0]
+    assert "(after 1 restarts: spec.runPolicy.backoffLimit reached)" in result.stderr
     tail = result.stderr.split("last lines of worker")[1]
     assert "ValueError: bad shard 7" in tail and "loading data" in tail
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_worker_restarts_the_gang_which_resumes_from_its_checkpoint(tmp_path):
+    """One trial of the worker fault campaign (`python -m testbed.fault_campaigns` runs ten)."""
+    from testbed.fault_campaigns import WorkerCampaign
+
+    campaign = WorkerCampaign(tmp_path, seed=4)
+    trial = campaign.trial(0)
+    assert trial.ok, trial.detail

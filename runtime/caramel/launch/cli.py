@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     display = ProgressDisplay(console)
     try:
         with display:
-            outcome = LocalRun(job, display.log, display.progress).run()
+            outcome = LocalRun(job, display.log, display.progress, display.notice).run()
     except LaunchError as error:
         console.print(f"[red]error:[/] {escape(str(error))}")
         return EXIT_BAD_INPUT
@@ -103,6 +103,9 @@ class ProgressDisplay:
         colour = WORKER_COLOURS[worker % len(WORKER_COLOURS)]
         self.console.print(f"[{colour}]{escape(line)}[/]")
 
+    def notice(self, message: str) -> None:
+        self.console.print(f"[yellow bold]caramel:[/] {escape(message)}")
+
     def progress(self, report: ProgressReport) -> None:
         if not self.console.is_terminal:
             self.console.print(format_report(report))
@@ -119,7 +122,8 @@ class ProgressDisplay:
 
 def print_outcome(console: Console, name: str, outcome: RunOutcome) -> None:
     if outcome.succeeded:
-        console.print(f"[green bold]Succeeded[/] {name} in {outcome.wall_seconds:.1f} s")
+        restarted = f" after {outcome.restarts} whole-gang restart(s)" if outcome.restarts else ""
+        console.print(f"[green bold]Succeeded[/] {name} in {outcome.wall_seconds:.1f} s{restarted}")
         first, last = outcome.first_report, outcome.last_report
         if first and last:
             console.print(

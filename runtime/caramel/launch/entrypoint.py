@@ -3,7 +3,9 @@
 It reads the environment contract, serves (worker 0) or awaits (the others) the rendezvous,
 then runs one training process per slot with that slot's ranks. Every output line is prefixed
 with its rank. If any training process fails, the others are stopped and the worker exits
-with the failed process's status, so the whole gang can be restarted together.
+with the failed process's status, so the whole gang can be restarted together. When the job
+succeeds, worker 0 writes rank 0's last progress report to CARAMEL_TERMINATION_MESSAGE_PATH (a
+pod's termination message), from which the operator records the step the job ended at.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from caramel.job.contract import WorkerContract, slot_env
+from caramel.job.progress import ProgressReport, format_report, parse_report
 from caramel.launch.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
 from caramel.launch.rendezvous import RendezvousServer, wait_for_rendezvous
 
@@ -63,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None]) -> int:
     processes = {}
     pumps = []
+    reports: list[ProgressReport] = []
+
+    def relay(rank: int, line: str) -> None:
+        print(f"rank {rank} | {line}", flush=True)
+        report = parse_report(line) if rank == 0 else None
+        if report:
+            reports[:] = [report]
     for slot in range(contract.slots_per_worker):
         env = {**os.environ, **slot_env(os.environ, slot)}
         rank = int(env["HOROVOD_RANK"])
@@ -73,7 +83,7 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
             stop_groups(list(processes.values()))
             return EXIT_CANNOT_START
         processes[rank] = process
-        pumps.append(pump_lines(process.stdout, lambda line, rank=rank: print(f"rank {rank} | {line}", flush=True)))
+        pumps.append(pump_lines(process.stdout, lambda line, rank=rank: relay(rank, line)))
 
     stopping = False
 
@@ -102,6 +112,11 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
         status = status or exit_code(-signal.SIGTERM)
     for pump in pumps:
         pump.join(timeout=5)
+    termination_message = os.environ.get("CARAMEL_TERMINATION_MESSAGE_PATH")
+    if status == 0 and reports and termination_message:
+        # Only on success: a failed worker's message is the end of its log (FallbackToLogsOnError).
+        with open(termination_message, "w") as message:
+            message.write(format_report(reports[0]) + "\n")
     return status
 
 

@@ -2,7 +2,10 @@
 
 Each worker is started exactly as a pod would be, through `worker_env` and `worker_command`,
 with 127.0.0.1 as every peer's address. The launcher relays their output, stops the whole gang
-as soon as one worker fails, and never leaves a process behind.
+as soon as one worker fails, and never leaves a process behind. Like the operator, it then
+restarts the whole gang, up to spec.runPolicy.backoffLimit times, after a backoff (shorter than
+the operator's: 1 s, doubling up to 30 s); a job with spec.checkpoint resumes from its latest
+checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from caramel.job.progress import ProgressReport, parse_report
 
 LOCALHOST = "127.0.0.1"
 LAST_LINES_KEPT = 20
+RESTART_BACKOFF_SECONDS = 1.0
+RESTART_BACKOFF_MAX_SECONDS = 30.0
 
 
 class LaunchError(Exception):
@@ -43,6 +48,8 @@ class RunOutcome:
     last_report: ProgressReport | None = None
     failed_worker: int | None = None
     last_lines: list[str] = field(default_factory=list)
+    restarts: int = 0
+    """Whole-gang restarts after a worker failed."""
 
 
 class _Stopped(Exception):
@@ -79,19 +86,48 @@ class LocalRun:
         job: CaramelJob,
         on_log: Callable[[int, str], None],
         on_progress: Callable[[ProgressReport], None],
+        on_notice: Callable[[str], None] = lambda message: None,
     ) -> None:
         self.job = job
         self.on_log = on_log
         self.on_progress = on_progress
+        self.on_notice = on_notice
         self.cwd = Path(job.spec.working_dir or os.getcwd())
 
     def run(self) -> RunOutcome:
         check_can_start(self.job, self.cwd)
+        started = time.monotonic()
+        limit = self.job.spec.run_policy.backoff_limit
+        restarts = 0
+        while True:
+            outcome = self._run_gang(started)
+            outcome.restarts = restarts
+            if outcome.succeeded or outcome.failed_worker is None or restarts >= limit:
+                break
+            restarts += 1
+            backoff = min(RESTART_BACKOFF_MAX_SECONDS, RESTART_BACKOFF_SECONDS * 2 ** (restarts - 1))
+            tail = "".join(f"\n  | {line}" for line in outcome.last_lines)
+            self.on_notice(
+                f"{outcome.reason}; restarting the whole gang ({restarts} of {limit}, spec.runPolicy.backoffLimit) "
+                f"in {backoff:.0f} s. Its last lines:{tail}"
+            )
+            try:
+                time.sleep(backoff)
+            except KeyboardInterrupt:
+                outcome.reason = "interrupted"
+                outcome.failed_worker = None
+                break
+        if outcome.failed_worker is not None and restarts:
+            outcome.reason += f" (after {restarts} restarts: spec.runPolicy.backoffLimit reached)"
+        outcome.wall_seconds = time.monotonic() - started
+        return outcome
+
+    def _run_gang(self, started: float) -> RunOutcome:
+        """One gang: every worker started, run until all finish or one fails."""
         replicas = self.job.spec.workers.replicas
         peers = [LOCALHOST] * replicas
         lines: queue.Queue[tuple[int, str]] = queue.Queue()
         last_lines = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
-        started = time.monotonic()
         deadline = self.job.spec.run_policy.active_deadline_seconds
         outcome = RunOutcome(False, "", 0.0)
         workers: list[subprocess.Popen[bytes]] = []
@@ -135,7 +171,6 @@ class LocalRun:
             for pump in pumps:
                 pump.join(timeout=5)
             self._relay(lines, last_lines, outcome, timeout=0)
-        outcome.wall_seconds = time.monotonic() - started
         if outcome.failed_worker is not None:
             outcome.last_lines = list(last_lines[outcome.failed_worker])
         if outcome.succeeded:
