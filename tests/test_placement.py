@@ -10,7 +10,7 @@ import pytest
 
 from caramel.topology.labels import Position
 from caramel_operator.node_resources import free_resources, pod_requests
-from caramel_operator.placement import Gang, NodeFree, Unplaceable, random_placement, rstorm, spread
+from caramel_operator.placement import Gang, NodeFree, Unplaceable, random_placement, ranked_by_topology, rstorm, spread
 
 GiB = 1024**3
 
@@ -151,3 +151,8 @@ def test_free_resources_subtract_running_pods_and_skip_unusable_nodes():
     tolerated = free_resources(nodes, pods, tolerations=[{"key": "gpu", "operator": "Exists"}])
     assert [n.name for n in tolerated] == ["a", "tainted"]
     assert tolerated[0].position.rack == "z/node:a"  # no rack label of the default name
+
+
+def test_ranks_ordered_by_topology_keep_first_use_order():
+    positions = {name: Position("z", f"z/{name[0]}", name) for name in ("a1", "a2", "b1", "c1")}
+    assert ranked_by_topology(["b1", "a1", "c1", "a2", "b1", "a1"], positions) == ("b1", "b1", "a1", "a1", "a2", "c1")

@@ -33,7 +33,7 @@ ranks in pod order); `random_placement` picks a feasible node at random for each
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,7 +186,9 @@ def rstorm(nodes: Sequence[NodeFree], gang: Gang, weights: Weights = Weights()) 
         distance_sum += cluster.distances_from(node)
         chosen.append(node)
     short = sorted({cluster.nodes[node].name for node in chosen if cluster.cpu[node] < 0})
-    return Placement(nodes=_ranked_by_topology(cluster, chosen), cpu_short=tuple(short))
+    names = [cluster.nodes[node].name for node in chosen]
+    positions = {node.name: node.position for node in cluster.nodes}
+    return Placement(nodes=ranked_by_topology(names, positions), cpu_short=tuple(short))
 
 
 def _reference_node(cluster: _Cluster, candidates: np.ndarray) -> int:
@@ -197,17 +199,20 @@ def _reference_node(cluster: _Cluster, candidates: np.ndarray) -> int:
     return int(np.argmax(np.where(in_rack, free, -np.inf)))
 
 
-def _ranked_by_topology(cluster: _Cluster, chosen: list[int]) -> tuple[str, ...]:
-    """The chosen nodes, ordered zone by zone, rack by rack, node by node, in order of first use."""
-    first_use: dict[object, int] = {}
-    for order, node in enumerate(chosen):
-        for key in (("zone", cluster.zone[node]), ("rack", cluster.rack[node]), ("node", node)):
+def ranked_by_topology(nodes: Sequence[str], positions: Mapping[str, Position]) -> tuple[str, ...]:
+    """The ranks' nodes re-ordered zone by zone, rack by rack, node by node, each in the order the
+    ranks first used it: neighbours in the new order share a node or a rack wherever they can."""
+    first_use: dict[tuple[str, str], int] = {}
+    for order, name in enumerate(nodes):
+        where = positions[name]
+        for key in (("zone", where.zone), ("rack", where.rack), ("node", name)):
             first_use.setdefault(key, order)
-    ordered = sorted(
-        chosen,
-        key=lambda node: (first_use["zone", cluster.zone[node]], first_use["rack", cluster.rack[node]], first_use["node", node]),
-    )
-    return tuple(cluster.nodes[node].name for node in ordered)
+
+    def key(name: str) -> tuple[int, int, int]:
+        where = positions[name]
+        return first_use["zone", where.zone], first_use["rack", where.rack], first_use["node", name]
+
+    return tuple(sorted(nodes, key=key))
 
 
 def spread(nodes: Sequence[NodeFree], gang: Gang) -> Placement:

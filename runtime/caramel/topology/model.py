@@ -167,7 +167,12 @@ class Topology:
         return self.route(src, dst)
 
     def route_latency(self, route: tuple[int, ...]) -> float:
-        return float(self.latency[list(route)].sum()) if route else 0.0
+        """Seconds a message takes to cross the route, bandwidth aside."""
+        return sum(self._link_latencies[link] for link in route)
+
+    @cached_property
+    def _link_latencies(self) -> list[float]:
+        return self.latency.tolist()
 
     def _shortest_paths(self, src: int, dst: int) -> list[list[int]]:
         if self.graph.has_edge(src, dst):

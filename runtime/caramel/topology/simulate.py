@@ -48,10 +48,15 @@ def phase_cost(topology: Topology, transfers: Iterable[Transfer], chunks: int) -
         return LinkModel(alpha=0.0, beta=0.0)
     load = np.zeros((steps, len(topology.bandwidth)))  # bytes per byte of chunk
     latency = np.zeros(steps)
+    cells: tuple[list[int], list[int], list[float]] = ([], [], [])
     for transfer in transfers:
-        route = list(topology.route(transfer.src, transfer.dst))
-        load[transfer.step : transfer.end, route] += 1.0 / transfer.steps
-        latency[transfer.step] = max(latency[transfer.step], topology.route_latency(tuple(route)))
+        route = topology.route(transfer.src, transfer.dst)
+        for step in range(transfer.step, transfer.end):
+            cells[0].extend([step] * len(route))
+            cells[1].extend(route)
+            cells[2].extend([1.0 / transfer.steps] * len(route))
+        latency[transfer.step] = max(latency[transfer.step], topology.route_latency(route))
+    np.add.at(load, (cells[0], cells[1]), cells[2])
     seconds_per_chunk_byte = (load / topology.bandwidth).max(axis=1).sum()
     return LinkModel(alpha=float(latency.sum()), beta=float(seconds_per_chunk_byte) / chunks)
 
