@@ -24,7 +24,9 @@ RUN if ! command -v python3 >/dev/null || ! python3 -c "import ensurepip, venv" 
 FROM base AS pins
 COPY pyproject.toml /tmp/
 RUN python3 -c "import tomllib; print(*tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
-    > /constraints.txt
+    > /constraints.txt \
+    && python3 -c "import tomllib; print(*tomllib.load(open('/tmp/pyproject.toml', 'rb'))['tool']['caramel']['install-without-dependencies'], sep='\n')" \
+    > /no-deps.txt
 
 # Horovod ships only as source and compiles against one TensorFlow ABI, so its wheel is built here
 # against the pinned TensorFlow, as `make setup` does. cmake comes from apt: the cmake 4 wheel
@@ -61,10 +63,15 @@ RUN python3 -m venv $VIRTUAL_ENV && pip install --no-cache-dir --upgrade pip
 # TensorFlow and Horovod first, in their own layer: code changes do not download them again.
 COPY --from=pins /constraints.txt /opt/caramel/
 COPY --from=builder /wheels/horovod-*.whl /opt/caramel/wheels/
-RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt tensorflow-cpu tf-keras /opt/caramel/wheels/horovod-*.whl
+RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt tensorflow-cpu /opt/caramel/wheels/horovod-*.whl
+# tf-keras without its dependencies: its requirement on the full `tensorflow` would add a second
+# TensorFlow (the image was 2.52 GB, and every worker log began with CUDA errors).
+COPY --from=pins /no-deps.txt /opt/caramel/
+RUN pip install --no-cache-dir --no-deps -r /opt/caramel/no-deps.txt
 COPY --from=builder /wheels/caramel-*.whl /opt/caramel/wheels/
 RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt /opt/caramel/wheels/caramel-*.whl \
-    && TF_CPP_MIN_LOG_LEVEL=3 python -c "import horovod.tensorflow, caramel.tensorflow, caramel_operator.builders"
+    && TF_CPP_MIN_LOG_LEVEL=3 python -c "import horovod.tensorflow, caramel.tensorflow, caramel_operator.builders" \
+    && python -m caramel.job.one_tensorflow
 WORKDIR /app
 COPY examples examples
 # A numeric UID, so that Kubernetes' runAsNonRoot can check it.

@@ -3,7 +3,10 @@
 PYTHON ?= python3.11
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
-TENSORFLOW := tensorflow-cpu==2.18.1 tf-keras==2.18.0
+TENSORFLOW := tensorflow-cpu==2.18.1
+# Packages whose declared dependencies must not be installed ([tool.caramel] in pyproject.toml):
+# tf-keras would pull the full `tensorflow` over tensorflow-cpu.
+NO_DEPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['caramel']['install-without-dependencies'])")
 HOROVOD_VERSION := 0.28.1
 # Horovod ships only as source and compiles against one TensorFlow ABI, so its wheel is cached
 # per Horovod and TensorFlow version, outside the clone: a fresh clone reuses it. pip's own
@@ -38,7 +41,16 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh
 	$(VENV_PYTHON) -m pip install --quiet $(WHEEL_CACHE)/horovod-*.whl
 	@echo "--- installing Caramel"
 	$(VENV_PYTHON) -m pip install --quiet -e '.[test]'
+	$(VENV_PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
+	@# An earlier set-up installed tensorflow beside tensorflow-cpu; both write the same files,
+	@# so removing one breaks the other: remove it, then reinstall tensorflow-cpu whole.
+	@if $(VENV_PYTHON) -m pip show --quiet tensorflow >/dev/null 2>&1; then \
+		echo "--- removing the second TensorFlow (tensorflow) beside tensorflow-cpu"; \
+		$(VENV_PYTHON) -m pip uninstall --quiet -y tensorflow; \
+		$(VENV_PYTHON) -m pip install --quiet --force-reinstall --no-deps $(TENSORFLOW); \
+	fi
 	TF_CPP_MIN_LOG_LEVEL=3 $(VENV_PYTHON) -c "import horovod.tensorflow, caramel.job.api"
+	$(VENV_PYTHON) -m caramel.job.one_tensorflow
 	@touch $@
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 

@@ -1,5 +1,5 @@
 """The whole stack on a kind cluster: scripts/kind-e2e.sh builds the image, installs the chart and
-runs the example CaramelJob to Succeeded. These machines have no kind (nor any node image for it),
+runs the portable cluster suite (tests/cluster) on it. These machines have no kind (nor any node image for it),
 so here the test skips; it runs wherever kind and docker are installed."""
 
 from __future__ import annotations

@@ -1,0 +1,96 @@
+"""kubectl, helm and throwaway restricted namespaces, for the portable cluster suite (tests/cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGE = os.environ.get("CARAMEL_IMAGE", "caramel:0.1.0")
+RELEASE = "caramel-suite"
+TOOLS = REPO / ".venv" / "bin"
+
+
+def tool(name: str) -> str:
+    path = TOOLS / name
+    return str(path) if path.exists() else name
+
+
+def run(*args: str, input: str | None = None, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(args), input=input, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        pytest.fail(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def kubectl(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return run(tool("kubectl"), *args, **kwargs)
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def cluster_unavailable() -> str | None:
+    """Why the suite cannot run here, or None."""
+    config = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if not all(Path(part).exists() for part in config.split(os.pathsep) if part):
+        return f"no cluster: KUBECONFIG is unset and {config} does not exist (point KUBECONFIG at a cluster, or run scripts/kind-e2e.sh)"
+    probe = subprocess.run([tool("kubectl"), "version", "--request-timeout=10s", "-o", "json"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"no cluster answers at KUBECONFIG={config}: {probe.stderr.strip()[:300]}"
+    return None
+
+
+class Namespace:
+    """A throwaway namespace that enforces Pod Security "restricted"."""
+
+    def __init__(self) -> None:
+        self.name = f"caramel-suite-{uuid.uuid4().hex[:6]}"
+        kubectl("create", "namespace", self.name)
+        kubectl("label", "namespace", self.name, "pod-security.kubernetes.io/enforce=restricted",
+                "pod-security.kubernetes.io/enforce-version=latest")
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]], check: bool = True) -> subprocess.CompletedProcess[str]:
+        documents = manifest if isinstance(manifest, list) else [manifest]
+        return kubectl("apply", "-n", self.name, "-f", "-", input=yaml.safe_dump_all(documents), check=check)
+
+    def get(self, kind: str, name: str | None = None) -> Any:
+        result = kubectl("get", "-n", self.name, kind, *([name] if name else []), "-o", "json", check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def job(self, name: str) -> dict[str, Any]:
+        return self.get("carameljob", name) or {}
+
+    def phase(self, name: str) -> str | None:
+        return (self.job(name).get("status") or {}).get("phase")
+
+    def wait_for_phase(self, name: str, phases: set[str], timeout: float = 900) -> str:
+        return wait_until(lambda: self.phase(name) in phases and self.phase(name), timeout, f"{name} in {phases}")
+
+    def pods(self, job: str) -> list[dict[str, Any]]:
+        return (self.get("pods", None) or {"items": []})["items"] and [
+            pod for pod in self.get("pods")["items"] if pod["metadata"].get("labels", {}).get("caramel.dev/job") == job
+        ]
+
+    def logs(self, pod: str) -> str:
+        return kubectl("logs", "-n", self.name, pod, check=False).stdout
+
+    def delete(self) -> None:
+        kubectl("delete", "namespace", self.name, "--wait=false", check=False)

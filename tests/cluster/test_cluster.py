@@ -1,0 +1,125 @@
+"""Caramel on a real cluster (see conftest.py for how to run it): the chart, jobs to Succeeded,
+the short name, restarts and resume, the operator's restart, refusals, Pod Security, network
+policies and RBAC. Each test creates its own restricted namespace."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+from caramel_operator.cluster import PERMISSIONS
+from testbed.bad_jobs import HAND_WRITTEN
+from testbed.cluster import IMAGE, RELEASE, REPO, kubectl, wait_until
+from testbed.crd_validation import validate_object
+from testbed.local_runs import digests
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
+
+PVC_EXAMPLE = list(yaml.safe_load_all((REPO / "examples" / "checkpoint-pvc.yaml").read_text()))
+
+
+def checkpointed_job(name: str, steps: int = 120) -> list[dict]:
+    """examples/checkpoint-pvc.yaml under another name, with a claim of its own."""
+    claim, job = copy.deepcopy(PVC_EXAMPLE)
+    claim["metadata"]["name"] = f"{name}-ckpt"
+    job["metadata"]["name"] = name
+    job["spec"]["image"] = IMAGE
+    job["spec"]["args"] = ["--steps", str(steps)]
+    job["spec"]["checkpoint"]["intervalSteps"] = 10
+    job["spec"]["workers"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] = f"{name}-ckpt"
+    return [claim, job]
+
+
+def final_digests(namespace, job: str) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for index in range(2):
+        found |= digests(namespace.logs(f"{job}-worker-{index}"))
+    return found
+
+
+def test_the_chart_installs_the_crd_and_a_running_operator(operator_release):
+    crd = yaml.safe_load(kubectl("get", "crd", "carameljobs.caramel.dev", "-o", "yaml").stdout)
+    assert any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"])
+    kubectl("-n", operator_release, "rollout", "status", f"deployment/{RELEASE}-operator", "--timeout=120s")
+
+
+def test_short_name_lists_caramel_jobs(namespace):
+    resources = kubectl("api-resources", "--api-group=caramel.dev", "-o", "wide").stdout
+    assert re.search(r"carameljobs\s+cmj\s", resources), resources
+    namespace.apply(checkpointed_job("short", steps=20))
+    listed = kubectl("get", "cmj", "-n", namespace.name, "-o", "name").stdout
+    assert "carameljob.caramel.dev/short" in listed
+
+
+def test_a_job_succeeds_in_a_restricted_namespace_with_progress_and_a_network_policy(namespace):
+    namespace.apply(checkpointed_job("demo", steps=60))
+    assert namespace.wait_for_phase("demo", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("demo")
+    status = namespace.job("demo")["status"]
+    assert status["progress"]["step"] == 60, status
+    events = kubectl("get", "events", "-n", namespace.name, "-o", "json").stdout
+    assert "FailedCreate" not in events and "violates PodSecurity" not in events
+    policy = namespace.get("networkpolicy", "demo")
+    assert policy and policy["spec"]["podSelector"] == {"matchLabels": {"caramel.dev/job": "demo"}}
+    assert policy["metadata"]["ownerReferences"][0]["name"] == "demo"
+
+
+def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namespace):
+    namespace.apply(checkpointed_job("straight", steps=120))
+    assert namespace.wait_for_phase("straight", {"Succeeded", "Failed"}) == "Succeeded"
+    expected = final_digests(namespace, "straight")
+    assert len(set(expected.values())) == 1
+
+    namespace.apply(checkpointed_job("resumed", steps=120))
+    namespace.wait_for_phase("resumed", {"Running"})
+    wait_until(lambda: (namespace.job("resumed")["status"].get("progress") or {}).get("step", 0) >= 30, 600, "step 30")
+    kubectl("delete", "pod", "-n", namespace.name, "resumed-worker-1", "--wait=false")
+    wait_until(lambda: namespace.job("resumed")["status"].get("restarts", 0) >= 1, 300, "a restart after the pod deletion")
+    namespace.wait_for_phase("resumed", {"Running"})
+    wait_until(lambda: (namespace.job("resumed")["status"].get("progress") or {}).get("step", 0) >= 60, 600, "step 60")
+    # Kill the training process inside worker 0 (no procps in the image: /proc by hand).
+    kill = ("import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    if b'train_small.py' in open(f'/proc/{pid}/cmdline', 'rb').read(): os.kill(int(pid), signal.SIGKILL)")
+    kubectl("exec", "-n", namespace.name, "resumed-worker-0", "--", "python", "-c", kill, check=False)
+    wait_until(lambda: namespace.job("resumed")["status"].get("restarts", 0) >= 2, 300, "a restart after the kill")
+    assert namespace.wait_for_phase("resumed", {"Succeeded", "Failed"}) == "Succeeded"
+    assert "restored" in namespace.logs("resumed-worker-0")
+    assert final_digests(namespace, "resumed") == expected
+
+
+def test_an_operator_restart_mid_job_neither_duplicates_nor_orphans(namespace, operator_release):
+    namespace.apply(checkpointed_job("steady", steps=200))
+    namespace.wait_for_phase("steady", {"Running"})
+    kubectl("delete", "pod", "-n", operator_release, "-l", "app.kubernetes.io/component=operator", "--wait=true")
+    kubectl("-n", operator_release, "rollout", "status", f"deployment/{RELEASE}-operator", "--timeout=180s")
+    assert namespace.wait_for_phase("steady", {"Succeeded", "Failed"}) == "Succeeded"
+    job = namespace.job("steady")
+    pods = namespace.pods("steady")
+    assert sorted(p["metadata"]["name"] for p in pods) == ["steady-worker-0", "steady-worker-1"]
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"] for p in pods)
+    assert job["status"]["restarts"] == 0
+
+
+REFUSED = [bad for bad in HAND_WRITTEN if validate_object(yaml.safe_load((REPO / "manifests" / "crd.yaml").read_text()), bad.manifest)]
+
+
+@pytest.mark.parametrize("bad", REFUSED, ids=lambda bad: bad.title)
+def test_the_api_server_refuses_invalid_jobs_naming_the_field(namespace, bad):
+    result = namespace.apply(bad.manifest, check=False)
+    assert result.returncode != 0
+    # The API server names the field as in the manifest; CEL rules by their node.
+    assert bad.field.split("[")[0] in result.stderr or bad.field in result.stderr, result.stderr
+    assert not namespace.pods(bad.manifest["metadata"]["name"])
+
+
+def test_the_chart_rbac_answers_can_i_as_documented(operator_release):
+    account = f"system:serviceaccount:{operator_release}:{RELEASE}-operator"
+    for group, resource, verb in sorted(PERMISSIONS):
+        target = f"{resource}.{group}" if group else resource
+        answer = kubectl("auth", "can-i", verb, target, "--as", account, "-n", "default", check=False).stdout.strip()
+        assert answer == "yes", f"{verb} {target}: {answer}"
+    for verb, target in (("get", "secrets"), ("create", "deployments.apps"), ("delete", "nodes")):
+        answer = kubectl("auth", "can-i", verb, target, "--as", account, "-n", "default", check=False).stdout.strip()
+        assert answer == "no", f"{verb} {target} should be denied"
