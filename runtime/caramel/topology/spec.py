@@ -71,24 +71,17 @@ class LinkSpec(SpecModel):
         return self.latency_us * MICROSECOND
 
 
-class TorusSpec(SpecModel):
-    kind: Literal["torus"]
+class GridSpec(SpecModel):
+    """A 2D torus (neighbours wrap around) or mesh (they do not)."""
+
+    kind: Literal["torus", "mesh"]
     rows: int = Field(ge=2, le=64)
     cols: int = Field(ge=2, le=64)
     link: LinkSpec
 
     def build(self) -> Topology:
-        return synthetic.torus(self.rows, self.cols, self.link.bandwidth, self.link.latency)
-
-
-class MeshSpec(SpecModel):
-    kind: Literal["mesh"]
-    rows: int = Field(ge=2, le=64)
-    cols: int = Field(ge=2, le=64)
-    link: LinkSpec
-
-    def build(self) -> Topology:
-        return synthetic.mesh(self.rows, self.cols, self.link.bandwidth, self.link.latency)
+        grid = synthetic.torus if self.kind == "torus" else synthetic.mesh
+        return grid(self.rows, self.cols, self.link.bandwidth, self.link.latency)
 
 
 class FatTreeSpec(SpecModel):
@@ -147,8 +140,8 @@ class GraphSpec(SpecModel):
         )
 
 
-KINDS: dict[str, type[TorusSpec | MeshSpec | FatTreeSpec | RacksSpec | GraphSpec]] = {
-    "torus": TorusSpec, "mesh": MeshSpec, "fatTree": FatTreeSpec, "racks": RacksSpec, "graph": GraphSpec,
+KINDS: dict[str, type[GridSpec | FatTreeSpec | RacksSpec | GraphSpec]] = {
+    "torus": GridSpec, "mesh": GridSpec, "fatTree": FatTreeSpec, "racks": RacksSpec, "graph": GraphSpec,
 }
 
 
@@ -156,12 +149,15 @@ def parse_topology(document: Any, source: str = "topology") -> Topology:
     """The topology a parsed YAML/JSON document describes."""
     kind = document.get("kind") if isinstance(document, dict) else None
     if kind not in KINDS:
-        raise TopologySpecError(f"{source} is not a valid topology:\n  kind: must be one of {', '.join(KINDS)} (got {kind!r})")
+        raise _invalid(source, [f"kind: must be one of {', '.join(KINDS)} (got {kind!r})"])
     try:
         return KINDS[kind].model_validate(document).build()
     except pydantic.ValidationError as error:
-        problems = "\n".join(f"  {line}" for line in describe_validation_error(error))
-        raise TopologySpecError(f"{source} is not a valid topology:\n{problems}") from None
+        raise _invalid(source, describe_validation_error(error)) from None
+
+
+def _invalid(source: str, problems: list[str]) -> TopologySpecError:
+    return TopologySpecError(f"{source} is not a valid topology:\n" + "\n".join(f"  {line}" for line in problems))
 
 
 def load_topology(path: str | Path) -> Topology:

@@ -68,7 +68,7 @@ def fat_tree(k: int, bandwidth: float, latency: float = 0.0) -> Topology:
             links += [Link(agg, edge, bandwidth, latency) for edge in edges]
             links += [Link(agg, f"core{i}-{j}", bandwidth, latency) for j in range(half)]
         for edge in edges:
-            for slot in range(half):
+            for _ in range(half):
                 host = f"h{len(hosts)}"
                 hosts.append(host)
                 groups.append(edge)
