@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from caramel.topology.labels import ClusterLinks, LinkSpec, Position, gang_topology
+from caramel.topology.labels import ClusterLinks, Position, gang_topology
+from caramel.topology.spec import LinkSpec
 from caramel.topology.simulate import ALGORITHMS, bytes_between_groups, predict_seconds
 from caramel_operator.placement import Gang, NodeFree, Placement, random_placement, ranked_by_topology, rstorm, spread
 

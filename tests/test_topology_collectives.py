@@ -8,7 +8,7 @@ import pytest
 from caramel.topology.collectives import halving_doubling, hierarchical, ring
 from caramel.topology.model import Topology
 from caramel.topology.replay import replay
-from caramel.topology.schedule import Schedule, Transfer, by_step, chunk_bounds
+from caramel.topology.schedule import Schedule, chunk_bounds, rank_steps
 from caramel.topology.synthetic import STANDARD, racks, torus
 
 
@@ -68,6 +68,10 @@ def test_chunk_bounds_cover_the_buffer_evenly():
     assert chunk_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
 
 
-def test_by_step_groups_transfers_by_their_first_step():
-    transfers = [Transfer(1, 0, 1, 0), Transfer(0, 1, 0, 1, steps=2)]
-    assert by_step(transfers) == [[transfers[1]], [transfers[0]]]
+def test_a_rank_completes_its_receives_before_its_sends_of_the_same_step():
+    schedule = ring(racks(1, 3, 1.0, 1.0))
+    plan = rank_steps(schedule.reduce_scatter, rank=1)
+    assert [(entry.step, len(entry.receives), len(entry.sends)) for entry in plan] == [(0, 0, 1), (1, 1, 1), (2, 1, 0)]
+    # In step 1, rank 1 forwards the chunk it has just received from rank 0 (with its own added).
+    assert plan[1].receives[0].chunk == plan[1].sends[0].chunk == 0
+    assert plan[1].receives[0].src == 0 and plan[1].sends[0].dst == 2

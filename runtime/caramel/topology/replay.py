@@ -1,19 +1,19 @@
 """A reference executor: runs a schedule on in-memory buffers, exactly by its rules.
 
-It is the executable definition of what a schedule means (see `caramel.topology.schedule`): a
-real executor, moving the same chunks between processes, must compute what this computes. Tests
+It is the executable definition of what a schedule means (see `caramel.topology.schedule`):
+every rank runs its own plan (`rank_steps`), as the executor on each process does, and an
+executor moving the same chunks between processes must compute what this computes. Tests
 run every algorithm's schedule through it, on numbers and on one-hot contributions (which show
 any contribution counted twice or lost).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
 
-from caramel.topology.schedule import Schedule, Transfer, chunk_bounds, phase_steps
+from caramel.topology.schedule import Schedule, Transfer, chunk_bounds, phase_steps, rank_steps
 
 
 def replay(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -29,21 +29,19 @@ def replay(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarray
 
 
 def _run(transfers: Sequence[Transfer], state: list[np.ndarray], bounds: list[tuple[int, int]], add: bool) -> None:
-    """One phase: what arrives at a step's start is delivered before that step's sends read."""
-    starting, ending = defaultdict(list), defaultdict(list)
-    for number, transfer in enumerate(transfers):
-        starting[transfer.step].append(number)
-        ending[transfer.end].append(number)
-    in_flight: dict[int, np.ndarray] = {}
+    """One phase, every rank running its own plan (`rank_steps`) step by step."""
+    plans = [{entry.step: entry for entry in rank_steps(transfers, rank)} for rank in range(len(state))]
+    in_flight: dict[Transfer, np.ndarray] = {}
     for step in range(phase_steps(transfers) + 1):
-        for number in ending[step]:
-            transfer = transfers[number]
-            start, stop = bounds[transfer.chunk]
-            if add:
-                state[transfer.dst][start:stop] += in_flight.pop(number)
-            else:
-                state[transfer.dst][start:stop] = in_flight.pop(number)
-        for number in starting[step]:
-            transfer = transfers[number]
-            start, stop = bounds[transfer.chunk]
-            in_flight[number] = state[transfer.src][start:stop].copy()
+        for rank, plan in enumerate(plans):
+            if step not in plan:
+                continue
+            for transfer in plan[step].receives:
+                start, stop = bounds[transfer.chunk]
+                if add:
+                    state[rank][start:stop] += in_flight.pop(transfer)
+                else:
+                    state[rank][start:stop] = in_flight.pop(transfer)
+            for transfer in plan[step].sends:
+                start, stop = bounds[transfer.chunk]
+                in_flight[transfer] = state[rank][start:stop].copy()

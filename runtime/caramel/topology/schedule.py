@@ -8,7 +8,8 @@ even as possible (`chunk_bounds`), and runs two phases:
 A transfer starts at time step `step` and lasts `steps` steps (more than one only where a link
 is slower than the schedule's time unit). A sender sends what it holds when the transfer
 starts; a receiver has it when the transfer ends. The all-gather starts when the reduce-scatter
-has ended. `caramel.topology.replay` executes a schedule on real buffers: it is the executable
+has ended. `rank_steps` is one rank's part of a phase, what the executor on that rank runs;
+`caramel.topology.replay` runs every rank's part on in-memory buffers, the executable
 definition of these rules.
 """
 
@@ -57,13 +58,33 @@ def phase_steps(transfers: Iterable[Transfer]) -> int:
     return max((transfer.end for transfer in transfers), default=0)
 
 
-def by_step(transfers: Iterable[Transfer]) -> list[list[Transfer]]:
-    """The transfers that start in each time step, step by step (what an executor issues)."""
-    transfers = list(transfers)
-    steps: list[list[Transfer]] = [[] for _ in range(phase_steps(transfers))]
+@dataclass(frozen=True)
+class RankStep:
+    """What one rank does at one time step of a phase, in this order."""
+
+    step: int
+    receives: tuple[Transfer, ...]
+    """Transfers to this rank that end at this step: finish them (adding, in a reduce-scatter)
+    before the sends, which may forward what they bring."""
+
+    sends: tuple[Transfer, ...]
+    """Transfers from this rank that start at this step: send the chunk as it is now."""
+
+
+def rank_steps(transfers: Iterable[Transfer], rank: int) -> list[RankStep]:
+    """One rank's part of a phase, step by step: what an executor on that rank runs. Receives may
+    be posted as early as wanted; the plan only says when each must be complete."""
+    receives: dict[int, list[Transfer]] = {}
+    sends: dict[int, list[Transfer]] = {}
     for transfer in transfers:
-        steps[transfer.step].append(transfer)
-    return steps
+        if transfer.dst == rank:
+            receives.setdefault(transfer.end, []).append(transfer)
+        if transfer.src == rank:
+            sends.setdefault(transfer.step, []).append(transfer)
+    return [
+        RankStep(step, tuple(receives.get(step, ())), tuple(sends.get(step, ())))
+        for step in sorted(receives.keys() | sends.keys())
+    ]
 
 
 def chunk_bounds(elements: int, chunks: int) -> list[tuple[int, int]]:
