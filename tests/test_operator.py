@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -221,3 +222,79 @@ def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emu
     )
     env = {var["name"]: var["value"] for var in pods[0]["spec"]["containers"][0]["env"]}
     assert json.loads(env["CARAMEL_TUNING"]) == tuning
+
+
+def test_a_refused_pod_creation_reaches_the_status_and_an_event(emulator, operator):
+    """A 403 (here quota admission; Pod Security and webhooks answer alike) was only a traceback
+    in the operator's log."""
+    api = emulator.api
+    api.create("/api/v1/namespaces/default/resourcequotas", {"metadata": {"name": "two-pods", "namespace": "default"}, "spec": {"hard": {"pods": "1"}}})
+    api.create_job("demo", SPEC)
+    message = eventually(lambda: api.status("demo").get("message"), what="a status message")
+    assert message.startswith("cannot create the job's objects: Pod demo-worker-1: pods \"demo-worker-1\" is forbidden: exceeded quota: two-pods")
+    assert api.events("FailedCreate")[0]["message"] == message
+    assert len(api.pods("demo")) == 1
+
+
+def test_invalid_spec_messages_name_the_field_in_the_users_terms(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", {**SPEC, "workers": {"replicas": 2, "resources": {"requests": {"cpu": "lots"}}}})
+    eventually(lambda: phase(api, "demo") == "Failed", what="phase Failed")
+    message = api.status("demo")["message"]
+    assert message == (
+        "invalid spec: spec.workers.resources.requests.cpu: must be a Kubernetes quantity such as 2, 500m or 4Gi, "
+        "not negative (got 'lots')"
+    )
+
+
+def test_an_invalid_image_name_fails_the_job(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    waiting = {"waiting": {"reason": "InvalidImageName", "message": 'Failed to apply default image tag "caramel:Bad Tag"'}}
+    api.set_pod_status("demo-worker-0", {"phase": "Pending", "containerStatuses": [{"name": "worker", "state": waiting}]})
+    eventually(lambda: phase(api, "demo") == "Failed", what="phase Failed")
+    failed = next(c for c in api.status("demo")["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidImage" and "check spec.image" in failed["message"]
+
+
+def test_the_final_step_is_recorded_and_a_finished_job_leaves_the_timer(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    final = "caramel-progress step=200 total=200 loss=0.1489 step_seconds=0.025 examples_per_second=10238 final=1\n"
+    api.set_pod_status("demo-worker-0", terminated(0, reason="Completed", message=final))
+    api.set_pod_status("demo-worker-1", terminated(0, reason="Completed"))
+    eventually(lambda: phase(api, "demo") == "Succeeded", what="phase Succeeded")
+    assert api.status("demo")["progress"]["step"] == 200
+    assert printer_row(api.job("demo"))["Step"] == 200
+    # Off the timer: no more passes, and kopf's finalizer is gone.
+    eventually(lambda: not api.job("demo")["metadata"].get("finalizers"), what="the finalizer released")
+    passes = operator.metrics().count("caramel_operator_reconcile_duration_seconds_count")
+    before = [line for line in operator.metrics().splitlines() if line.startswith("caramel_operator_reconcile_duration_seconds_count")]
+    time.sleep(2)
+    after = [line for line in operator.metrics().splitlines() if line.startswith("caramel_operator_reconcile_duration_seconds_count")]
+    assert passes == 1 and before == after
+    assert "Timer 'reconcile' succeeded" not in operator.log.read_text()
+
+
+def test_a_deleted_and_recreated_crd_releases_jobs_and_serves_new_ones_at_once(emulator, operator):
+    api = emulator.api
+    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/carameljobs.caramel.dev"
+    api.create_job("old", SPEC)
+    eventually(lambda: len(api.pods("old")) == 2, what="the old job's pods")
+    crd = api.get(crd_path)
+    api.delete(crd_path)
+    # The CRD waits for every job to go; the jobs wait for kopf's finalizer, which the operator releases.
+    eventually(lambda: api.get(crd_path) is None, timeout=30, what="the CRD gone")
+    eventually(lambda: not api.pods("old"), what="the old job's pods collected")
+    for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "finalizers"):
+        crd["metadata"].pop(key, None)
+    crd.pop("status", None)
+    api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    started = time.monotonic()
+    api.create_job("new", SPEC)
+    eventually(lambda: len(api.pods("new")) == 2, timeout=30, what="the new job's pods")
+    print(f"\nnew job served {time.monotonic() - started:.1f} s after the CRD came back")
+    time.sleep(2)
+    assert not api.pods("old"), "no pods for a job deleted with its CRD"
