@@ -1,0 +1,37 @@
+"""The worker entrypoint's termination message: rank 0's last progress report when the worker
+succeeds (the operator records the final step from it), nothing when it fails (the kubelet then
+takes the end of the log, FallbackToLogsOnError)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from caramel.job.contract import worker_command, worker_env
+from caramel.job.jobfile import parse_job
+from caramel.job.progress import parse_report
+from conftest import REPO, free_port
+
+REPORT = "caramel-progress step=7 total=7 loss=0.5 step_seconds=0.01 examples_per_second=100 final=1"
+
+
+def run_worker(tmp_path, training: str) -> tuple[int, str | None]:
+    job = parse_job({"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "one"},
+                     "spec": {"command": [sys.executable, "-c", training], "workers": {"replicas": 1},
+                              "rendezvous": {"port": free_port()}, "metrics": {"enabled": False}}})
+    message = tmp_path / "termination-log"
+    env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"]), "CARAMEL_TERMINATION_MESSAGE_PATH": str(message)}
+    result = subprocess.run(worker_command(job, python=sys.executable), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    return result.returncode, message.read_text() if message.exists() else None
+
+
+def test_a_successful_worker_leaves_rank0s_last_report_as_its_termination_message(tmp_path):
+    code, message = run_worker(tmp_path, f"print('caramel-progress step=3 total=7 loss=1 step_seconds=0.01 examples_per_second=1 final=0'); print({REPORT!r})")
+    assert code == 0
+    assert parse_report(message).step == 7 and parse_report(message).final
+
+
+def test_a_failed_worker_leaves_no_termination_message(tmp_path):
+    code, message = run_worker(tmp_path, f"print({REPORT!r}); raise SystemExit(3)")
+    assert code == 3 and message is None
