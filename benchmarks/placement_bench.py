@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from caramel.topology.labels import ClusterLinks, Position, gang_topology
-from caramel.topology.spec import LinkSpec
 from caramel.topology.simulate import ALGORITHMS, bytes_between_groups, predict_seconds
+from caramel.topology.spec import LinkSpec
 from caramel_operator.placement import Gang, NodeFree, Placement, random_placement, ranked_by_topology, rstorm, spread
 
 GiB = 1024**3
@@ -161,7 +161,7 @@ def check_targets(rows: list[Row]) -> bool:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="50,100,200,500", help="cluster sizes, comma-separated")
-    parser.add_argument("--replicas", default="16,64,256", help="gang sizes, comma-separated (those that fit)")
+    parser.add_argument("--replicas", default="16,64,128,256", help="gang sizes, comma-separated (those that fit)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the clusters' background load")
     args = parser.parse_args(argv)
     for option in ("nodes", "replicas"):

@@ -150,7 +150,7 @@ class _Forest:
         self.durations = np.unique(self.routes.steps)  # sorted: row 0 is one step
         self.duration_row = np.searchsorted(self.durations, self.routes.steps)
         self.occupancy = _Occupancy(len(topology.bandwidth))
-        self.members = [[root] for root in range(size)]
+        self.members = [np.array([root]) for root in range(size)]  # in the order they joined
         self.joined = np.eye(size, dtype=bool)
         # [root, host]: the step from which the host holds the root's chunk.
         self.ready = np.where(self.joined, 0, UNREACHABLE)
@@ -187,14 +187,15 @@ class _Forest:
     def _turn(self, root: int, step: int) -> bool:
         """Tree `root` adds a child if it can; False if it cannot (or is complete)."""
         missing = np.flatnonzero(~self.joined[root] & self.can_receive)
-        parents = [host for host in self.members[root] if self.ready[root, host] <= step and self.can_send[host]]
-        if not len(missing) or not parents:
+        members = self.members[root]
+        parents = members[(self.ready[root, members] <= step) & self.can_send[members]]
+        if not len(missing) or not len(parents):
             return False
         routes = self.routes
-        cost = routes.cost[np.ix_(parents, missing)]
+        cost = routes.cost[parents[:, None], missing]
         # Only the tree's nearest members may take a host: a farther one would make a detour.
         rows, columns = np.nonzero((cost == self.closest[root, missing]) & (cost < UNREACHABLE))
-        src, dst = np.asarray(parents)[rows], missing[columns]
+        src, dst = parents[rows], missing[columns]
         fits = (
             self.headroom[self.duration_row[src, dst][:, None], routes.links[src, dst]] + CAPACITY_SLACK
             >= routes.shares[src, dst]
@@ -212,7 +213,7 @@ class _Forest:
         steps = int(self.routes.steps[parent, child])
         self.occupancy.take(step, steps, self.routes.links[parent, child], self.routes.shares[parent, child])
         self.trees[root].append(TreeEdge(root, parent, child, step, steps))
-        self.members[root].append(child)
+        self.members[root] = np.append(self.members[root], child)
         self.joined[root, child] = True
         self.ready[root, child] = step + steps
         np.minimum(self.closest[root], self.routes.cost[child], out=self.closest[root])
