@@ -25,7 +25,7 @@ def test_torus_and_mesh_have_the_right_links_and_a_ring_order_of_neighbours():
     # Snake order: consecutive ranks, and the last and the first, are neighbours.
     for rank in range(16):
         assert len(grid.route(rank, (rank + 1) % 16)) == 1
-    assert [len(grid.neighbours(host)) for host in range(16)] == [4] * 16
+    assert [grid.graph.degree(host) for host in range(16)] == [4] * 16
     assert len(STANDARD["mesh-4x4"]().links) == 24
 
 

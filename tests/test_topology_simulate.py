@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from caramel.topology.labels import Position, gang_topology
 from caramel.topology.model import Link, Topology
 from caramel.topology.schedule import Schedule, Transfer
 from caramel.topology.simulate import (
@@ -66,7 +67,9 @@ def test_unknown_algorithms_are_named():
 
 def test_auto_takes_the_ring_on_a_flat_network_and_multitree_where_it_is_clearly_faster():
     flat = racks(1, 8, 1e9, 1e9)
-    assert choose_allreduce(flat, 64 * 2**20) == "ring"
+    one_rack = gang_topology([Position("z", "z/r1", f"n{rank // 2}") for rank in range(16)])
+    for size in (2**16, 2**20, 64 * 2**20):
+        assert choose_allreduce(flat, size) == choose_allreduce(one_rack, size) == "ring"
     assert choose_allreduce(STANDARD["torus-4x4"](), 64 * 2**20) == "multitree"
     assert choose_allreduce(STANDARD["racks-2x8"](), 256 * 2**20) == "multitree"
 

@@ -50,7 +50,11 @@ class Topology:
     switches: tuple[str, ...]
     links: tuple[Link, ...]
     groups: tuple[str, ...] = ()
+    # Caches, filled as routes are asked for.
     _routes: dict[tuple[int, int], tuple[int, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    _searches: dict[int, tuple[dict[int, list[int]], dict[int, int]]] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
 
@@ -138,14 +142,6 @@ class Topology:
         # A copy, not a view: paths are searched in it for many pairs.
         return nx.Graph(self.graph.subgraph(range(len(self.hosts), len(self.hosts) + len(self.switches))))
 
-    @cached_property
-    def _switch_hops(self) -> dict[int, dict[int, int]]:
-        return dict(nx.all_pairs_shortest_path_length(self._switch_graph))
-
-    def neighbours(self, host: int) -> list[int]:
-        """Hosts linked to `host` directly."""
-        return sorted(node for node in self.graph[host] if node < len(self.hosts))
-
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Directed links from host `src` to host `dst`, in order."""
         key = (src, dst)
@@ -182,22 +178,22 @@ class Topology:
         hosts = len(self.hosts)
         firsts = [node for node in self.graph[src] if node >= hosts]
         lasts = [node for node in self.graph[dst] if node >= hosts]
-        hops = {(a, b): self._switch_hops[a].get(b, math.inf) for a in firsts for b in lasts}
+        hops = {(a, b): self._switch_search(a)[1].get(b, math.inf) for a in firsts for b in lasts}
         fewest = min(hops.values(), default=math.inf)
         if fewest == math.inf:
             return []
         paths = []
         for (a, b), count in sorted(hops.items()):
             if count == fewest:
-                paths += [[src, *middle, dst] for middle in _paths_back(self._switch_predecessors(a), b)]
+                paths += [[src, *middle, dst] for middle in _paths_back(self._switch_search(a)[0], b)]
         return sorted(paths)
 
-    def _switch_predecessors(self, source: int) -> dict[int, list[int]]:
-        """Each switch's predecessors on the shortest paths from switch `source` (one search a source)."""
-        cache = self.__dict__.setdefault("_predecessors", {})
-        if source not in cache:
-            cache[source] = nx.predecessor(self._switch_graph, source)
-        return cache[source]
+    def _switch_search(self, source: int) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """A breadth-first search of the switches from switch `source`, done once: each switch's
+        predecessors on the shortest paths from it, and its distance in hops."""
+        if source not in self._searches:
+            self._searches[source] = nx.predecessor(self._switch_graph, source, return_seen=True)
+        return self._searches[source]
 
 
 def _paths_back(predecessors: dict[int, list[int]], target: int) -> list[list[int]]:
