@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from testbed.operator_harness import eventually
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,17 +35,6 @@ def run(*args: str, input: str | None = None, check: bool = True, timeout: float
 
 def kubectl(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return run(tool("kubectl"), *args, **kwargs)
-
-
-def wait_until(check, timeout: float, what: str, interval: float = 2.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def cluster_unavailable() -> str | None:
@@ -82,12 +72,11 @@ class Namespace:
         return (self.job(name).get("status") or {}).get("phase")
 
     def wait_for_phase(self, name: str, phases: set[str], timeout: float = 900) -> str:
-        return wait_until(lambda: self.phase(name) in phases and self.phase(name), timeout, f"{name} in {phases}")
+        return eventually(lambda: self.phase(name) in phases and self.phase(name), timeout, f"{name} in {phases}", interval=2)
 
     def pods(self, job: str) -> list[dict[str, Any]]:
-        return (self.get("pods", None) or {"items": []})["items"] and [
-            pod for pod in self.get("pods")["items"] if pod["metadata"].get("labels", {}).get("caramel.dev/job") == job
-        ]
+        pods = (self.get("pods") or {}).get("items", [])
+        return [pod for pod in pods if pod["metadata"].get("labels", {}).get("caramel.dev/job") == job]
 
     def logs(self, pod: str) -> str:
         return kubectl("logs", "-n", self.name, pod, check=False).stdout

@@ -122,8 +122,8 @@ def terminated(exit_code: int, reason: str = "Error", message: str = "") -> dict
     }
 
 
-def eventually(check: Callable[[], T], timeout: float = 20, what: str = "condition") -> T:
-    """Poll check() until it returns something truthy."""
+def eventually(check: Callable[[], T], timeout: float = 20, what: str = "condition", interval: float = 0.1) -> T:
+    """Poll check() every `interval` seconds until it returns something truthy."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
@@ -131,7 +131,7 @@ def eventually(check: Callable[[], T], timeout: float = 20, what: str = "conditi
             return result
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(interval)
 
 
 class Emulator:
