@@ -78,6 +78,12 @@ class Sandbox:
         command = container["command"]
         options = ["--name", name, "--hostname", pod["spec"]["hostname"]]
         options += ["--network", self.network, "--network-alias", dns_name, "--entrypoint", command[0]]
+        # The pod's Pod Security "restricted" settings, as the kubelet applies them.
+        security = pod["spec"]["securityContext"]
+        options += ["--user", f"{security['runAsUser']}:{security['runAsGroup']}", "--group-add", str(security["fsGroup"])]
+        if container["securityContext"]["allowPrivilegeEscalation"] is False:
+            options += ["--security-opt", "no-new-privileges"]
+        options += [f"--cap-drop={capability}" for capability in container["securityContext"]["capabilities"]["drop"]]
         if "workingDir" in container:
             options += ["--workdir", container["workingDir"]]
         for variable in container["env"]:
@@ -133,6 +139,11 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox) -> None:
     reports = [parse_report(line) for line in outputs[0].splitlines() if line.startswith("rank 0 | ")]
     final = [report for report in reports if report and report.final]
     assert len(final) == 1 and final[0].step == final[0].total == 60, outputs[0]
+
+    # One TensorFlow in the image: tf-keras's requirement must not have added the full one.
+    check = docker("run", "--rm", "--entrypoint", "python", image, "-m", "caramel.job.one_tensorflow", check=False)
+    assert check.returncode == 0, check.stdout
+    assert "cuInit" not in everything, "a second TensorFlow probes for CUDA"
 
     # Kubernetes' runAsNonRoot accepts only a numeric, non-zero image user.
     users = set(docker("inspect", "--format", "{{.Config.User}}", *names).stdout.split())
