@@ -76,12 +76,20 @@ class Cluster:
             raise
         return json.loads(response.data)["metadata"].get("uid")
 
-    async def release_jobs(self, finalizer: str) -> int:
-        """Remove the operator's finalizer from every job it can list: the CRD is being deleted,
-        and its jobs must be able to go even when no handler of theirs runs again."""
-        response = await asyncio.to_thread(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, _preload_content=False)
+    async def release_jobs(self, finalizer: str, namespaces: tuple[str, ...]) -> int:
+        """Remove the operator's finalizer from every job it serves (in `namespaces`, or all when
+        empty): the CRD is being deleted, and its jobs must be able to go even when no handler of
+        theirs runs again."""
+        if namespaces:
+            lists = [
+                asyncio.to_thread(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, _preload_content=False)
+                for namespace in namespaces
+            ]
+        else:
+            lists = [asyncio.to_thread(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, _preload_content=False)]
+        jobs = [job for response in await asyncio.gather(*lists) for job in json.loads(response.data)["items"]]
         released = 0
-        for job in json.loads(response.data)["items"]:
+        for job in jobs:
             metadata = job["metadata"]
             if finalizer in (metadata.get("finalizers") or []):
                 remaining = [f for f in metadata["finalizers"] if f != finalizer]

@@ -188,6 +188,6 @@ async def release_jobs_of_a_deleted_crd(event: kopf.RawEvent, memo: kopf.Memo, l
     a resource whose CRD is going, so the finalizers are removed here, or the CRD stays Terminating."""
     crd = event["object"]
     if event["type"] == "DELETED" or (crd.get("metadata") or {}).get("deletionTimestamp"):
-        released = await memo.cluster.release_jobs(FINALIZER)
+        released = await memo.cluster.release_jobs(FINALIZER, SETTINGS.watch_namespaces)
         if released:
             logger.warning(f"CRD {CRD_NAME} is being deleted: released {released} CaramelJobs")
