@@ -185,7 +185,10 @@ class _Reconciliation:
         if self.status.phase not in FINISHED:
             problems = worker_pod_problems(self.job, default_image=self.settings.runtime_image)
             if problems:
-                return reject_invalid(self.status, "; ".join(problems), self.now)
+                # As any failure: a gang already running (the template edited since) is cleaned up.
+                self.fail("InvalidSpec", f"invalid spec: {'; '.join(problems)}")
+                self.count_workers()
+                return self.decision
         if self.status.phase in FINISHED:
             self.finished()
         elif self.job.spec.run_policy.suspend:
