@@ -60,8 +60,9 @@ def job_manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 class WorkerCampaign:
-    STEPS = 40
-    CHECKPOINT_INTERVAL = 5
+    # Enough steps (about 25 ms each) that a kill lands mid-training, checkpoints every 20 steps.
+    STEPS = 200
+    CHECKPOINT_INTERVAL = 20
 
     def __init__(self, directory: Path, seed: int) -> None:
         self.directory = directory
@@ -71,7 +72,7 @@ class WorkerCampaign:
     def job_file(self, name: str) -> Path:
         spec = {
             "script": "examples/train_small.py",
-            "args": ["--steps", str(self.STEPS), "--batch-size", "32", "--hidden", "64"],
+            "args": ["--steps", str(self.STEPS), "--batch-size", "32", "--hidden", "128"],
             "workers": {"replicas": 2},
             "rendezvous": {"port": free_port()},
             "metrics": {"port": free_port_block(4)},
@@ -95,7 +96,7 @@ class WorkerCampaign:
     def trial(self, index: int) -> Trial:
         expected = self.expected_digest()
         rank = self.rng.randrange(2)
-        step = self.rng.randrange(self.CHECKPOINT_INTERVAL + 1, self.STEPS - 2)
+        step = self.rng.randrange(self.CHECKPOINT_INTERVAL + 1, self.STEPS * 3 // 4)
         run = BackgroundRun(self.job_file(f"trial-{index}"))
         deadline = time.monotonic() + 300
         while not any(int(s) >= step for s in PROGRESS.findall(run.output)):
@@ -108,11 +109,11 @@ class WorkerCampaign:
         output = run.output
         restored = re.findall(r"restored .*ckpt-\d+ at step (\d+)", output)
         ranks = digests(output)
-        what = f"killed rank {rank} at step {reached}, resumed from step {restored[-1] if restored else '-'}"
+        what = f"killed rank {rank} after step {reached} of {self.STEPS}, resumed from step {restored[-1] if restored else '-'}"
         if code != 0 or "restarting the whole gang" not in output:
             return Trial(False, f"{what}: exit {code}, no gang restart:\n{output[-3000:]}")
-        if not restored:
-            return Trial(False, f"{what}: the new gang did not restore a checkpoint:\n{output[-3000:]}")
+        if not restored or int(restored[-1]) >= self.STEPS:
+            return Trial(False, f"{what}: the new gang did not resume training from a checkpoint:\n{output[-3000:]}")
         if set(ranks.values()) != {expected} or len(ranks) != 2:
             return Trial(False, f"{what}: digests {ranks} differ from the uninterrupted run's {expected}")
         return Trial(True, f"{what}, final weights equal the uninterrupted run's")
@@ -239,7 +240,7 @@ class BadJobCampaign:
             def failed(name: str) -> bool:
                 return api.status(name).get("phase") == "Failed"
 
-            eventually(lambda: all(failed(name) for name in names), timeout=120, what="every bad job Failed")
+            eventually(lambda: all(failed(name) for name in names), timeout=300, what="every bad job Failed")
             time.sleep(2)  # a few more passes: anything the operator would create, it has by now
             trials = []
             for bad, name in zip(self.jobs, names):
