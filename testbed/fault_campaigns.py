@@ -145,7 +145,12 @@ class OperatorCampaign:
                 eventually(lambda: api.status(name).get("phase") == "Running", timeout=60, what="Running")
                 api.set_pod_status(f"{name}-worker-{self.rng.randrange(replicas)}", {"phase": "Failed"})
                 eventually(lambda: api.status(name).get("restarts") == 1, timeout=60, what="a restart")
-            time.sleep(self.rng.uniform(0.0, 1.0))
+                # Mid-reconcile: while the failed gang goes, or the new one is being created.
+                time.sleep(self.rng.uniform(0.0, 1.0))
+            else:
+                # Mid-reconcile: once the first pods of the gang exist, while the rest are created.
+                eventually(lambda: api.pods(name), timeout=60, what="the first pods", interval=0.01)
+                time.sleep(self.rng.uniform(0.0, 0.2))
             pods_at_kill = len(api.pods(name))
             operator.process.send_signal(signal.SIGKILL)
             operator.process.wait()
