@@ -53,19 +53,64 @@ def test_invalid_field_is_named_and_nothing_starts(tmp_path, capsys, no_spawn):
     assert "spec.workers.slotsPerWorker: Input should be greater than or equal to 1 (got -1)" in err
 
 
-def test_workers_flag_overrides_replicas_through_validation(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def recorded_run(monkeypatch) -> dict:
+    """Records the job and topology `caramel run` would start, instead of starting them."""
     seen = {}
 
     class Recorder:
-        def __init__(self, job, on_log, on_progress, on_notice):
-            seen["replicas"] = job.spec.workers.replicas
+        def __init__(self, job, on_log, on_progress, on_notice, topology=None):
+            seen["job"], seen["topology"] = job, topology
 
         def run(self):
             raise caramel.launch.launcher.LaunchError("recorded")
 
     monkeypatch.setattr("caramel.launch.cli.LocalRun", Recorder)
+    return seen
+
+
+def test_workers_flag_overrides_replicas_through_validation(tmp_path, capsys, recorded_run):
     code, _ = run_cli(capsys, "run", str(write_manifest(tmp_path, job_manifest())), "--workers", "5")
-    assert code == 2 and seen["replicas"] == 5
+    assert code == 2 and recorded_run["job"].spec.workers.replicas == 5
+
+
+RACKS_TOPOLOGY = "kind: racks\nracks: 2\nhostsPerRack: 2\nlink: {gbps: 1}\nuplink: {gbps: 0.25}\n"
+
+
+def test_topology_flag_hands_the_file_s_topology_to_the_run(tmp_path, capsys, recorded_run):
+    (tmp_path / "racks.yaml").write_text(RACKS_TOPOLOGY)
+    manifest = write_manifest(tmp_path, job_manifest())
+    code, _ = run_cli(capsys, "run", str(manifest), "--workers", "4", "--topology", str(tmp_path / "racks.yaml"))
+    assert code == 2 and recorded_run["topology"].size == 4
+    assert recorded_run["topology"].groups == ("tor0", "tor0", "tor1", "tor1")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "--topology: cannot read topology file"),
+        ("kind: racks\nracks: 2\nhostsPerRack: 2\nlink: {gbps: -1}\nuplink: {gbps: 1}\n", "link.gbps"),
+        ("kind: [\n", "is not valid YAML"),
+        (RACKS_TOPOLOGY, "has 4 hosts; the job runs 2 ranks"),
+    ],
+)
+def test_bad_topology_flag_is_named_and_nothing_starts(tmp_path, capsys, no_spawn, content, message):
+    if content is not None:
+        (tmp_path / "topology.yaml").write_text(content)
+    code, err = run_cli(capsys, "run", str(write_manifest(tmp_path, job_manifest())), "--topology", str(tmp_path / "topology.yaml"))
+    assert code == 2
+    assert "--topology: " in err and message in err
+
+
+def test_busy_transport_port_is_named_for_a_job_that_may_run_multitree(tmp_path, capsys, no_spawn):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        manifest = job_manifest(caramel={"allreduce": "multitree", "transportPort": port - 1})
+        code, err = run_cli(capsys, "run", str(write_manifest(tmp_path, manifest)))
+    assert code == 2
+    assert f"spec.caramel.transportPort (+1 for rank 1): port {port} is already in use" in err
 
 
 def test_missing_script_is_named_and_nothing_starts(tmp_path, capsys, no_spawn):

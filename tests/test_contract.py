@@ -7,6 +7,8 @@ from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
 from caramel.job.contract import WorkerContract, slot_env, worker_command, worker_env, worker_name
 from caramel.job.jobfile import parse_job
+from caramel.topology.simulate import choose_allreduce
+from caramel.topology.synthetic import racks
 
 
 def job(replicas=3, slots=2, **spec):
@@ -108,3 +110,40 @@ def test_contract_outside_a_worker_says_how_to_start_one():
 
 def test_worker_names_are_stable():
     assert worker_name(job(), 2) == "demo-worker-2"
+
+
+def test_transport_addresses_reach_every_rank_in_both_modes():
+    the_job = job(caramel={"transportPort": 29600})
+    cluster = WorkerContract.from_env(next(process_envs(the_job, CLUSTER_PEERS)))
+    assert cluster.transport_addresses == [(peer, 29600 + slot) for peer in CLUSTER_PEERS for slot in range(2)]
+    local = WorkerContract.from_env(next(process_envs(the_job, ["127.0.0.1"] * 3)))
+    assert local.transport_addresses == [("127.0.0.1", 29600 + rank) for rank in range(6)]
+    # Every process listens where the others look for it.
+    for peers in (CLUSTER_PEERS, ["127.0.0.1"] * 3):
+        envs = list(process_envs(the_job, peers))
+        listed = WorkerContract.from_env(envs[0]).transport_addresses
+        assert [int(env["CARAMEL_TRANSPORT_PORT"]) for env in envs] == [port for _, port in listed]
+
+
+def test_a_ring_job_gets_no_transport_variables():
+    env = worker_env(job(caramel={"allreduce": "ring"}), 0, CLUSTER_PEERS)
+    assert "CARAMEL_PEERS" not in env and "CARAMEL_TRANSPORT_PORT" not in env
+    with pytest.raises(RuntimeError, match="CARAMEL_PEERS is unset"):
+        WorkerContract.from_env({**env, **slot_env(env, 0)}).transport_addresses
+
+
+def test_topology_round_trips_and_defaults_to_flat():
+    placed = racks(2, 3, 1e9, 2.5e8)
+    env = worker_env(job(), 1, CLUSTER_PEERS, topology=placed)
+    assert WorkerContract.from_env(env).topology == placed
+    flat = WorkerContract.from_env(worker_env(job(), 1, CLUSTER_PEERS)).topology
+    assert flat.size == 6 and len(set(flat.groups)) == 1
+    assert choose_allreduce(flat, 256 * 2**20) == "ring"
+
+
+def test_topology_must_have_one_host_per_rank():
+    with pytest.raises(ValueError, match="the topology has 4 hosts, the job 6 ranks"):
+        worker_env(job(), 0, CLUSTER_PEERS, topology=racks(2, 2, 1e9, 1e9))
+    env = worker_env(job(), 0, CLUSTER_PEERS)
+    with pytest.raises(RuntimeError, match="CARAMEL_TOPOLOGY: not a topology"):
+        WorkerContract.from_env({**env, "CARAMEL_TOPOLOGY": '{"v": 2}'})

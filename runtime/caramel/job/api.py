@@ -178,6 +178,14 @@ class Batching(StrEnum):
     OFF = "off"
 
 
+class Allreduce(StrEnum):
+    """The algorithm that all-reduces the gradients."""
+
+    AUTO = "auto"
+    RING = "ring"
+    MULTITREE = "multitree"
+
+
 class Scheduling(ApiModel):
     """Caramel's communication scheduling. The defaults choose everything automatically."""
 
@@ -215,6 +223,16 @@ class Scheduling(ApiModel):
     replan_interval_steps: int = Field(20, ge=1)
     """Steps between re-plans from fresh latency and bandwidth observations (rank 0's fit is
     shared, so every rank follows the same plan)."""
+
+    allreduce: Allreduce = Allreduce.AUTO
+    """All-reduce algorithm: ring is Horovod's; multitree runs MULTITREE's trees over the job's
+    topology (the placed nodes in a cluster, `caramel run --topology` locally), one tree per
+    rank, so that fewer bytes cross slow uplinks; auto takes multitree only where it is
+    predicted clearly faster on that topology, which a flat one never is."""
+
+    transport_port: int = Field(29500, ge=1024, le=65535)
+    """TCP port of the multitree transport of each worker's first training process; processes
+    that share a machine use the following ports."""
 
     @model_validator(mode="after")
     def _bucket_bounds_ordered(self) -> Scheduling:

@@ -7,15 +7,24 @@ else passes information to a worker, so both modes run exactly the same way.
 
 A worker is a Horovod *host*: it runs `slotsPerWorker` training processes (slots). Rank r of
 the job lives on worker r // slots as slot r % slots.
+
+Processes that share a machine (workers with the same address) take consecutive ports: worker
+w's first process takes the spec's port plus the processes of workers before it on the same
+address (`machine_offsets`), each next slot the port after. Metrics ports and the multitree
+transport's ports follow this rule.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from caramel.job.api import CaramelJob, Checkpoint, Scheduling, Tuning
+from caramel.job.api import Allreduce, CaramelJob, Checkpoint, Scheduling, Tuning
+from caramel.topology.model import Topology
+from caramel.topology.synthetic import racks
+from caramel.topology.wire import from_json, to_json
 
 TENSORFLOW_ENV = {
     # Horovod 0.28.1 on TensorFlow 2.16+ works only with legacy Keras (the tf-keras package).
@@ -30,15 +39,41 @@ def worker_name(job: CaramelJob, worker_index: int) -> str:
     return f"{job.name}-worker-{worker_index}"
 
 
+def machine_offsets(peers: Sequence[str], slots: int) -> list[int]:
+    """For each worker, the training processes of the workers before it at the same address:
+    how far past a spec's port its own ports start."""
+    seen: Counter[str] = Counter()
+    offsets = []
+    for peer in peers:
+        offsets.append(slots * seen[peer])
+        seen[peer] += 1
+    return offsets
+
+
+def transport_addresses(peers: Sequence[str], slots: int, first_port: int) -> list[tuple[str, int]]:
+    """Where each rank's multitree transport listens, in rank order."""
+    return [
+        (peer, first_port + offset + slot)
+        for peer, offset in zip(peers, machine_offsets(peers, slots))
+        for slot in range(slots)
+    ]
+
+
 def worker_env(
-    job: CaramelJob, worker_index: int, peers: Sequence[str], tuning: Tuning | None = None
+    job: CaramelJob,
+    worker_index: int,
+    peers: Sequence[str],
+    tuning: Tuning | None = None,
+    topology: Topology | None = None,
 ) -> dict[str, str]:
     """The environment of one worker.
 
     `peers[i]` is the address at which worker i can be reached: its DNS name in a cluster,
     127.0.0.1 for local processes. Worker 0 serves the rendezvous. Workers that share an
-    address share a machine, so each takes its own block of metrics ports. `tuning` is what
-    an earlier gang of the same job tuned, for a restarted gang to start from.
+    address share a machine, so each takes its own block of metrics and transport ports.
+    `tuning` is what an earlier gang of the same job tuned, for a restarted gang to start from.
+    `topology` is the network under the job, one host per rank in rank order (the placed
+    nodes in a cluster, a topology file locally); without one the job's network is flat.
     """
     spec = job.spec
     replicas, slots = spec.workers.replicas, spec.workers.slots_per_worker
@@ -46,7 +81,12 @@ def worker_env(
         raise ValueError(f"expected {replicas} peer addresses (spec.workers.replicas), got {len(peers)}")
     if not 0 <= worker_index < replicas:
         raise ValueError(f"worker index {worker_index} is outside 0..{replicas - 1}")
-    processes_before_on_same_machine = slots * sum(1 for peer in peers[:worker_index] if peer == peers[worker_index])
+    if topology is not None and topology.size != job.world_size:
+        raise ValueError(
+            f"the topology has {topology.size} hosts, the job {job.world_size} ranks "
+            "(spec.workers.replicas x slotsPerWorker): it needs one host per rank"
+        )
+    processes_before_on_same_machine = machine_offsets(peers, slots)[worker_index]
     env = {
         **TENSORFLOW_ENV,
         "HOROVOD_CONTROLLER": "gloo",
@@ -66,6 +106,12 @@ def worker_env(
     }
     if spec.rendezvous.network_interface:
         env["HOROVOD_GLOO_IFACE"] = spec.rendezvous.network_interface
+    if spec.caramel.allreduce != Allreduce.RING:
+        # Only for jobs that may run the transport: a ring job's workers need no peer list.
+        env["CARAMEL_PEERS"] = ",".join(peers)
+        env["CARAMEL_TRANSPORT_PORT"] = str(spec.caramel.transport_port + processes_before_on_same_machine)
+    if topology is not None:
+        env["CARAMEL_TOPOLOGY"] = to_json(topology)
     if spec.checkpoint:
         env["CARAMEL_CHECKPOINT"] = spec.checkpoint.model_dump_json(by_alias=True)
     if tuning:
@@ -82,12 +128,14 @@ def worker_command(job: CaramelJob, python: str = "python") -> list[str]:
 
 
 def slot_env(worker: Mapping[str, str], slot: int) -> dict[str, str]:
-    """The extra variables of training process `slot` of a worker: its Horovod ranks and metrics port."""
+    """The extra variables of training process `slot` of a worker: its Horovod ranks, metrics
+    port and transport port."""
     local_size = int(worker["HOROVOD_LOCAL_SIZE"])
     rank = int(worker["CARAMEL_WORKER_INDEX"]) * local_size + slot
     env = {"HOROVOD_RANK": str(rank), "HOROVOD_LOCAL_RANK": str(slot)}
-    if worker.get("CARAMEL_METRICS_PORT"):
-        env["CARAMEL_METRICS_PORT"] = str(int(worker["CARAMEL_METRICS_PORT"]) + slot)
+    for port in ("CARAMEL_METRICS_PORT", "CARAMEL_TRANSPORT_PORT"):
+        if worker.get(port):
+            env[port] = str(int(worker[port]) + slot)
     return env
 
 
@@ -107,6 +155,18 @@ class WorkerContract:
     tuning: Tuning | None
     metrics_port: int | None
     rank: int | None
+    peers: tuple[str, ...]
+    """Every worker's address (CARAMEL_PEERS); empty for a job whose all-reduce is the ring."""
+    topology: Topology
+    """The network under the job, one host per rank (CARAMEL_TOPOLOGY); a flat one (every rank
+    on one switch) when the job has none."""
+
+    @property
+    def transport_addresses(self) -> list[tuple[str, int]]:
+        """Where each rank's multitree transport listens, in rank order."""
+        if not self.peers:
+            raise RuntimeError("CARAMEL_PEERS is unset: this job's all-reduce is the ring, which runs no transport")
+        return transport_addresses(self.peers, self.slots_per_worker, self.scheduling.transport_port)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerContract:
@@ -118,11 +178,12 @@ class WorkerContract:
             )
         checkpoint = environ.get("CARAMEL_CHECKPOINT")
         tuning = environ.get("CARAMEL_TUNING")
+        world_size = int(environ["HOROVOD_SIZE"])
         return cls(
             job_name=environ["CARAMEL_JOB_NAME"],
             worker_index=int(environ["CARAMEL_WORKER_INDEX"]),
             hosts=environ["CARAMEL_HOSTS"],
-            world_size=int(environ["HOROVOD_SIZE"]),
+            world_size=world_size,
             slots_per_worker=int(environ["HOROVOD_LOCAL_SIZE"]),
             rendezvous_addr=environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
@@ -131,4 +192,19 @@ class WorkerContract:
             tuning=Tuning.model_validate_json(tuning) if tuning else None,
             metrics_port=int(environ["CARAMEL_METRICS_PORT"]) if environ.get("CARAMEL_METRICS_PORT") else None,
             rank=int(environ["HOROVOD_RANK"]) if "HOROVOD_RANK" in environ else None,
+            peers=tuple(environ["CARAMEL_PEERS"].split(",")) if environ.get("CARAMEL_PEERS") else (),
+            topology=_topology(environ.get("CARAMEL_TOPOLOGY"), world_size),
         )
+
+
+def _topology(text: str | None, world_size: int) -> Topology:
+    if not text:
+        # Only its shape matters (auto's choice and the trees compare routes over equal links).
+        return racks(1, world_size, bandwidth=1.0, uplink_bandwidth=1.0)
+    try:
+        topology = from_json(text)
+    except ValueError as error:
+        raise RuntimeError(f"CARAMEL_TOPOLOGY: {error}") from None
+    if topology.size != world_size:
+        raise RuntimeError(f"CARAMEL_TOPOLOGY has {topology.size} hosts; HOROVOD_SIZE is {world_size}")
+    return topology

@@ -13,6 +13,7 @@ from caramel import __version__
 from caramel.job.jobfile import JobFileError, load_job, parse_job
 from caramel.launch.launcher import LaunchError, LocalRun, RunOutcome
 from caramel.job.progress import ProgressReport, format_report
+from caramel.topology.spec import TopologySpecError, load_topology
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -41,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("job_file", metavar="JOB.yaml", help="a CaramelJob manifest")
     run.add_argument("--workers", type=positive_int, metavar="N", help="override spec.workers.replicas")
+    run.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="the network the ranks run on, for spec.caramel.allreduce (a topology file: YAML or JSON, "
+        "one host per rank; see caramel.topology.spec); without it the network is flat",
+    )
     return parser
 
 
@@ -54,8 +61,17 @@ def main(argv: list[str] | None = None) -> int:
             document = job.model_dump(mode="json", by_alias=True, exclude_unset=True)
             document["spec"].setdefault("workers", {})["replicas"] = args.workers
             job = parse_job(document, source=f"{args.job_file} with --workers {args.workers}")
+        topology = load_topology(args.topology) if args.topology else None
+        if topology is not None and topology.size != job.world_size:
+            raise TopologySpecError(
+                f"{args.topology} has {topology.size} hosts; the job runs {job.world_size} ranks "
+                "(spec.workers.replicas x slotsPerWorker), and the topology needs one host per rank"
+            )
     except JobFileError as error:
         console.print(f"[red]error:[/] {escape(str(error))}")
+        return EXIT_BAD_INPUT
+    except TopologySpecError as error:
+        console.print(f"[red]error:[/] --topology: {escape(str(error))}")
         return EXIT_BAD_INPUT
 
     workers = job.spec.workers
@@ -66,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     display = ProgressDisplay(console)
     try:
         with display:
-            outcome = LocalRun(job, display.log, display.progress, display.notice).run()
+            outcome = LocalRun(job, display.log, display.progress, display.notice, topology=topology).run()
     except LaunchError as error:
         console.print(f"[red]error:[/] {escape(str(error))}")
         return EXIT_BAD_INPUT

@@ -22,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caramel.job.api import CaramelJob
+from caramel.job.api import Allreduce, CaramelJob
 from caramel.job.contract import worker_command, worker_env
 from caramel.launch.processes import describe_exit, pump_lines, spawn, stop_groups
 from caramel.job.progress import ProgressReport, parse_report
+from caramel.topology.model import Topology
 
 LOCALHOST = "127.0.0.1"
 LAST_LINES_KEPT = 20
@@ -67,6 +68,10 @@ def check_can_start(job: CaramelJob, cwd: Path) -> None:
     if spec.metrics.enabled:
         for offset in range(job.world_size):
             ports.setdefault(spec.metrics.port + offset, f"spec.metrics.port (+{offset} for rank {offset})")
+    if spec.caramel.allreduce != Allreduce.RING:
+        for offset in range(job.world_size):
+            port = spec.caramel.transport_port + offset
+            ports.setdefault(port, f"spec.caramel.transportPort (+{offset} for rank {offset})")
     for port, name in ports.items():
         with socket.socket() as probe:
             # As the rendezvous and metrics servers do: connections of an earlier run lingering
@@ -87,8 +92,10 @@ class LocalRun:
         on_log: Callable[[int, str], None],
         on_progress: Callable[[ProgressReport], None],
         on_notice: Callable[[str], None] = lambda message: None,
+        topology: Topology | None = None,
     ) -> None:
         self.job = job
+        self.topology = topology
         self.on_log = on_log
         self.on_progress = on_progress
         self.on_notice = on_notice
@@ -139,7 +146,7 @@ class LocalRun:
         previous_sigterm = signal.signal(signal.SIGTERM, stop_on_sigterm)
         try:
             for index in range(replicas):
-                env = {**os.environ, **worker_env(self.job, index, peers)}
+                env = {**os.environ, **worker_env(self.job, index, peers, topology=self.topology)}
                 worker = spawn(worker_command(self.job, python=sys.executable), env, cwd=str(self.cwd))
                 workers.append(worker)
                 pumps.append(pump_lines(worker.stdout, lambda line, index=index: lines.put((index, line))))
