@@ -4,6 +4,9 @@
         process = cluster.spawn(0, argv, env)      # runs inside worker 0's namespace
         cluster.set_rate(1000)                     # a live rate drop
 
+    with EmulatedCluster(workers=8, rate_mbit=1000, racks=2, uplink_rate_mbit=250) as cluster:
+        ...                                        # workers 0-3 in rack 0, 4-7 in rack 1
+
 Topology: every worker namespace `<prefix>-w<i>` has one veth, `<prefix>-eth` inside (the same
 name everywhere, so one `HOROVOD_GLOO_IFACE` fits every worker) and `<prefix>-h<i>` on the
 host, enslaved to the bridge `<prefix>-br`. A `tbf` qdisc at the link rate sits on BOTH ends
@@ -11,14 +14,20 @@ of every veth: the namespace end shapes what the worker sends, the host end what
 so every worker has a full-duplex link of that rate to a non-blocking switch. (This kernel has
 no `netem`: no delay or loss emulation, only rate.)
 
+Racks (`racks=2`): the workers are split into two racks, the first half and the rest, each on
+its own bridge `<prefix>-br<rack>`, and the two bridges are joined by one uplink, a veth pair
+`<prefix>-u0` (on rack 0's bridge) - `<prefix>-u1` (on rack 1's), shaped with `tbf` at
+`uplink_rate_mbit` on both ends: u0's egress is what rack 0 sends to rack 1, u1's the way back.
+Every worker stays in one /24, so addresses and hosts files are as with one bridge.
+
 Horovod's Gloo contexts resolve the worker's own hostname, so every worker also gets its own
 UTS and mount namespace (`unshare -u -m`) with its hostname set and a hosts file, mapping
 every worker's hostname to its veth address, bind-mounted over /etc/hosts.
 
 Nothing outside what this module creates is touched: every name carries the prefix, the
 addresses come from a private /24 that must not overlap a route of the host, and the only
-host-wide change, an iptables ACCEPT rule for traffic within our bridge (dockerd sets the
-FORWARD policy to DROP, and bridged frames pass through iptables here), is removed again.
+host-wide change, an iptables ACCEPT rule for traffic within each of our bridges (dockerd sets
+the FORWARD policy to DROP, and bridged frames pass through iptables here), is removed again.
 Everything created is undone in reverse order on normal exit, on an exception and on
 SIGINT/SIGTERM/SIGHUP. After a SIGKILL of the harness, its processes die with it (parent-death
 signal) and `python benchmarks/netem.py --cleanup` removes the rest.
@@ -33,6 +42,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -49,6 +59,8 @@ DEFAULT_PREFIX = "crml"
 DEFAULT_SUBNET = "10.213.7.0/24"
 # Linux interface names have at most 15 characters; `<prefix>-h<index>` is the longest we make.
 MAX_PREFIX_LENGTH = 8
+RACKS = (1, 2)
+"""Racks the cluster can have: one bridge, or two bridges joined by one uplink."""
 NETNS_DIR = Path("/run/netns")
 # Runs inside the worker's new UTS and mount namespaces, then becomes the worker's command.
 ENTER_WORKER_NAMESPACES = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
@@ -90,9 +102,16 @@ class Names:
         if not re.fullmatch(r"[a-z][a-z0-9]{0,%d}" % (MAX_PREFIX_LENGTH - 1), prefix):
             raise HarnessError(f"prefix {prefix!r}: use 1 to {MAX_PREFIX_LENGTH} lowercase letters and digits")
         self.prefix = prefix
-        self.bridge = f"{prefix}-br"
         self.interface = f"{prefix}-eth"
         self.rule_comment = f"{prefix}: caramel emulated cluster"
+
+    def bridges(self, racks: int) -> list[str]:
+        """One bridge per rack: `<prefix>-br` alone, or `<prefix>-br0`, `<prefix>-br1`, ..."""
+        return [f"{self.prefix}-br"] if racks == 1 else [f"{self.prefix}-br{rack}" for rack in range(racks)]
+
+    def uplink(self, end: int) -> str:
+        """End `end` of the uplink veth pair: 0 on rack 0's bridge, 1 on rack 1's."""
+        return f"{self.prefix}-u{end}"
 
     def namespace(self, index: int) -> str:
         return f"{self.prefix}-w{index}"
@@ -100,13 +119,13 @@ class Names:
     def host_veth(self, index: int) -> str:
         return f"{self.prefix}-h{index}"
 
-    def forward_rule(self) -> list[str]:
-        """The iptables FORWARD rule (without -I/-D) accepting traffic within our bridge only."""
-        return ["-i", self.bridge, "-o", self.bridge, "-m", "comment", "--comment", self.rule_comment, "-j", "ACCEPT"]
+    def forward_rule(self, bridge: str) -> list[str]:
+        """The iptables FORWARD rule (without -I/-D) accepting traffic within one of our bridges only."""
+        return ["-i", bridge, "-o", bridge, "-m", "comment", "--comment", self.rule_comment, "-j", "ACCEPT"]
 
     def existing(self) -> dict[str, list[str]]:
         """What with these names exists now on this machine: namespaces, links and iptables rules."""
-        own_link = re.compile(rf"{re.escape(self.prefix)}-(br|h\d+)")
+        own_link = re.compile(rf"{re.escape(self.prefix)}-(br\d*|h\d+|u\d)")
         own_namespace = re.compile(rf"{re.escape(self.prefix)}-w\d+")
         links = [link["ifname"] for link in json.loads(_run(["ip", "-j", "link", "show"]).stdout or "[]")]
         namespaces = [line.split()[0] for line in _run(["ip", "netns", "list"]).stdout.splitlines() if line.strip()]
@@ -147,8 +166,8 @@ def remove_leftovers(prefix: str) -> list[str]:
         _delete_namespace(namespace)
     for link in existing["links"]:
         _delete_link_if_present(link)
-    for _ in existing["rules"]:
-        _run(["iptables", "-D", "FORWARD", *names.forward_rule()])
+    for rule in existing["rules"]:  # as `iptables -S` prints it: -A FORWARD <the rule>
+        _run(["iptables", "-D", *shlex.split(rule)[1:]])
     if existing["namespaces"]:
         _remove_netns_dir_if_unused()  # most likely made by the killed harness's `ip netns add`
     directories = list(Path(tempfile.gettempdir()).glob(f"{prefix}-netem-*"))  # hosts files
@@ -158,7 +177,8 @@ def remove_leftovers(prefix: str) -> list[str]:
 
 
 class EmulatedCluster:
-    """`workers` namespaces linked at `rate_mbit` through one bridge; a context manager."""
+    """`workers` namespaces linked at `rate_mbit` through one bridge, or through two bridges
+    (`racks=2`) joined by an uplink of `uplink_rate_mbit`; a context manager."""
 
     def __init__(
         self,
@@ -167,6 +187,8 @@ class EmulatedCluster:
         prefix: str = DEFAULT_PREFIX,
         subnet: str = DEFAULT_SUBNET,
         hostnames: Sequence[str] | None = None,
+        racks: int = 1,
+        uplink_rate_mbit: float | None = None,
     ) -> None:
         self.names = Names(prefix)
         self.subnet = ipaddress.IPv4Network(subnet)
@@ -176,6 +198,17 @@ class EmulatedCluster:
             raise HarnessError(f"workers: {workers} is outside 1..253")
         if rate_mbit <= 0:
             raise HarnessError(f"rate_mbit must be positive, got {rate_mbit}")
+        if racks not in RACKS:
+            raise HarnessError(f"racks: {racks} is not one of {', '.join(map(str, RACKS))}")
+        if racks > workers:
+            raise HarnessError(f"racks: {racks} racks need at least as many workers, got {workers}")
+        if (racks > 1) != (uplink_rate_mbit is not None):
+            raise HarnessError("uplink_rate_mbit: give it exactly when there are several racks")
+        if uplink_rate_mbit is not None and uplink_rate_mbit <= 0:
+            raise HarnessError(f"uplink_rate_mbit must be positive, got {uplink_rate_mbit}")
+        self.racks = racks
+        self.uplink_rate_mbit = uplink_rate_mbit
+        self.bridges = self.names.bridges(racks)
         self.workers = workers
         self.rate_mbit = rate_mbit
         self.hostnames = list(hostnames) if hostnames else [self.names.namespace(i) for i in range(workers)]
@@ -199,12 +232,19 @@ class EmulatedCluster:
         self._check_index(index)
         return str(self.subnet.network_address + index + 1)
 
+    def rack(self, index: int) -> int:
+        """The rack of worker `index`: the first workers // racks workers are in rack 0."""
+        self._check_index(index)
+        return index * self.racks // self.workers
+
     @property
     def bridge_address(self) -> str:
+        """The host's address on the cluster's subnet (on rack 0's bridge)."""
         return str(self.subnet.network_address + 254)
 
     def set_rate(self, rate_mbit: float) -> None:
-        """Change the shaping of every link, both directions, while traffic flows."""
+        """Change the shaping of every worker's link, both directions, while traffic flows (the
+        uplink keeps its rate)."""
         for index in range(self.workers):
             self._shape(index, rate_mbit, "replace")
         self.rate_mbit = rate_mbit
@@ -313,15 +353,32 @@ class EmulatedCluster:
         self._directory = Path(tempfile.mkdtemp(prefix=f"{self.names.prefix}-netem-"))
         self._push(f"remove {self._directory}", lambda: shutil.rmtree(self._directory, ignore_errors=True))
         self._write_hosts_file()
-        bridge = self.names.bridge
-        _run(["ip", "link", "add", bridge, "type", "bridge"])
-        self._push(f"delete bridge {bridge}", lambda: _delete_link_if_present(bridge))
-        _run(["ip", "addr", "add", f"{self.bridge_address}/24", "dev", bridge])
-        _run(["ip", "link", "set", bridge, "up"])
-        _run(["iptables", "-I", "FORWARD", "1", *self.names.forward_rule()])
-        self._push("delete our iptables rule", lambda: _run(["iptables", "-D", "FORWARD", *self.names.forward_rule()]))
+        for bridge in self.bridges:
+            self._add_bridge(bridge)
+        # One address for the host on the subnet: on two bridges it would be two routes to it.
+        _run(["ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridges[0]])
+        if self.racks > 1:
+            self._add_uplink()
         for index in range(self.workers):
             self._add_worker(index)
+
+    def _add_bridge(self, bridge: str) -> None:
+        _run(["ip", "link", "add", bridge, "type", "bridge"])
+        self._push(f"delete bridge {bridge}", lambda: _delete_link_if_present(bridge))
+        _run(["ip", "link", "set", bridge, "up"])
+        rule = self.names.forward_rule(bridge)
+        _run(["iptables", "-I", "FORWARD", "1", *rule])
+        self._push(f"delete our iptables rule for {bridge}", lambda: _run(["iptables", "-D", "FORWARD", *rule]))
+
+    def _add_uplink(self) -> None:
+        """The veth pair between the two racks' bridges, shaped on both ends."""
+        ends = [self.names.uplink(0), self.names.uplink(1)]
+        _run(["ip", "link", "add", ends[0], "type", "veth", "peer", "name", ends[1]])
+        self._push(f"delete veth {ends[0]}", lambda: _delete_link_if_present(ends[0]))
+        tbf = tbf_parameters(self.uplink_rate_mbit)
+        for end, bridge in zip(ends, self.bridges):
+            _run(["ip", "link", "set", end, "master", bridge, "up"])
+            _run(["tc", "qdisc", "add", "dev", end, "root", "tbf", *tbf])
 
     def _add_worker(self, index: int) -> None:
         namespace, host_veth, inside = self.names.namespace(index), self.names.host_veth(index), self.interface
@@ -331,7 +388,7 @@ class EmulatedCluster:
         # every namespace, never meets the host's interfaces.
         _run(["ip", "link", "add", host_veth, "type", "veth", "peer", "name", inside, "netns", namespace])
         self._push(f"delete veth {host_veth}", lambda: _delete_link_if_present(host_veth))
-        _run(["ip", "link", "set", host_veth, "master", self.names.bridge, "up"])
+        _run(["ip", "link", "set", host_veth, "master", self.bridges[self.rack(index)], "up"])
         _run(["ip", "-n", namespace, "addr", "add", f"{self.address(index)}/24", "dev", inside])
         _run(["ip", "-n", namespace, "link", "set", inside, "up"])
         _run(["ip", "-n", namespace, "link", "set", "lo", "up"])

@@ -233,6 +233,32 @@ def test_a_schedule_the_executor_cannot_run_by_dependencies_is_refused():
         TreeAllreduce(late, 1, addresses(3))
 
 
+def test_ranks_that_finish_and_close_at_once_fail_nobody_still_finishing():
+    # Rank 0 may return while ranks it fed still wait for others' data: its close must not
+    # take those ranks down.
+    schedule = multitree(two_racks(8))
+    for _ in range(3):
+        transports = connect(schedule, piece_bytes=1 << 16)
+
+        def reduce_and_close(rank: int) -> np.ndarray:
+            try:
+                return transports[rank].allreduce(np.full(1 << 18, float(rank), np.float32), 0)
+            finally:
+                transports[rank].close()
+
+        for result in on_every_rank(8, reduce_and_close):
+            np.testing.assert_array_equal(result, np.full(1 << 18, 3.5, np.float32))
+
+
+def test_a_peer_that_left_fails_the_next_call_by_name():
+    transports = connect(multitree(racks(1, 2, 1.0, 1.0)))
+    allreduce(transports, [np.ones(4), np.ones(4)], 0)
+    transports[1].close()
+    with pytest.raises(TransportError, match=r"all-reduce 1 on rank 0 failed: rank 0 lost rank 1 \(127.0.0.1:\d+\)"):
+        transports[0].allreduce(np.ones(4), 1)
+    transports[0].close()
+
+
 DYING_RANK = """
 import sys, time
 from caramel.topology.multitree import multitree

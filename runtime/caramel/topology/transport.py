@@ -33,9 +33,11 @@ at once; the calls run one after another in `sequence` order (0, 1, 2, ...), the
 rank, so ranks never wait on each other's different collectives. Messages carry the sequence,
 so a peer already in the next collective is simply waited for.
 
-Failures. A peer that closes its connection or dies (its kernel resets the connection) fails
-the collective in progress, and every later call, with an error naming the peer; this rank
-then closes its own connections, so that its other peers fail promptly too rather than hang.
+Failures. A peer whose connection closes or breaks (it closed its transport, or died and its
+kernel closed or reset the connection) fails the collective in progress if that still needs
+data from it, and otherwise the next call, with an error naming the peer. A rank that fails
+closes its own connections, so that the peers waiting for it fail promptly too rather than
+hang; a rank that simply finished and closed fails nobody.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import socket
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -167,6 +170,11 @@ class _Collective:
         ]
         self.remaining = sum(count * len(p) for count, p in zip(messages_per_piece, self.pieces))
         """Messages still to send or receive; the collective is done at 0."""
+        self.expected: Counter[int] = Counter()
+        """Messages still to receive, per peer."""
+        for chunk, pieces in enumerate(self.pieces):
+            senders = [*plan.partial_sums_from[chunk], plan.finished_from[chunk]]
+            self.expected.update({peer: len(pieces) for peer in senders if peer is not None})
 
     def piece(self, chunk: int, piece: int) -> np.ndarray:
         start, stop = self.pieces[chunk][piece]
@@ -219,6 +227,7 @@ class TreeAllreduce:
         self._claimed: set[int] = set()  # sequences of calls waiting or running
         self._current: _Collective | None = None
         self._failure: TransportError | None = None
+        self._departed: dict[int, str] = {}  # peers whose connection ended: why
         self._closing = False
         self._connections = _connect(self.rank, self._plan.peers, self.addresses, self._hello(), connect_timeout)
         self._threads = []
@@ -256,9 +265,15 @@ class TreeAllreduce:
             with self._state:
                 while self._next != sequence and not self._failure:
                     self._state.wait()
-                self._raise_failure(sequence)
-                self._current = collective
-                self._state.notify_all()  # receivers may hold this collective's first messages
+                # A peer that left after the last collective fails this one, and this rank's
+                # other peers with it (checked with the turn taken, so no departure slips by).
+                departed = self._departed and self._record(TransportError(next(iter(self._departed.values()))))
+                if not self._failure:
+                    self._current = collective
+                    self._state.notify_all()  # receivers may hold this collective's first messages
+            if departed:
+                self._shut_down()
+            self._raise_failure(sequence)
             try:
                 for chunk, pieces in enumerate(collective.pieces):
                     if not self._plan.partial_sums_from[chunk]:
@@ -284,8 +299,7 @@ class TreeAllreduce:
             if self._closing:
                 return
             self._closing = True
-            self._failure = self._failure or TransportError(f"rank {self.rank}: the transport was closed")
-            self._state.notify_all()
+            self._record(TransportError(f"rank {self.rank}: the transport was closed"))
         self._shut_down()
         for thread in self._threads:
             thread.join(timeout=5)
@@ -314,9 +328,11 @@ class TreeAllreduce:
         for peer in self._plan.finished_to[chunk]:
             self._connections[peer].outbox.put((collective, ALL_GATHER, chunk, piece))
 
-    def _count_message(self, collective: _Collective) -> None:
+    def _count_message(self, collective: _Collective, sender: int | None = None) -> None:
         with self._state:
             collective.remaining -= 1
+            if sender is not None:
+                collective.expected[sender] -= 1
             if not collective.remaining:
                 self._state.notify_all()
 
@@ -330,7 +346,8 @@ class TreeAllreduce:
                 _send_message(connection.sock, header, memoryview(collective.piece(chunk, piece).view(np.uint8)))
                 self._count_message(collective)
         except OSError as error:
-            self._lost(connection, f"sending failed: {error}")
+            # A peer that finished has received all it needed: a failed send is a failure.
+            self._fail(self._lost(connection, f"sending failed: {error}"))
 
     def _receive_loop(self, connection: _Connection) -> None:
         header = bytearray(HEADER.size)
@@ -338,7 +355,7 @@ class TreeAllreduce:
         try:
             while True:
                 if not _receive_exactly(connection.sock, memoryview(header), at_boundary=True):
-                    self._lost(connection, "it closed the connection")
+                    self._gone(connection, "it closed the connection")
                     return
                 sequence, phase, dtype_code, chunk, piece, elements = HEADER.unpack(header)
                 collective = self._collective(connection, sequence)
@@ -358,9 +375,9 @@ class TreeAllreduce:
                         complete = not collective.missing[chunk][piece]
                     if complete:
                         self._reduced(collective, chunk, piece)
-                self._count_message(collective)
+                self._count_message(collective, connection.peer)
         except (OSError, EOFError) as error:
-            self._lost(connection, f"receiving failed: {error}")
+            self._gone(connection, f"receiving failed: {error}")
         except TransportError as error:
             self._fail(error)
 
@@ -401,20 +418,37 @@ class TreeAllreduce:
 
     # -- failures ------------------------------------------------------------------------
 
-    def _lost(self, connection: _Connection, what: str) -> None:
-        self._fail(TransportError(
+    def _lost(self, connection: _Connection, what: str) -> TransportError:
+        return TransportError(
             f"rank {self.rank} lost {connection.describe()}: {what}; that worker has probably stopped or failed"
-        ))
+        )
+
+    def _gone(self, connection: _Connection, what: str) -> None:
+        """The peer's connection ended: a failure now if the collective in progress still needs
+        data from it, else at the next call."""
+        error = self._lost(connection, what)
+        with self._state:
+            self._departed[connection.peer] = str(error)
+            needed = self._current is not None and self._current.expected[connection.peer] > 0
+        if needed:
+            self._fail(error)
 
     def _fail(self, error: TransportError) -> None:
         """Record the first failure, wake every waiting call, and close the connections so that
         this rank's peers fail promptly too."""
         with self._state:
-            if self._failure:
-                return
-            self._failure = error
-            self._state.notify_all()
-        self._shut_down()
+            first = self._record(error)
+        if first:
+            self._shut_down()
+
+    def _record(self, error: TransportError) -> bool:
+        """With the state's lock held: keep the first failure and wake every waiting call; True
+        if this was the first."""
+        if self._failure:
+            return False
+        self._failure = error
+        self._state.notify_all()
+        return True
 
     def _raise_failure(self, sequence: int) -> None:
         if self._failure:

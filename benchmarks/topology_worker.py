@@ -1,0 +1,75 @@
+"""The topology benchmark's worker: Horovod's ring and Caramel's MULTITREE on the same buffers.
+
+Started through Caramel's entrypoint like any worker; it reads the topology and the transport's
+addresses from the worker contract. For each size, in every repeat, both algorithms all-reduce
+the same random float32 buffer (which goes first alternates), each after a barrier; a run's
+time is the slowest rank's. Rank 0 prints JSON lines:
+  {"event": "allreduce", "algorithm", "megabytes", "repeat", "seconds"}
+  {"event": "check", "megabytes", "max_difference"}   # between the two averages, once per size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from caramel.job.contract import WorkerContract
+from caramel.topology.multitree import multitree
+from caramel.topology.transport import TreeAllreduce
+
+MEGABYTE = 2**20
+WARM_UP_BYTES = MEGABYTE
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="4,16,64,128,256", help="buffer sizes in MiB, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    hvd.init()
+    contract = WorkerContract.from_env()
+    transport = TreeAllreduce(multitree(contract.topology), hvd.rank(), contract.transport_addresses)
+    sequence = 0
+
+    def ring(tensor: tf.Tensor) -> np.ndarray:
+        return hvd.allreduce(tensor, op=hvd.Average, name=f"buffer{tensor.shape[0]}").numpy()
+
+    def tree(tensor: tf.Tensor) -> np.ndarray:
+        nonlocal sequence
+        sequence += 1
+        return transport.allreduce(tensor.numpy(), sequence - 1)
+
+    algorithms = {"ring": ring, "multitree": tree}
+    for run in algorithms.values():  # connections, buffers and code paths, unmeasured
+        run(tf.ones([WARM_UP_BYTES // 4]))
+    for megabytes in [int(size) for size in args.sizes.split(",")]:
+        # Random values: a constant could be folded away instead of communicated.
+        values = np.random.default_rng(hvd.rank()).random(megabytes * MEGABYTE // 4, dtype=np.float32)
+        tensor = tf.convert_to_tensor(values)
+        del values
+        for repeat in range(args.repeats):
+            order = list(algorithms) if repeat % 2 == 0 else list(algorithms)[::-1]
+            for name in order:
+                hvd.allreduce(tf.zeros([1]), name="barrier")
+                started = time.perf_counter()
+                algorithms[name](tensor)
+                seconds = hvd.allgather(tf.constant([time.perf_counter() - started], tf.float64)).numpy().max()
+                report({"event": "allreduce", "algorithm": name, "megabytes": megabytes, "repeat": repeat,
+                        "seconds": float(seconds)})
+        difference = np.abs(ring(tensor) - tree(tensor)).max()
+        report({"event": "check", "megabytes": megabytes, "max_difference": float(difference)})
+    transport.close()
+
+
+def report(event: dict) -> None:
+    if hvd.rank() == 0:
+        print(json.dumps(event), flush=True)
+
+
+if __name__ == "__main__":
+    main()
