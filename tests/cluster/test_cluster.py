@@ -1,23 +1,61 @@
-"""Caramel on a real cluster (see conftest.py for how to run it): the chart, jobs to Succeeded,
-the short name, restarts and resume, the operator's restart, refusals, Pod Security, network
-policies and RBAC. Each test creates its own restricted namespace."""
+"""The portable cluster suite: runs against whatever cluster KUBECONFIG (or ~/.kube/config)
+points at, with kubectl and helm from .venv/bin. Skips, saying why, where no cluster answers.
+
+    KUBECONFIG=~/.kube/config .venv/bin/python -m pytest -m cluster tests/cluster
+
+The cluster's nodes must be able to pull CARAMEL_IMAGE (default caramel:0.1.0: with kind,
+`kind load docker-image caramel:0.1.0`; scripts/kind-e2e.sh does all of it), it needs a default
+StorageClass for the checkpoint volume, and a CNI that enforces NetworkPolicy for that to mean
+anything (the suite checks the objects, not the packets).
+
+It covers the chart, jobs to Succeeded, the short name, restarts and resume, the operator's
+restart, refusals, Pod Security, network policies and RBAC; each test has its own restricted
+namespace.
+"""
 
 from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterator
 
 import pytest
 import yaml
 
 from caramel_operator.cluster import PERMISSIONS
 from testbed.bad_jobs import HAND_WRITTEN
-from testbed.cluster import IMAGE, RELEASE, REPO, kubectl
+from testbed.cluster import IMAGE, RELEASE, REPO, Namespace, cluster_unavailable, kubectl, run, tool
 from testbed.crd_validation import validate_object
 from testbed.local_runs import digests
 from testbed.operator_harness import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
+UNAVAILABLE = cluster_unavailable()
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800), pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))]
+
+
+@pytest.fixture(scope="session")
+def operator_release() -> Iterator[str]:
+    """The chart installed with its CRD, in its own namespace; uninstalled at the end."""
+    namespace = f"{RELEASE}-system"
+    repository, _, tag = IMAGE.rpartition(":")
+    run(tool("helm"), "install", RELEASE, str(REPO / "helm" / "caramel"), "--namespace", namespace, "--create-namespace",
+        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+        "--set", "crds.keep=false", "--wait", "--timeout", "5m", timeout=600)
+    kubectl("wait", "--for=condition=Established", "crd/carameljobs.caramel.dev", "--timeout=60s")
+    try:
+        yield namespace
+    finally:
+        run(tool("helm"), "uninstall", RELEASE, "--namespace", namespace, "--wait", check=False, timeout=300)
+        kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(operator_release: str) -> Iterator[Namespace]:
+    space = Namespace()
+    try:
+        yield space
+    finally:
+        space.delete()
 
 PVC_EXAMPLE = list(yaml.safe_load_all((REPO / "examples" / "checkpoint-pvc.yaml").read_text()))
 
