@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from conftest import job_manifest, run_caramel, runtime_metrics, write_manifest
 from prometheus_server import PrometheusServer
+from caramel.launch.launcher import LAST_LINES_KEPT
 from testbed.local_runs import BackgroundRun, digests
 
 pytestmark = pytest.mark.e2e
@@ -147,8 +148,9 @@ def test_a_crashing_script_shows_its_traceback(tmp_path):
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=60)
     assert result.returncode == 1
     # As the operator does: the whole gang restarts up to backoffLimit, showing why each time.
-    notice = result.stderr.split("restarting the whole gang (1 of 1, spec.runPolicy.backoffLimit) in 1 s")[1]
-    assert "ValueError: bad shard 7" in notice.split("rank 0 | loading data")[0]
+    after = result.stderr.split("restarting the whole gang (1 of 1, spec.runPolicy.backoffLimit) in 1 s. Its last lines:\n")[1]
+    notice = [line for line in after.splitlines()[:LAST_LINES_KEPT] if line.startswith("  | ")]
+    assert any("ValueError: bad shard 7" in line for line in notice), after
     assert "(after 1 restarts: spec.runPolicy.backoffLimit reached)" in result.stderr
     tail = result.stderr.split("last lines of worker")[1]
     assert "ValueError: bad shard 7" in tail and "loading data" in tail
