@@ -91,11 +91,6 @@ def finished_with_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     return not unfinished(status) and (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None
 
 
-@kopf.on.create(*JOBS)
-def count_created(**_: Any) -> None:
-    metrics.JOBS_CREATED.inc()
-
-
 @kopf.timer(*JOBS, interval=SETTINGS.reconcile_interval_seconds, when=unfinished)
 async def reconcile(
     body: kopf.Body,
@@ -110,6 +105,10 @@ async def reconcile(
 ) -> None:
     with metrics.RECONCILE_DURATION.time():
         now = datetime.now(UTC)
+        if not (body.get("status") or {}).get("phase"):
+            # The first pass over a job. (kopf's on.create fired twice for one job once its CRD
+            # was watched too: it is no count of jobs.)
+            metrics.JOBS_CREATED.inc()
         status = status_from(body.get("status"))
         try:
             job = CaramelJob.model_validate({key: body.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
