@@ -13,6 +13,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,10 +72,13 @@ class Sandbox:
         self.network = f"caramel-e2e-{self.suffix}"
         self.containers: list[str] = []
 
-    def run_pod(self, pod: dict[str, Any], dns_name: str) -> str:
-        """Starts the pod's one container, as a kubelet would, with the pod's name made unique."""
+    def run_pod(self, pod: dict[str, Any], dns_name: str, termination_log: Path) -> str:
+        """Starts the pod's one container, as a kubelet would, with the pod's name made unique and
+        its termination message file bind-mounted from `termination_log`."""
         (container,) = pod["spec"]["containers"]
         name = f"{pod['metadata']['name']}-{self.suffix}"
+        termination_log.touch()
+        termination_log.chmod(0o666)
         command = container["command"]
         options = ["--name", name, "--hostname", pod["spec"]["hostname"]]
         options += ["--network", self.network, "--network-alias", dns_name, "--entrypoint", command[0]]
@@ -84,6 +88,7 @@ class Sandbox:
         if container["securityContext"]["allowPrivilegeEscalation"] is False:
             options += ["--security-opt", "no-new-privileges"]
         options += [f"--cap-drop={capability}" for capability in container["securityContext"]["capabilities"]["drop"]]
+        options += ["--mount", f"type=bind,source={termination_log},target={container['terminationMessagePath']}"]
         if "workingDir" in container:
             options += ["--workdir", container["workingDir"]]
         for variable in container["env"]:
@@ -113,7 +118,7 @@ def logs(name: str) -> str:
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT + RUN_TIMEOUT + 300)
-def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox) -> None:
+def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox, tmp_path: Path) -> None:
     manifest = job_manifest(
         "docker-e2e", script="examples/train_small.py", args=["--steps", "60", "--batch-size", "32", "--hidden", "64"]
     )
@@ -122,7 +127,8 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox) -> None:
     assert {pod["spec"]["containers"][0]["image"] for pod in pods} == {image}
 
     started = time.monotonic()
-    names = [sandbox.run_pod(pod, worker_address(job, index)) for index, pod in enumerate(pods)]
+    messages = [tmp_path / f"termination-log-{index}" for index in range(len(pods))]
+    names = [sandbox.run_pod(pod, worker_address(job, index), messages[index]) for index, pod in enumerate(pods)]
     try:
         exit_codes = [int(code) for code in docker("wait", *names, timeout=RUN_TIMEOUT).stdout.split()]
     except subprocess.TimeoutExpired:
@@ -139,6 +145,8 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox) -> None:
     reports = [parse_report(line) for line in outputs[0].splitlines() if line.startswith("rank 0 | ")]
     final = [report for report in reports if report and report.final]
     assert len(final) == 1 and final[0].step == final[0].total == 60, outputs[0]
+    # Worker 0 leaves rank 0's final report where the kubelet reads the termination message.
+    assert parse_report(messages[0].read_text().strip()) == final[0]
 
     # One TensorFlow in the image: tf-keras's requirement must not have added the full one.
     check = docker("run", "--rm", "--entrypoint", "python", image, "-m", "caramel.job.one_tensorflow", check=False)

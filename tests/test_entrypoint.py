@@ -16,11 +16,11 @@ from conftest import REPO, free_port
 REPORT = "caramel-progress step=7 total=7 loss=0.5 step_seconds=0.01 examples_per_second=100 final=1"
 
 
-def run_worker(tmp_path, training: str) -> tuple[int, str | None]:
+def run_worker(tmp_path, training: str, message_path=None) -> tuple[int, str | None]:
     job = parse_job({"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "one"},
                      "spec": {"command": [sys.executable, "-c", training], "workers": {"replicas": 1},
                               "rendezvous": {"port": free_port()}, "metrics": {"enabled": False}}})
-    message = tmp_path / "termination-log"
+    message = message_path or tmp_path / "termination-log"
     env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"]), "CARAMEL_TERMINATION_MESSAGE_PATH": str(message)}
     result = subprocess.run(worker_command(job, python=sys.executable), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     return result.returncode, message.read_text() if message.exists() else None
@@ -35,3 +35,9 @@ def test_a_successful_worker_leaves_rank0s_last_report_as_its_termination_messag
 def test_a_failed_worker_leaves_no_termination_message(tmp_path):
     code, message = run_worker(tmp_path, f"print({REPORT!r}); raise SystemExit(3)")
     assert code == 3 and message is None
+
+
+def test_a_worker_whose_termination_log_cannot_be_written_still_succeeds(tmp_path):
+    """Outside Kubernetes (docker, say) no kubelet provides the file."""
+    code, message = run_worker(tmp_path, f"print({REPORT!r})", message_path=tmp_path / "missing" / "termination-log")
+    assert code == 0 and message is None

@@ -115,8 +115,11 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     termination_message = os.environ.get("CARAMEL_TERMINATION_MESSAGE_PATH")
     if status == 0 and reports and termination_message:
         # Only on success: a failed worker's message is the end of its log (FallbackToLogsOnError).
-        with open(termination_message, "w") as message:
-            message.write(format_report(reports[0]) + "\n")
+        try:
+            with open(termination_message, "w") as message:
+                message.write(format_report(reports[0]) + "\n")
+        except OSError as error:  # no kubelet made the file: the training still succeeded
+            say(f"cannot write the final report to {termination_message}: {error.strerror}")
     return status
 
 
