@@ -154,8 +154,11 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox, tmp_path:
     assert "cuInit" not in everything, "a second TensorFlow probes for CUDA"
 
     # Kubernetes' runAsNonRoot accepts only a numeric, non-zero image user.
+    # The pods set runAsUser, but an image run without it must not run as root either.
+    user = docker("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
+    assert user.isdigit() and int(user) > 0, f"the image runs as {user!r}"
     users = set(docker("inspect", "--format", "{{.Config.User}}", *names).stdout.split())
-    assert len(users) == 1 and all(user.isdigit() and int(user) > 0 for user in users), f"workers ran as {users}"
+    assert users == {"10001:10001"}, f"workers ran as {users}"
 
     print(f"--- {len(names)} workers, start to all exited: {elapsed:.1f} s")
     print(f"--- rank 0 final step time (median): {final[0].step_seconds * 1000:.1f} ms")
