@@ -1,22 +1,24 @@
 """One worker of the real-compute benchmark: an example model's real TensorFlow training step.
 
 The model, optimizer, loss and synthetic batches are the example scripts' own
-(examples/train_resnet50.py, examples/train_small.py), at the sizes of workloads.REAL_MODELS;
-the step is a tf.function as in the examples, run on this machine's CPU with one intra-op
-thread per worker (the workers share the machine's cores with each other and with Gloo).
+(examples/train_resnet50.py, examples/train_small.py), at the sizes of workloads.REAL_MODELS,
+run on this machine's CPU with one intra-op thread per worker (the workers share the machine's
+cores with each other and with Gloo). Every strategy trains through a public API:
 
-    --strategy horovod       hvd.DistributedGradientTape, as the examples' --horovod-baseline
-                             (HOROVOD_AUTOTUNE=1 in the environment makes it autotune).
-    --strategy caramel       ctf.DistributedGradientTape: each gradient goes to Caramel's
-                             communicator as backpropagation produces it (through
-                             tf.py_function inside the tf.function).
-    --strategy compute-only  the same step with a plain tape: no communication.
+    --strategy horovod       hvd.DistributedGradientTape in a tf.function called once per step,
+                             as Horovod documents it and the examples' --horovod-baseline does
+                             (HOROVOD_AUTOTUNE=1 in the environment makes it autotune)
+    --strategy caramel       ctf.DistributedGradientTape in the same step, run through
+                             ctf.function with --steps-per-execution steps per graph, as
+                             TrainingRun.fit runs it
+    --strategy compute-only  the Horovod strategy's loop with a plain tape: no communication
     --strategy comm-only     random tensors of the gradients' shapes allreduced at once with
-                             Horovod's defaults, as emulated_worker.py's comm-only.
+                             Horovod's defaults, as emulated_worker.py's comm-only
 
 Rank 0 prints a JSON line per measured step as it ends; every rank prints a JSON summary at the
 end, as emulated_worker.py does. Run it through the benchmark driver
-(`scheduling_bench.py --compute real`), which starts it as a Caramel worker in a network namespace.
+(`python -m benchmarks.scheduling_bench --compute real`), which starts it as a Caramel worker in
+a network namespace.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -34,16 +35,11 @@ import tensorflow as tf
 # Before the examples are imported: their module-level tensors initialise TensorFlow's runtime.
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "examples")]
-import train_resnet50  # noqa: E402
-import train_small  # noqa: E402
-from benchmarks.worker_events import StepLog, allreduce_all_at_once, engine_details, print_summary
-from benchmarks.workloads import REAL_MODELS, RealModel
-
 import caramel.tensorflow as ctf  # noqa: E402
+from benchmarks.worker_events import STRATEGIES, StepLog, allreduce_all_at_once, caramel_details, print_summary  # noqa: E402
+from benchmarks.workloads import REAL_MODELS, RealModel  # noqa: E402
+from examples import train_resnet50, train_small  # noqa: E402
 
-STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
 LEARNING_RATE = 0.01
 RESNET50_IMAGE_SIZE = 32  # the smallest ResNet-50 takes: a step well under a second here
 RESNET50_CLASSES = 100  # train_resnet50.py's default
@@ -90,6 +86,7 @@ TAPES = {
     "caramel": ctf.DistributedGradientTape,
     "compute-only": lambda tape: tape,
 }
+DEFAULT_STEPS_PER_EXECUTION = 4
 
 
 def parse_args() -> argparse.Namespace:
@@ -97,7 +94,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", required=True, choices=sorted(REAL_MODELS))
     parser.add_argument("--strategy", required=True, choices=STRATEGIES)
     parser.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
-    parser.add_argument("--warmup", type=int, default=5, help="steps run before measuring (default 5)")
+    parser.add_argument("--warmup", type=int, default=8, help="steps run before measuring (default 8)")
+    parser.add_argument(
+        "--steps-per-execution", type=int, default=DEFAULT_STEPS_PER_EXECUTION,
+        help=f"Caramel's steps per graph (default {DEFAULT_STEPS_PER_EXECUTION})",
+    )  # fmt: skip
     return parser.parse_args()
 
 
@@ -119,19 +120,18 @@ def main() -> None:
     if args.strategy == "comm-only":
         gradients = [tf.random.stateless_uniform(v.shape, seed=[hvd.rank(), i]) for i, v in enumerate(variables)]
         allreduce_all_at_once(gradients, total, times)
+    elif args.strategy == "caramel":
+        train_in_executions(example, total, args.steps_per_execution, times)
+        details.update(caramel_details())
     else:
         train(example, TAPES[args.strategy], total, times)
-        if args.strategy == "caramel":
-            communicator = ctf.communicator()
-            details.update(engine_details(communicator.engine, communicator.take_stats().exposed_seconds))
     print_summary(args.strategy, details)
 
 
-def train(example: Example, tape: Callable[[tf.GradientTape], object], total: int, times: StepLog) -> None:
-    """total steps of the example's training step, each timed from its batch's arrival to its end."""
+def training_step(example: Example, tape: Callable[[tf.GradientTape], object]) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """The examples' training step, averaging its gradients with `tape`."""
     model, optimizer, variables = example.model, example.optimizer, example.model.trainable_variables
 
-    @tf.function
     def train_step(inputs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as plain:
             loss = example.loss(labels, model(inputs, training=True))
@@ -139,11 +139,33 @@ def train(example: Example, tape: Callable[[tf.GradientTape], object], total: in
         optimizer.apply_gradients(zip(gradients, variables))
         return loss
 
+    return train_step
+
+
+def train(example: Example, tape: Callable[[tf.GradientTape], object], total: int, times: StepLog) -> None:
+    """total steps, a tf.function call each, each timed from its batch's arrival to its end."""
+    train_step = tf.function(training_step(example, tape))
     for step in range(total):
         inputs, labels = example.batch(step, hvd.rank())  # made in advance, as by an input pipeline
         started = time.perf_counter()
         train_step(inputs, labels).numpy()  # the step has ended once its loss exists
         times.append(time.perf_counter() - started)
+
+
+def train_in_executions(example: Example, total: int, steps_per_execution: int, times: StepLog) -> None:
+    """total steps through ctf.function, steps_per_execution per graph, from a prefetched input
+    pipeline; an execution's steps share its time."""
+    steps = ctf.function(training_step(example, ctf.DistributedGradientTape), steps_per_execution=steps_per_execution)
+    data = tf.data.Dataset.range(total).map(lambda step: example.batch(step, hvd.rank())).prefetch(steps_per_execution)
+    iterator = iter(data)
+    done = 0
+    while done < total:
+        count = min(steps_per_execution, total - done)
+        started = time.perf_counter()
+        losses = steps(iterator, count)
+        float(losses[-1])  # the execution has ended once its last loss exists
+        times.append(time.perf_counter() - started, count)
+        done += count
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""What benchmark workers print, as JSON lines the driver (scheduling_bench.py) reads.
+"""What benchmark workers print, as JSON lines the driver (scheduling_bench.py) reads, and the
+parts both workers share.
 
 Rank 0 prints `{"event": "step", "step", "seconds"}` as each measured step ends (the driver
 watches them live, for rate drops); every rank ends with one `{"event": "summary", "rank",
@@ -11,25 +12,44 @@ import json
 import resource
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from caramel.tensorflow.engine import TransferEngine
+import caramel.tensorflow as ctf
+
+STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
 
 
 class StepLog:
-    """Counts steps; rank 0 prints every measured one as it ends."""
+    """Counts steps; rank 0 prints every measured one as it ends. Steps of one graph execution
+    share its time equally."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.count = 0
 
-    def append(self, seconds: float) -> None:
-        self.count += 1
-        if hvd.rank() == 0 and self.count > self.warmup:
-            print(json.dumps({"event": "step", "step": self.count - self.warmup, "seconds": seconds}), flush=True)
+    def append(self, seconds: float, steps: int = 1) -> None:
+        for _ in range(steps):
+            self.count += 1
+            if hvd.rank() == 0 and self.count > self.warmup:
+                print(json.dumps({"event": "step", "step": self.count - self.warmup, "seconds": seconds / steps}), flush=True)
+
+
+class StepLogCallback(tf.keras.callbacks.Callback):
+    """Times each execution of `model.fit` (steps_per_execution steps) into a StepLog."""
+
+    def __init__(self, times: StepLog, steps_per_execution: int) -> None:
+        super().__init__()
+        self.times = times
+        self.steps_per_execution = steps_per_execution
+        self._started = 0.0
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.times.append(time.perf_counter() - self._started, self.steps_per_execution)
 
 
 def print_summary(strategy: str, details: dict) -> None:
@@ -43,46 +63,33 @@ def print_summary(strategy: str, details: dict) -> None:
     print(json.dumps(summary), flush=True)
 
 
-def engine_details(engine: TransferEngine, exposed_wait_seconds: float) -> dict:
-    """What Caramel's engine reports about its plan and link at the end of a run."""
-    plan = engine.plan
+def caramel_details() -> dict:
+    """What Caramel's replanner reports about its plan and link at the end of a run."""
+    replanner = ctf.communicator().replanner
+    plan = replanner.plan
     return {
         "transfers_per_step": len(plan.transfers),
         "max_bucket_bytes": plan.batch.max_bytes,
         "min_bucket_bytes": plan.batch.min_bytes,
         "deadline_span_seconds": plan.batch.deadline_span_seconds,
         "predicted_step_seconds": plan.predicted_step_seconds,
-        "alpha_seconds": engine.link.alpha,
-        "bytes_per_second": engine.link.bytes_per_second,
-        "plan_changes": engine.plan_changes,
-        "exposed_wait_seconds": exposed_wait_seconds,
+        "alpha_seconds": replanner.link.alpha,
+        "bytes_per_second": replanner.link.bytes_per_second,
+        "plan_changes": replanner.plan_changes,
     }
 
 
-class HorovodReducers:
-    """Horovod's allreduce of each gradient, callable from many threads at once.
+def allreduce_all_at_once(tensors: Sequence[tf.Tensor], steps: int, times: StepLog) -> None:
+    """comm-only: every tensor handed to Horovod at once, last first (as backpropagation
+    produces them), `steps` times; Horovod fuses and reduces them with its defaults."""
 
-    One graph function per tensor: in a graph Horovod names each request after the tensor, so
-    requests from many threads are told apart (eager requests all share the op's name).
-    """
+    @tf.function
+    def reduce_all(gradients: list[tf.Tensor]) -> list[tf.Tensor]:
+        return [hvd.allreduce(tensor, op=hvd.Average, name=f"gradient_{i}") for i, tensor in reversed(list(enumerate(gradients)))]
 
-    def __init__(self, count: int) -> None:
-        self._functions = [
-            tf.function(lambda gradient, index=index: hvd.allreduce(gradient, op=hvd.Average, name=f"gradient_{index}"))
-            for index in range(count)
-        ]
-        self.pool = ThreadPoolExecutor(max_workers=count)
-
-    def submit(self, index: int, gradient: tf.Tensor):
-        """A future of (index, the average of gradient over all ranks)."""
-        return self.pool.submit(lambda: (index, self._functions[index](gradient)))
-
-
-def allreduce_all_at_once(gradients: Sequence[tf.Tensor], steps: int, times: StepLog) -> None:
-    """comm-only: every gradient handed to Horovod at once, last layer first, steps times."""
-    reducers = HorovodReducers(len(gradients))
-    with reducers.pool:
-        for _ in range(steps):
-            started = time.perf_counter()
-            wait([reducers.submit(index, gradients[index]) for index in reversed(range(len(gradients)))])
-            times.append(time.perf_counter() - started)
+    # Passed as arguments, not captured: a graph could fold constants it captured.
+    gradients = list(tensors)
+    for _ in range(steps):
+        started = time.perf_counter()
+        reduce_all(gradients)
+        times.append(time.perf_counter() - started)

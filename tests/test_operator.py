@@ -8,7 +8,8 @@ import time
 import pytest
 
 from caramel.job.jobfile import parse_job
-from caramel.metrics import PlanRecord, StepRecord, WorkerMetrics
+from caramel.metrics import PlanRecord, WorkerMetrics
+from caramel.planner.timing import StepTimes, TransferTiming
 from conftest import free_port
 from caramel_operator.builders import build_worker_pods
 from testbed.operator_harness import NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
@@ -201,7 +202,8 @@ def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emu
     rank0.serve(port)
     rank0.record_plan(PlanRecord(bucket_bytes=8 * 1024 * 1024, alpha_seconds=0.002, beta_seconds_per_byte=1e-9, plan_changes=0))
     for step in range(1, 6):
-        rank0.record_step(StepRecord(step, 0.2, 0.05, 0.05, 0.0, 100_000_000, 3, 1.5))
+        transfers = tuple(TransferTiming(100_000_000 // 3, 0.05 / 3) for _ in range(3))
+        rank0.record_step(step, 0.2, 1.5, StepTimes(transfers, (), 0.05, 0.0, 0.05))
 
     api = emulator.api
     api.create_job("demo", {**SPEC, "metrics": {"port": port}})

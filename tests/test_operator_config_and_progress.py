@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import generate_latest
 
-from caramel.metrics import PlanRecord, StepRecord, WorkerMetrics
+from caramel.metrics import PlanRecord, WorkerMetrics
+from caramel.planner.timing import StepTimes, TransferTiming
 from caramel_operator.config import OperatorSettings, SettingsError
 from caramel_operator.progress import human_bandwidth, read_progress
 
@@ -18,7 +19,8 @@ def metrics_text(steps):
     metrics = WorkerMetrics(rank=0)
     metrics.record_plan(PlanRecord(bucket_bytes=1 << 20, alpha_seconds=0.001, beta_seconds_per_byte=2e-9, plan_changes=1))
     for step, seconds in steps:
-        metrics.record_step(StepRecord(step, seconds, seconds / 2, seconds / 4, 0.0, 50_000_000, 2, 0.75))
+        transfers = (TransferTiming(25_000_000, seconds / 4), TransferTiming(25_000_000, seconds / 4))
+        metrics.record_step(step, seconds, 0.75, StepTimes(transfers, (), seconds / 2, 0.0, seconds / 4))
     return generate_latest(metrics.registry).decode()
 
 

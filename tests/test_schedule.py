@@ -8,14 +8,15 @@ import pytest
 
 from caramel.job.api import Batching, Ordering, Scheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
+from caramel.planner.timing import backward_seconds_from_releases
 from caramel.planner.schedule import (
     Batch,
     TensorCost,
-    backward_seconds_from_releases,
     best_schedule,
     build_schedule,
     candidate_batches,
     deadlines,
+    initial_plan,
     release_times,
     simulate,
 )
@@ -190,3 +191,13 @@ def test_observer_forgets_old_transfers():
     for size in [MiB, 4 * MiB] * 5:
         observer.observe_transfer(size, 1e-4 + size * 4e-8)  # the link got four times slower
     assert observer.model(previous=LINK).beta == pytest.approx(4e-8, rel=0.05)
+
+
+def test_the_first_plan_sends_in_backpropagations_order_in_buckets():
+    tensors = costs([10 * MiB] * 6)
+    plan = initial_plan(tensors, Scheduling())
+    assert_exact_cover(tensors, plan.transfers)
+    assert [p.tensor for t in plan.transfers for p in t.pieces] == [5, 4, 3, 2, 1, 0]
+    assert [len(t.pieces) for t in plan.transfers] == [2, 2, 2]  # 25 MiB buckets hold two
+    small = initial_plan(tensors, Scheduling(maxBucketBytes=4 * MiB, minBucketBytes=1024))
+    assert all(t.nbytes <= 4 * MiB for t in small.transfers)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from caramel.planner.timing import StepTimes
+
 # Series the operator reads from rank 0 to report progress and tuning in the job's status.
 STEP_DURATION = "caramel_step_duration_seconds"
 GLOBAL_STEP = "caramel_global_step"
@@ -21,23 +23,6 @@ LINK_BETA = "caramel_link_beta_seconds_per_byte"
 
 # Step times from a millisecond (a tiny model) to a minute (a large model on a slow link).
 STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one training step took and did."""
-
-    step: int
-    step_seconds: float
-    communication_seconds: float
-    """Time the network was busy with this step's collectives."""
-    exposed_seconds: float
-    """Time the training loop waited for communication: what overlap did not hide."""
-    transfer_wait_seconds: float
-    """Time transfers waited for their gradients to exist."""
-    communicated_bytes: int
-    transfers: int
-    loss: float
 
 
 @dataclass(frozen=True)
@@ -90,22 +75,27 @@ class WorkerMetrics:
         """Serve /metrics on every interface, in a daemon thread."""
         start_http_server(port, registry=self.registry)
 
-    def record_step(self, record: StepRecord) -> None:
-        self.step_duration.observe(record.step_seconds)
-        self.compute.inc(max(0.0, record.step_seconds - record.exposed_seconds))
-        self.communication.inc(record.communication_seconds)
-        self.exposed.inc(record.exposed_seconds)
-        if record.communication_seconds > 0:
-            hidden = record.communication_seconds - min(record.exposed_seconds, record.communication_seconds)
-            self.overlap.set(hidden / record.communication_seconds)
-            self.bandwidth.set(record.communicated_bytes / record.communication_seconds)
-        self.transfer_wait.inc(record.transfer_wait_seconds)
-        self.transfers_total.inc(record.transfers)
-        self.communicated.inc(record.communicated_bytes)
+    def record_step(self, step: int, step_seconds: float, loss: float, times: StepTimes | None = None) -> None:
+        """One step: its wall time and loss, and what its stamps said of its communication
+        (None for a step that communicated eagerly, with nothing stamped)."""
+        exposed = times.exposed_seconds if times else 0.0
+        self.step_duration.observe(step_seconds)
+        self.compute.inc(max(0.0, step_seconds - exposed))
         self.steps.inc()
-        self.global_step.set(record.step)
-        self.loss.set(record.loss)
-        self.transfers.set(record.transfers)
+        self.global_step.set(step)
+        self.loss.set(loss)
+        if times is None:
+            return
+        self.communication.inc(times.communication_seconds)
+        self.exposed.inc(exposed)
+        if times.communication_seconds > 0:
+            hidden = times.communication_seconds - min(exposed, times.communication_seconds)
+            self.overlap.set(hidden / times.communication_seconds)
+            self.bandwidth.set(times.nbytes / times.communication_seconds)
+        self.transfer_wait.inc(times.transfer_wait_seconds)
+        self.transfers_total.inc(len(times.transfers))
+        self.communicated.inc(times.nbytes)
+        self.transfers.set(len(times.transfers))
 
     def record_plan(self, plan: PlanRecord) -> None:
         self.bucket_bytes.set(plan.bucket_bytes)

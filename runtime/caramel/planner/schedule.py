@@ -34,6 +34,8 @@ MiB = 1024 * KiB
 CANDIDATE_SIZES = [64 * KiB * 4**power for power in range(7)]
 # Candidate deadline spans for the planner's search, as fractions of the forward pass.
 CANDIDATE_SPANS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, math.inf)
+# The bucket size of the first plan, made before anything was measured.
+INITIAL_BUCKET_BYTES = 25 * MiB
 # Iterations simulated to reach the steady state (the first has no waits).
 SIMULATED_ITERATIONS = 4
 
@@ -77,18 +79,6 @@ def release_times(tensors: Sequence[TensorCost]) -> list[float]:
         elapsed += tensors[index].backward_seconds
         released[index] = elapsed
     return released
-
-
-def backward_seconds_from_releases(released: Sequence[float]) -> list[float]:
-    """Backward times that make `release_times` give these release times (measured ones, any
-    origin), as far as they follow backpropagation's order: a gradient that came earlier than
-    the one after it in the model counts as released with it."""
-    backward = [0.0] * len(released)
-    later = min(released, default=0.0)  # when the gradient after this one was released
-    for index in reversed(range(len(released))):
-        backward[index] = max(0.0, released[index] - later)
-        later = max(later, released[index])
-    return backward
 
 
 def deadlines(tensors: Sequence[TensorCost]) -> list[float]:
@@ -185,6 +175,18 @@ def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link:
                 if left[piece.tensor] == 0:
                     updated[piece.tensor] = link_free
     return backward_ends[-1] - backward_ends[-2]
+
+
+def initial_plan(tensors: Sequence[TensorCost], scheduling: Scheduling) -> Plan:
+    """The plan before anything was measured: Horovod's order (backpropagation's, last tensor
+    first) in buckets of up to INITIAL_BUCKET_BYTES (PyTorch DDP's default), within the job's
+    bucket bounds. Without release times an earliest-deadline-first plan would hold every
+    transfer back until the first layer's gradient, the last to exist."""
+    size = min(scheduling.max_bucket_bytes, max(scheduling.min_bucket_bytes, INITIAL_BUCKET_BYTES))
+    batch = Batch(min_bytes=0, max_bytes=size, chunk_bytes=size)
+    unmeasured = [TensorCost(t.nbytes, t.item_size) for t in tensors]
+    transfers = build_schedule(unmeasured, LinkModel(alpha=0.0, beta=0.0), batch, Ordering.ARRIVAL, Batching.FIXED)
+    return Plan(transfers, batch, math.nan)
 
 
 def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling) -> list[Batch]:

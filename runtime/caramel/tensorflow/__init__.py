@@ -2,98 +2,56 @@
 
     import caramel.tensorflow as ctf
     ctf.init()
-    tape = ctf.DistributedGradientTape(tape)       # instead of hvd.DistributedGradientTape
+    tape = ctf.DistributedGradientTape(tape)         # instead of hvd.DistributedGradientTape
     optimizer = ctf.DistributedOptimizer(optimizer)  # instead of hvd.DistributedOptimizer
 
-Gradients are averaged over all ranks by the process's GradientCommunicator, which applies the
-job's scheduling settings, so the result is that of synchronous SGD on the global batch.
+    @ctf.function(steps_per_execution=4)             # several steps per graph: the
+    def train_step(features, labels): ...            # cross-iteration transfer window
+
+Gradients are averaged over all ranks by the transfers of the plan in force, built into the
+step's graph as Horovod collectives (see communicator.py), so the result is that of synchronous
+SGD on the global batch. Keras users compile with `ctf.DistributedOptimizer` and fit with
+`caramel.tensorflow.keras.TrainingCallback`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from caramel.tensorflow.communicator import GradientCommunicator, signature_of
-from caramel.job.contract import WorkerContract
+from caramel.tensorflow.process import communicator, init, rank, size
+from caramel.tensorflow.steps import StepFunction, function
 
-_communicator: GradientCommunicator | None = None
-
-
-def init() -> WorkerContract:
-    """Join the job's Horovod ranks; call once per process before any other Caramel call."""
-    global _communicator
-    contract = WorkerContract.from_env()
-    hvd.init()
-    _communicator = GradientCommunicator(contract.scheduling, contract.tuning)
-    return contract
-
-
-def communicator() -> GradientCommunicator:
-    if _communicator is None:
-        raise RuntimeError("caramel.tensorflow.init() must be called first")
-    return _communicator
-
-
-def rank() -> int:
-    return hvd.rank()
-
-
-def size() -> int:
-    return hvd.size()
+__all__ = [
+    "DistributedGradientTape",
+    "DistributedOptimizer",
+    "StepFunction",
+    "allreduce_gradients",
+    "broadcast_variables",
+    "communicator",
+    "function",
+    "init",
+    "rank",
+    "size",
+]
 
 
 def allreduce_gradients(gradients: Sequence[tf.Tensor | tf.IndexedSlices | None]) -> list[tf.Tensor | None]:
     """Average gradients over all ranks; None entries (unconnected variables) stay None.
 
-    Works eagerly and inside tf.function; sparse gradients are reduced as dense tensors.
+    Works eagerly and inside graphs; sparse gradients are reduced as dense tensors.
     """
     present = [i for i, gradient in enumerate(gradients) if gradient is not None]
-    dense = [tf.convert_to_tensor(gradients[i]) for i in present]
-    if not dense:
+    if not present:
         return list(gradients)
-    if tf.executing_eagerly():
-        reduced = communicator().allreduce(dense)
-    elif all(tensor.shape.is_fully_defined() for tensor in dense):
-        reduced = _overlapped_allreduce(dense)
-    else:  # shapes known only at run time: handed over together once all exist
-        reduced = _averages_op(lambda *tensors: communicator().allreduce(tensors), dense, dense, "caramel_allreduce_gradients")
+    reduced = communicator().allreduce([tf.convert_to_tensor(gradients[i]) for i in present])
     averaged: list[tf.Tensor | None] = list(gradients)
     for index, tensor in zip(present, reduced):
         averaged[index] = tensor
     return averaged
-
-
-def _overlapped_allreduce(dense: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """In a graph: every gradient is handed over by its own op, which runs as soon as
-    backpropagation has produced it, and one op waits for all the averages.
-
-    The hand-over ops are stateful, so tf.function runs them in the order they are created;
-    they are created last gradient first, the order in which backpropagation produces them.
-    """
-    signature = signature_of(dense)
-    shapes = [tensor.shape for tensor in dense]
-
-    def hand_over(index: int, gradient: tf.Tensor) -> tf.Tensor:
-        communicator().hand_over(signature, index, gradient)
-        return tf.constant(index)
-
-    handed_over = [
-        tf.py_function(lambda gradient, index=index: hand_over(index, gradient), [dense[index]], Tout=tf.int32, name="caramel_hand_over")
-        for index in reversed(range(len(dense)))
-    ]
-    return _averages_op(lambda *_: communicator().collect(shapes), handed_over, dense, "caramel_collect_gradients")
-
-
-def _averages_op(function: Callable[..., list[tf.Tensor]], inputs: Sequence[tf.Tensor], gradients: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:
-    """A graph op running `function` on `inputs` in Python, returning averages like `gradients`."""
-    averages = tf.py_function(function, list(inputs), Tout=[gradient.dtype for gradient in gradients], name=name)
-    for average, gradient in zip(averages, gradients):
-        average.set_shape(gradient.shape)
-    return averages
 
 
 class DistributedGradientTape:
@@ -111,27 +69,24 @@ class DistributedGradientTape:
         return getattr(self._tape, name)
 
 
-class DistributedOptimizer:
-    """Wraps a Keras optimizer so that apply_gradients() first averages the gradients over all ranks."""
+def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer) -> tf.keras.optimizers.Optimizer:  # noqa: N802 (Horovod's name)
+    """The same Keras optimizer, whose apply_gradients() first averages the gradients over all ranks.
 
-    def __init__(self, optimizer: Any) -> None:
-        self._optimizer = optimizer
+    It is an instance of a subclass of the optimizer's own class, as Horovod's is, so that
+    `model.compile`, `minimize` and checkpoints take it as the optimizer it wraps; it starts
+    from the given optimizer's configuration.
+    """
+    base = type(optimizer)
+    if getattr(base, "_caramel_distributed", False):
+        return optimizer
 
-    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, tf.Variable]], **kwargs: Any) -> Any:
+    def apply_gradients(self: Any, grads_and_vars: Iterable[tuple[Any, tf.Variable]], *args: Any, **kwargs: Any) -> Any:
         pairs = list(grads_and_vars)
         averaged = allreduce_gradients([gradient for gradient, _ in pairs])
-        return self._optimizer.apply_gradients(zip(averaged, [variable for _, variable in pairs]), **kwargs)
+        return base.apply_gradients(self, zip(averaged, [variable for _, variable in pairs]), *args, **kwargs)
 
-    def minimize(self, loss: Any, var_list: Any, tape: tf.GradientTape | None = None) -> Any:
-        return self.apply_gradients(self._optimizer.compute_gradients(loss, var_list, tape=tape))
-
-    @property
-    def inner(self) -> Any:
-        """The wrapped optimizer, for checkpoints and direct access to its state."""
-        return self._optimizer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
+    distributed = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "_caramel_distributed": True})
+    return distributed.from_config(optimizer.get_config())
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:

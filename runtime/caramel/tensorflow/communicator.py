@@ -1,45 +1,31 @@
 """Gradient communication for the tape and optimizer drop-ins.
 
-Inside a `tf.function` each gradient is handed over to a TransferEngine the moment
-backpropagation produces it (`hand_over`, reached through a `tf.py_function`), so its transfer
-overlaps the rest of backpropagation, and the step then waits for all the averages (`collect`).
-Eagerly, `tf.GradientTape` produces every gradient together and `allreduce` hands them over in
-one go. Either way the engine plans and batches the transfers, fits the link from their
-timings and re-plans, exactly as for layer-wise training, and the schedule is decided in
-Python at run time rather than frozen into the graph.
+Inside a graph (a `tf.function`, a Keras train function, `caramel.tensorflow.function`), the
+gradients are averaged by the transfers of the plan in force, built into the graph as Horovod
+collectives when the step is traced (`collectives.py`): there is no Python on the step's path.
+The graph also stamps when each gradient exists and each transfer ends (`stamps.py`); read
+between executions, the stamps give the step's timings (`caramel.planner.timing`), which feed
+the metrics and the replanner. Eagerly, the gradients go to Horovod as one grouped allreduce.
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from caramel.job.api import Scheduling, Tuning
-from caramel.tensorflow.engine import INITIAL_LINK, IterationStats, TransferEngine
 from caramel.planner.linkmodel import LinkModel
-from caramel.planner.transfers import Piece
-from caramel.planner.schedule import TensorCost
+from caramel.planner.timing import StepStamps, StepTimes, execution_times
+from caramel.tensorflow.collectives import Chain, run_transfers
+from caramel.tensorflow.replanner import Replanner
+from caramel.tensorflow.stamps import StampBook
 
-
-# What the engine plans for: every gradient's element count and dtype name, in order.
-Signature = tuple[tuple[int, str], ...]
-
-
-def signature_of(tensors: Sequence[tf.Tensor]) -> Signature:
-    """The signature of tensors whose shapes are known (eager tensors, or static graph shapes)."""
-    return tuple((tensor.shape.num_elements(), tensor.dtype.name) for tensor in tensors)
-
-
-@dataclass
-class CommunicationStats(IterationStats):
-    """What the communicator did since the stats were last taken."""
-
-    exposed_seconds: float = 0.0
-    """Time the training step waited for the averages once it had handed over every gradient."""
+# The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
+INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
 
 
 def initial_link(tuning: Tuning | None) -> LinkModel:
@@ -49,70 +35,69 @@ def initial_link(tuning: Tuning | None) -> LinkModel:
     return INITIAL_LINK
 
 
+@dataclass
+class _Trace:
+    """What the communicator keeps of one graph while it is traced: steps chain their transfers."""
+
+    chain: Chain = field(default_factory=Chain)
+    steps: int = 0
+
+
 class GradientCommunicator:
-    """Averages gradients across all ranks according to the job's scheduling settings."""
+    """Averages gradients across all ranks, by the plan in force."""
 
     def __init__(self, scheduling: Scheduling, tuning: Tuning | None = None) -> None:
         self.scheduling = scheduling
-        self._initial_link = initial_link(tuning)
-        self.engine: TransferEngine | None = None
-        self._signature: Signature = ()
-        self._iteration = 0
-        self._pieces: dict[int, list[tuple[int, tf.Tensor]]] = {}
-        self._stats = CommunicationStats()
-        self._lock = threading.Lock()
+        self.replanner = Replanner(scheduling, initial_link(tuning))
+        self._stamps = StampBook()
+        self._traces: weakref.WeakKeyDictionary[tf.Graph, _Trace] = weakref.WeakKeyDictionary()
 
-    def _engine_for(self, signature: Signature) -> TransferEngine:
-        if self.engine is None or signature != self._signature:
-            if self.engine is not None:
-                raise ValueError("the set of gradients changed between steps; Caramel plans for a fixed model")
-            costs = []
-            for elements, dtype_name in signature:
-                item_size = tf.as_dtype(dtype_name).size
-                costs.append(TensorCost(nbytes=elements * item_size, item_size=item_size))
-            self.engine = TransferEngine(costs, self.scheduling, self._store_piece, self._initial_link)
-            self._signature = signature
-        return self.engine
+    def allreduce(self, gradients: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """The average of every (dense) gradient over all ranks."""
+        if tf.executing_eagerly() or not all(g.shape.is_fully_defined() for g in gradients):
+            # Eagerly there is no graph to plan; shapes known only at run time cannot be planned.
+            return list(hvd.grouped_allreduce(list(gradients), op=hvd.Average, name="caramel_gradients"))
+        plan = self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
+        trace = self._trace()
+        stamps = [self._stamps.stamp()]  # the execution's start, for its first step
+        averaged, issued = run_transfers(gradients, plan.transfers, trace.chain)
+        stamps += [self._stamps.stamp(transfer.ready) for transfer in issued]
+        stamps += [self._stamps.stamp(transfer.done) for transfer in issued]
+        if trace.steps == 0:
+            stamps += [self._stamps.stamp(gradient) for gradient in gradients]
+        self._stamps.write(trace.steps, stamps)
+        trace.steps += 1
+        return averaged
 
-    def _store_piece(self, piece: Piece, average: tf.Tensor) -> None:
-        self._pieces.setdefault(piece.tensor, []).append((piece.start, average))
+    def _trace(self) -> _Trace:
+        graph = tf.compat.v1.get_default_graph()
+        if graph not in self._traces:
+            self._traces[graph] = _Trace()
+        return self._traces[graph]
 
-    def allreduce(self, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """The average of every tensor over all ranks, all handed over at once."""
-        signature = signature_of(tensors)
-        for index, tensor in enumerate(tensors):
-            self.hand_over(signature, index, tensor)
-        return self.collect([tensor.shape for tensor in tensors])
+    def measure(self, steps: int) -> list[StepTimes]:
+        """The timings of the steps of the execution just run (`steps` of them, graph steps
+        only: none after an eager step), and hands them to the replanner."""
+        plan = self.replanner.plan
+        if plan is None:
+            return []
+        transfers, gradients = len(plan.transfers), self.replanner.gradients
+        stamps = []
+        for slot in range(steps):
+            values = self._stamps.read(slot, 1 + 2 * transfers + (gradients if slot == 0 else 0))
+            if values is None:
+                return []
+            stamps.append(
+                StepStamps(
+                    started=float(values[0]),
+                    transfers_ready=tuple(values[1 : 1 + transfers]),
+                    transfers_done=tuple(values[1 + transfers : 1 + 2 * transfers]),
+                    releases=tuple(values[1 + 2 * transfers :]) if slot == 0 else None,
+                )
+            )
+        times = execution_times(stamps, plan.transfers)
+        self.replanner.observe(times)
+        return times
 
-    def hand_over(self, signature: Signature, index: int, gradient: tf.Tensor) -> None:
-        """Gradient `index` of the step's gradients (described by `signature`) exists: its
-        transfer may start."""
-        self._engine_for(signature).gradient_ready(self._iteration, index, gradient)
-
-    def collect(self, shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]:
-        """The averages of the step's gradients, of these shapes, once every one was handed over."""
-        engine = self._engine_for(self._signature)
-        iteration = self._iteration
-        started = time.perf_counter()
-        engine.wait_all_updated(iteration)
-        waited = time.perf_counter() - started
-        results = []
-        for index, shape in enumerate(shapes):
-            parts = [part for _, part in sorted(self._pieces.pop(index), key=lambda item: item[0])]
-            joined = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
-            results.append(tf.reshape(joined, shape))
-        stats = engine.stats(iteration)
-        with self._lock:
-            self._stats.communication_seconds += stats.communication_seconds
-            self._stats.waiting_seconds += stats.waiting_seconds
-            self._stats.exposed_seconds += waited
-            self._stats.nbytes += stats.nbytes
-            self._stats.transfers += stats.transfers
-        self._iteration += 1
-        return results
-
-    def take_stats(self) -> CommunicationStats:
-        """The stats since the last call, resetting them."""
-        with self._lock:
-            stats, self._stats = self._stats, CommunicationStats()
-        return stats
+    def close(self) -> None:
+        self.replanner.close()

@@ -1,168 +1,106 @@
-"""The training loop's companion: step timing, metrics, progress, checkpoints, final checks.
+"""The custom training loop's companion.
 
-    contract = ctf.init()
+    ctf.init()
     run = TrainingRun(model, optimizer, total_steps=200, batch_size=64)
-    for step in run.steps():           # resumes after the latest checkpoint
-        loss = train_step(batch(step))
-        run.report_loss(loss)
+    run.fit(train_step, lambda step: batch(step))    # several steps per graph, resumable
 
-Rank 0 restores the latest checkpoint and every rank starts from rank 0's variables, so all
-ranks begin identical. At the end every rank prints a digest of its trainable weights, and the
-run fails if any two ranks disagree.
+`fit` runs an ordinary training step (`train_step(*batch) -> loss`) through
+`caramel.tensorflow.function`, several steps per graph execution, so each step's transfers
+overlap the next step's forward pass, and the plan is re-made as the link is measured. Loops
+that call their own `tf.function` once per step use `for step in run.steps(): ...` instead;
+they keep the plan made when their function was traced.
+
+Either way the run resumes after the latest checkpoint, records metrics, logs progress and
+checks at the end that every rank holds the same weights (see ledger.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import statistics
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
 
-import caramel.tensorflow as ctf
-from caramel.job.contract import WorkerContract
-from caramel.metrics import StepRecord, WorkerMetrics
-from caramel.job.progress import ProgressReport, format_report
-
-# Rank 0 logs progress at most this often (and always on the first and last step).
-PROGRESS_INTERVAL_SECONDS = 0.5
-CHECKPOINTS_KEPT = 3
+from caramel.planner.timing import StepTimes
+from caramel.tensorflow.ledger import Ledger, say
+from caramel.tensorflow.process import communicator
+from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION, StepFunction
 
 
 class TrainingRun:
-    """One process's part of a training job."""
+    """One process's part of a training job run by a custom loop."""
 
-    def __init__(self, model: tf.keras.Model, optimizer: Any, *, total_steps: int, batch_size: int) -> None:
+    def __init__(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer, *, total_steps: int, batch_size: int) -> None:
         if not model.built:
             raise ValueError("build the model (call it once or model.build(shape)) before TrainingRun")
-        self.model = model
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_step")
+        self.ledger = Ledger(model, optimizer, counter, total_steps=total_steps, batch_size=batch_size)
         self.total_steps = total_steps
-        self.global_batch = batch_size * hvd.size()
-        self.rank = hvd.rank()
-        self._communicator = ctf.communicator()
-        self._optimizer = getattr(optimizer, "inner", optimizer)
-        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_step")
-        self._loss: float | None = None
-        self._step_seconds: list[float] = []
-        self._losses: list[float] = []
-        self._last_progress = 0.0
-        self.contract = WorkerContract.from_env()
-        self.metrics = WorkerMetrics(self.rank)
-        if self.contract.metrics_port:
-            self.metrics.serve(self.contract.metrics_port)
-        self._checkpoint_manager = self._restore_and_sync()
-        self._last_saved_step = self.completed_steps
+        self._pending_loss: float | None = None
 
     @property
     def completed_steps(self) -> int:
         """Steps done so far, restored ones included."""
-        return int(self._step.numpy())
+        return self.ledger.completed_steps
 
-    def _restore_and_sync(self) -> tf.train.CheckpointManager | None:
-        # Optimizer state must exist before it can be restored or broadcast.
-        if hasattr(self._optimizer, "build"):
-            self._optimizer.build(self.model.trainable_variables)
-        manager = None
-        if self.contract.checkpoint:
-            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self._optimizer, step=self._step)
-            manager = tf.train.CheckpointManager(
-                checkpoint, self.contract.checkpoint.path, max_to_keep=CHECKPOINTS_KEPT
-            )
-            if self.rank == 0 and manager.latest_checkpoint:
-                checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-                self._say(f"restored {manager.latest_checkpoint} at step {int(self._step.numpy())}")
-        variables = [*self.model.variables, *self._optimizer.variables, self._step]
-        ctf.broadcast_variables(variables, root_rank=0)
-        return manager
+    def fit(
+        self,
+        step: Callable[..., tf.Tensor],
+        batches: Callable[[tf.Tensor], Any] | tf.data.Dataset,
+        *,
+        steps_per_execution: int = DEFAULT_STEPS_PER_EXECUTION,
+    ) -> None:
+        """Run the remaining steps, `steps_per_execution` per graph execution.
+
+        `step(*batch)` is one training step returning its loss. `batches` is either a function
+        of the (1-based, int64 tensor) step number returning that step's batch, so that a
+        resumed run sees exactly the batches an uninterrupted run would, or a dataset yielding
+        the batches of the remaining steps.
+        """
+        first = self.completed_steps + 1
+        self._announce_nothing_to_do(first)
+        if not isinstance(batches, tf.data.Dataset):
+            batches = tf.data.Dataset.range(first, self.total_steps + 1).map(batches)
+        iterator = iter(batches)
+        steps = StepFunction(step, steps_per_execution)
+        while self.completed_steps < self.total_steps:
+            count = min(steps_per_execution, self.total_steps - self.completed_steps)
+            started = time.perf_counter()
+            losses = steps(iterator, count)
+            seconds = (time.perf_counter() - started) / count
+            times = steps.last_times or [None] * count
+            for loss, step_times in zip(losses, times):
+                self._count_step(seconds, float(loss), step_times)
+            # The variables hold the state after the execution's last step: checkpoint only here.
+            self.ledger.checkpoint_if_due()
+        self.ledger.finish()
 
     def report_loss(self, loss: Any) -> None:
-        """The loss of the step just run (waits for the step to finish)."""
-        self._loss = float(loss)
+        """The loss of the step just run in `steps()` (waits for the step to finish)."""
+        self._pending_loss = float(loss)
 
     def steps(self) -> Iterator[int]:
-        """Yield the step numbers still to run, 1-based, timing and recording each."""
+        """Yield the step numbers still to run, 1-based, timing and recording each; every step
+        must `report_loss`."""
         first = self.completed_steps + 1
-        if first > self.total_steps:
-            self._say(f"nothing to do: already at step {self.completed_steps} of {self.total_steps}")
+        self._announce_nothing_to_do(first)
         for step in range(first, self.total_steps + 1):
-            self._loss = None
+            self._pending_loss = None
             started = time.perf_counter()
             yield step
-            if self._loss is None:
+            if self._pending_loss is None:
                 raise RuntimeError("call report_loss(loss) in every step of TrainingRun.steps()")
-            self._finish_step(step, time.perf_counter() - started)
-        self._finish_run()
+            measured = communicator().measure(1)
+            self._count_step(time.perf_counter() - started, self._pending_loss, measured[0] if measured else None)
+            self.ledger.checkpoint_if_due()
+        self.ledger.finish()
 
-    def _finish_step(self, step: int, seconds: float) -> None:
-        stats = self._communicator.take_stats()
-        self.metrics.record_step(
-            StepRecord(
-                step=step,
-                step_seconds=seconds,
-                communication_seconds=stats.communication_seconds,
-                exposed_seconds=stats.exposed_seconds,
-                transfer_wait_seconds=stats.waiting_seconds,
-                communicated_bytes=stats.nbytes,
-                transfers=stats.transfers,
-                loss=self._loss,
-            )
-        )
-        if self._communicator.engine is not None:
-            self.metrics.record_plan(self._communicator.engine.plan_record())
-        self._step.assign(step)
-        self._step_seconds.append(seconds)
-        self._losses.append(self._loss)
-        if self.contract.checkpoint and step % self.contract.checkpoint.interval_steps == 0:
-            self._save_checkpoint(step)
-        now = time.monotonic()
-        if self.rank == 0 and (len(self._step_seconds) == 1 or now - self._last_progress >= PROGRESS_INTERVAL_SECONDS):
-            self._last_progress = now
-            print(format_report(self._report(step, seconds, final=False)), flush=True)
+    def _count_step(self, seconds: float, loss: float, times: StepTimes | None) -> None:
+        step = self.completed_steps + 1
+        self.ledger.counter.assign(step)
+        self.ledger.record_step(step, seconds, loss, times)
 
-    def _report(self, step: int, seconds: float, final: bool) -> ProgressReport:
-        return ProgressReport(
-            step=step,
-            total=self.total_steps,
-            loss=self._losses[-1],
-            step_seconds=seconds,
-            examples_per_second=self.global_batch / seconds if seconds > 0 else 0.0,
-            final=final,
-        )
-
-    def _finish_run(self) -> None:
-        step = self.completed_steps
-        if step != self._last_saved_step:
-            self._save_checkpoint(step)
-        self._check_weights_agree()
-        if self.rank == 0 and self._step_seconds:
-            # The first step traces and compiles the tf.function: leave it out of the averages.
-            steady = self._step_seconds[1:] or self._step_seconds
-            print(format_report(self._report(step, statistics.median(steady), final=True)), flush=True)
-
-    def _save_checkpoint(self, step: int) -> None:
-        if self._checkpoint_manager and self.rank == 0:
-            self._checkpoint_manager.save(checkpoint_number=step)
-        self._last_saved_step = step
-
-    def weights_digest(self) -> str:
-        """SHA-256 of the trainable weights, equal on every rank of a correct synchronous run."""
-        digest = hashlib.sha256()
-        for variable in self.model.trainable_variables:
-            digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
-        return digest.hexdigest()
-
-    def _check_weights_agree(self) -> None:
-        digest = self.weights_digest()
-        self._say(f"weights digest {digest}")
-        prefix = np.frombuffer(bytes.fromhex(digest[:16]), dtype=np.int64)
-        every_rank = hvd.allgather(tf.constant(prefix), name="caramel_weights_digest").numpy()
-        if len(set(every_rank.tolist())) != 1:
-            raise RuntimeError(f"ranks finished with different weights: digest prefixes {every_rank.tolist()}")
-
-    def _say(self, message: str) -> None:
-        print(f"caramel: {message}", file=sys.stderr, flush=True)
+    def _announce_nothing_to_do(self, first: int) -> None:
+        if first > self.total_steps:
+            say(f"nothing to do: already at step {self.completed_steps} of {self.total_steps}")

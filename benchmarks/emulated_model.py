@@ -1,0 +1,117 @@
+"""An emulated accelerator as a Keras model: every parameter tensor of a profiled model is a layer
+whose forward and backward passes take the profile's times, and whose gradient is a real tensor
+of the parameter's true shape.
+
+The layer's compute is slept (in `tf.numpy_function`, which releases the GIL while sleeping),
+so that the machine's two cores are left to the real Horovod/Gloo traffic over the shaped links:
+the benchmark then shows the scheduling, not a fight for the CPU. The model is trained like any
+Keras model, through the public API (`model.fit`, Horovod's or Caramel's optimizer), so the
+benchmark measures the path users take.
+
+Two details keep TensorFlow from optimising the emulation away, and keep it honest:
+- the forward op reads a slice of its weight, so it runs only once that weight's last update
+  is applied, as a real layer would; the loss depends on every layer's output;
+- the backward op is stateful, so grappler neither folds nor prunes it, and the gradient
+  (the weight's own value: a real tensor, nothing to fold, no copy) exists only after it.
+  Stateful ops without a resource input run in program order, which backpropagation's order
+  already is; the forward ops stay stateless, free to start as soon as their weight is updated.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks.profiles import Profile
+
+# A wake-up later than this after the device became free counts as the device idling (it waited
+# for a parameter); an earlier one is scheduling noise, which a device's queue would hide.
+CATCH_UP_SECONDS = 0.002
+
+
+class Device:
+    """An emulated accelerator: a timeline of kernel times, slept against deadlines.
+
+    Like a real accelerator, whose kernels are queued ahead, the device does not wait for the
+    host: a late wake-up of a Python thread (two cores, busy with Gloo) shortens the next sleep
+    instead of adding up over hundreds of layers, unless the device really stood idle.
+    """
+
+    def __init__(self) -> None:
+        self._free_at = time.perf_counter()
+        self._lock = threading.Lock()
+
+    def run(self, seconds: float) -> None:
+        with self._lock:
+            now = time.perf_counter()
+            start = self._free_at if now - self._free_at < CATCH_UP_SECONDS else now
+            self._free_at = start + seconds
+            delay = self._free_at - now
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _kernel(device: Device, x: tf.Tensor, seconds: float, stateful: bool) -> tf.Tensor:
+    def run(value: np.ndarray) -> np.ndarray:
+        device.run(seconds)
+        return value
+
+    y = tf.numpy_function(run, [x], x.dtype, stateful=stateful, name="emulated_kernel")
+    y.set_shape(x.shape)
+    return y
+
+
+class EmulatedLayer(tf.keras.layers.Layer):
+    """One parameter tensor of the profile and the compute attributed to it."""
+
+    def __init__(self, device: Device, shape: tuple[int, ...], forward_seconds: float, backward_seconds: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.device = device
+        self.weight_shape = shape or (1,)
+        self.forward_seconds = forward_seconds
+        self.backward_seconds = backward_seconds
+
+    def build(self, input_shape: tf.TensorShape) -> None:
+        self.weight = self.add_weight(
+            name="weight", shape=self.weight_shape, initializer=tf.keras.initializers.RandomUniform(-1.0, 1.0)
+        )
+
+    def call(self, inputs: tf.Tensor) -> tf.Tensor:
+        device, forward, backward = self.device, self.forward_seconds, self.backward_seconds
+
+        @tf.custom_gradient
+        def layer(x: tf.Tensor, weight: tf.Tensor):
+            first = tf.reshape(weight, [-1])[:1]
+            y = _kernel(device, x + 0.0 * tf.reduce_sum(first), forward, stateful=False)
+
+            def gradient(upstream: tf.Tensor):
+                dx = _kernel(device, upstream, backward, stateful=True)
+                with tf.control_dependencies([dx]):
+                    return dx, tf.identity(weight)
+
+            return y, gradient
+
+        return layer(inputs, self.weight)
+
+
+def build_model(profile: Profile, device: Device | None = None) -> tf.keras.Model:
+    """The profile's layers in forward order, taking inputs of shape [batch, 1]."""
+    device = device or Device()
+    model = tf.keras.Sequential(
+        [EmulatedLayer(device, t.shape, t.forward_seconds, t.backward_seconds, name=f"layer_{i}") for i, t in enumerate(profile.tensors)]
+    )
+    model.build((None, 1))
+    return model
+
+
+def loss(_: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    """A loss whose gradient depends on every layer's output (so no forward kernel is pruned)."""
+    return tf.reduce_mean(outputs * outputs)
+
+
+def dataset() -> tf.data.Dataset:
+    """Endless [1, 1] batches; the values do not matter, only that they reach the graph at run time."""
+    return tf.data.Dataset.from_tensors((tf.ones([1, 1]), tf.zeros([1, 1]))).repeat()

@@ -1,0 +1,1 @@
+"""Example training scripts and their CaramelJobs; tests import their models as `examples.*`."""

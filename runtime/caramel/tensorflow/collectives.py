@@ -1,0 +1,97 @@
+"""The planned transfers of a step, as Horovod collectives inside the step's graph.
+
+Each planned transfer is one grouped allreduce of its pieces (slices of flattened gradients).
+Horovod's ops are asynchronous and not stateful: in a graph each one is handed to Horovod's
+background thread as soon as its inputs exist, and only data or control dependencies order
+them. The plan's order is kept with control dependencies: a transfer is issued no earlier than
+the gradients of the transfer before it exist, and at most `window` transfers are in flight
+(issued and not finished), so that when one ends the next is already queued in Horovod and no
+thread hand-over sits on the link's path. The chain continues from one step to the next within
+one graph, so the window spans the steps of a multi-step execution.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from caramel.planner.transfers import Transfer
+
+# Collectives in flight at once: with two, the next transfer is already queued in Horovod when
+# the current one ends.
+TRANSFERS_IN_FLIGHT = 2
+
+Reduce = Callable[[list[tf.Tensor], str], list[tf.Tensor]]
+"""Averages a transfer's pieces over all ranks in the graph: (pieces, name) -> averages."""
+
+
+def horovod_average(pieces: list[tf.Tensor], name: str) -> list[tf.Tensor]:
+    """One grouped allreduce: Horovod fuses the pieces into one collective."""
+    return hvd.grouped_allreduce(pieces, op=hvd.Average, name=name)
+
+
+@dataclass
+class Chain:
+    """The transfers already issued in the graph being traced, which later ones queue behind."""
+
+    window: int = TRANSFERS_IN_FLIGHT
+    last_inputs: list[tf.Tensor] = field(default_factory=list)
+    """The pieces of the transfer issued last: the next may not be issued before they exist."""
+    in_flight: deque[tf.Tensor] = field(default_factory=deque)
+    """One output of each of the last `window` transfers."""
+
+    def dependencies(self) -> list[tf.Tensor]:
+        held_back = [self.in_flight[0]] if len(self.in_flight) == self.window else []
+        return [*self.last_inputs, *held_back]
+
+    def issued(self, inputs: list[tf.Tensor], outputs: list[tf.Tensor]) -> None:
+        self.last_inputs = inputs
+        self.in_flight.append(outputs[0])
+        if len(self.in_flight) > self.window:
+            self.in_flight.popleft()
+
+
+@dataclass(frozen=True)
+class IssuedTransfer:
+    """A transfer in the graph: what exists once its inputs do, and once it is done."""
+
+    ready: tf.Tensor
+    done: tf.Tensor
+
+
+def run_transfers(
+    gradients: Sequence[tf.Tensor], transfers: Sequence[Transfer], chain: Chain, reduce: Reduce = horovod_average
+) -> tuple[list[tf.Tensor], list[IssuedTransfer]]:
+    """The averaged gradients, and each transfer's marks of readiness and completion."""
+    lengths = [gradient.shape.num_elements() for gradient in gradients]
+    pieces_of: list[list[tuple[int, tf.Tensor]]] = [[] for _ in gradients]
+    issued = []
+    for position, transfer in enumerate(transfers):
+        # A whole tensor travels as it is; a chunk is a slice of the flattened tensor along its
+        # only axis, which shares the tensor's buffer: chunking copies nothing.
+        inputs = [
+            gradients[p.tensor] if (p.start, p.stop) == (0, lengths[p.tensor]) else tf.reshape(gradients[p.tensor], [-1])[p.start : p.stop]
+            for p in transfer.pieces
+        ]
+        with tf.control_dependencies(inputs):
+            ready = tf.identity(inputs[0])  # the same buffer, once every input exists
+        with tf.control_dependencies(chain.dependencies()):
+            outputs = reduce(inputs, f"caramel_transfer_{position}")
+        chain.issued(inputs, outputs)
+        issued.append(IssuedTransfer(ready, outputs[0]))
+        for piece, output in zip(transfer.pieces, outputs):
+            pieces_of[piece.tensor].append((piece.start, output))
+    averaged = [_joined(pieces, gradient.shape) for pieces, gradient in zip(pieces_of, gradients)]
+    return averaged, issued
+
+
+def _joined(pieces: list[tuple[int, tf.Tensor]], shape: tf.TensorShape) -> tf.Tensor:
+    """A gradient's averaged pieces, (start, piece) in any order, joined into its shape."""
+    if len(pieces) == 1:
+        return pieces[0][1]  # the whole tensor, already in its shape
+    ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])]
+    return tf.reshape(tf.concat(ordered, axis=0), shape)

@@ -1,0 +1,145 @@
+"""What a training run keeps besides the model: its step count, metrics, progress lines and checkpoints.
+
+Shared by custom loops (`TrainingRun`) and Keras (`TrainingCallback`). On start, rank 0
+restores the latest checkpoint and every rank takes rank 0's variables, so all ranks begin
+identical; after each step the metrics are recorded and rank 0 logs progress now and then;
+at the end every rank prints a digest of its trainable weights and the run fails if any two
+ranks disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import sys
+import time
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from caramel.job.contract import WorkerContract
+from caramel.job.progress import ProgressReport, format_report
+from caramel.metrics import PlanRecord, WorkerMetrics
+from caramel.planner.timing import StepTimes
+from caramel.tensorflow.process import communicator
+
+# Rank 0 logs progress at most this often (and always on the first and last step).
+PROGRESS_INTERVAL_SECONDS = 0.5
+CHECKPOINTS_KEPT = 3
+
+
+class Ledger:
+    """One process's record of a run. `counter` is the variable that counts the steps done (it is
+    checkpointed with the model and the optimizer)."""
+
+    def __init__(
+        self,
+        model: tf.keras.Model,
+        optimizer: tf.keras.optimizers.Optimizer,
+        counter: tf.Variable,
+        *,
+        total_steps: int,
+        batch_size: int,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.counter = counter
+        self.total_steps = total_steps
+        self.global_batch = batch_size * hvd.size()
+        self.rank = hvd.rank()
+        self.contract = WorkerContract.from_env()
+        self.metrics = WorkerMetrics(self.rank)
+        if self.contract.metrics_port:
+            self.metrics.serve(self.contract.metrics_port)
+        self._manager = self._restore_and_sync()
+        self._last_saved_step = self.completed_steps
+        self._step_seconds: list[float] = []
+        self._last_loss = float("nan")
+        self._last_progress = 0.0
+
+    @property
+    def completed_steps(self) -> int:
+        """Steps done so far, restored ones included."""
+        return int(self.counter.numpy())
+
+    def _restore_and_sync(self) -> tf.train.CheckpointManager | None:
+        # Optimizer state must exist before it can be restored or broadcast.
+        self.optimizer.build(self.model.trainable_variables)
+        manager = None
+        if self.contract.checkpoint:
+            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.counter)
+            manager = tf.train.CheckpointManager(checkpoint, self.contract.checkpoint.path, max_to_keep=CHECKPOINTS_KEPT)
+            if self.rank == 0 and manager.latest_checkpoint:
+                checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+                say(f"restored {manager.latest_checkpoint} at step {self.completed_steps}")
+        # The counter may be one of the optimizer's own variables (Keras counts its iterations).
+        variables = {v.ref(): v for v in [*self.model.variables, *self.optimizer.variables, self.counter]}
+        hvd.broadcast_variables(list(variables.values()), root_rank=0)
+        return manager
+
+    def record_step(self, step: int, seconds: float, loss: float, times: StepTimes | None) -> None:
+        """A step ended: its metrics, and now and then a progress line from rank 0."""
+        self.metrics.record_step(step, seconds, loss, times)
+        self.metrics.record_plan(plan_record())
+        self._step_seconds.append(seconds)
+        self._last_loss = loss
+        now = time.monotonic()
+        if self.rank == 0 and (len(self._step_seconds) == 1 or now - self._last_progress >= PROGRESS_INTERVAL_SECONDS):
+            self._last_progress = now
+            print(format_report(self._report(step, seconds, final=False)), flush=True)
+
+    def checkpoint_if_due(self) -> None:
+        """At a point where the variables hold the state after the last step counted: save if
+        spec.checkpoint.intervalSteps steps passed since the last checkpoint."""
+        if self.contract.checkpoint and self.completed_steps - self._last_saved_step >= self.contract.checkpoint.interval_steps:
+            self._save()
+
+    def finish(self) -> None:
+        """The run's end: the last checkpoint, the weights check, the final progress line."""
+        if self.completed_steps != self._last_saved_step:
+            self._save()
+        digest = weights_digest(self.model)
+        say(f"weights digest {digest}")
+        prefix = np.frombuffer(bytes.fromhex(digest[:16]), dtype=np.int64)
+        every_rank = hvd.allgather(tf.constant(prefix), name="caramel_weights_digest").numpy()
+        if len(set(every_rank.tolist())) != 1:
+            raise RuntimeError(f"ranks finished with different weights: digest prefixes {every_rank.tolist()}")
+        if self.rank == 0 and self._step_seconds:
+            # The first execution traces and compiles the graph: leave it out of the averages.
+            steady = self._step_seconds[1:] or self._step_seconds
+            print(format_report(self._report(self.completed_steps, statistics.median(steady), final=True)), flush=True)
+
+    def _save(self) -> None:
+        if self._manager and self.rank == 0:
+            self._manager.save(checkpoint_number=self.completed_steps)
+        self._last_saved_step = self.completed_steps
+
+    def _report(self, step: int, seconds: float, final: bool) -> ProgressReport:
+        return ProgressReport(
+            step=step,
+            total=self.total_steps,
+            loss=self._last_loss,
+            step_seconds=seconds,
+            examples_per_second=self.global_batch / seconds if seconds > 0 else 0.0,
+            final=final,
+        )
+
+
+def plan_record() -> PlanRecord:
+    """The plan in force and the link it was made for."""
+    replanner = communicator().replanner
+    bucket = replanner.plan.batch.max_bytes if replanner.plan else 0
+    return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes)
+
+
+def weights_digest(model: tf.keras.Model) -> str:
+    """SHA-256 of the trainable weights, equal on every rank of a correct synchronous run."""
+    digest = hashlib.sha256()
+    for variable in model.trainable_variables:
+        digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
+    return digest.hexdigest()
+
+
+def say(message: str) -> None:
+    print(f"caramel: {message}", file=sys.stderr, flush=True)

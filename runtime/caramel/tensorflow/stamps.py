@@ -1,0 +1,63 @@
+"""Timestamps taken inside a step's graph, read after the step, without ordering anything else.
+
+A plain `tf.timestamp()` is a stateful op without a resource input, and tf.function's
+automatic control dependencies chain every such op of a function in program order: with the
+user's own stateful ops (a `tf.print`, a `py_function`), and across the steps of a multi-step
+graph. One stamp after a transfer would then hold up the next step's forward pass. A stamp
+here is a call of a small function that reads an anchor variable: an op with a resource input
+(read only), which automatic control dependencies order against writes of that variable alone,
+and nobody writes it. The timestamp inside runs as soon as its dependencies exist.
+
+Each step's stamps go into a variable of their own, written once at the end of the step, and
+read from Python after the execution (`read`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+
+class StampBook:
+    """Stamps of the steps of one process, one variable per step of an execution."""
+
+    def __init__(self) -> None:
+        with tf.init_scope():
+            self._anchor = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="caramel_stamp_anchor")
+        self._stores: dict[int, tf.Variable] = {}
+
+        # Any shape: one small function per dtype, however many tensors are stamped.
+        @tf.function(autograph=False, reduce_retracing=True)
+        def stamp(anchor: tf.Variable, after: tf.Tensor) -> tf.Tensor:
+            with tf.control_dependencies([after]):
+                return tf.timestamp() + 0.0 * anchor.read_value()
+
+        self._stamp = stamp
+        self._now = tf.constant(0.0, tf.float64)
+
+    def stamp(self, after: tf.Tensor | None = None) -> tf.Tensor:
+        """In a graph: the time once `after` exists (at once if None). The tensor is passed as
+        it is, not copied."""
+        return self._stamp(self._anchor, self._now if after is None else after)
+
+    def write(self, slot: int, stamps: Sequence[tf.Tensor]) -> None:
+        """In a graph: keep one step's stamps in slot `slot` (the step's index in its execution)."""
+        store = self._store(slot, len(stamps))
+        store.assign(tf.stack(list(stamps)))
+
+    def read(self, slot: int, length: int) -> np.ndarray | None:
+        """The stamps last written to `slot` by a step with `length` stamps; None if none was."""
+        store = self._stores.get(slot)
+        if store is None or store.shape[0] != length:
+            return None
+        return store.numpy()
+
+    def _store(self, slot: int, length: int) -> tf.Variable:
+        store = self._stores.get(slot)
+        if store is None or store.shape[0] != length:
+            with tf.init_scope():
+                store = tf.Variable(tf.zeros([length], tf.float64), trainable=False, name=f"caramel_stamps_{slot}")
+            self._stores[slot] = store
+        return store
