@@ -30,7 +30,8 @@ import tensorflow as tf
 import caramel.tensorflow as ctf
 from benchmarks import emulated_model
 from benchmarks.profiles import load_profile, scaled
-from benchmarks.worker_events import STRATEGIES, StepLog, StepLogCallback, allreduce_all_at_once, caramel_details, print_summary
+from benchmarks.workloads import WORKER_STRATEGIES
+from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, caramel_details, print_summary
 from caramel.tensorflow.keras import TrainingCallback
 
 # Updates that leave the weights (and so the gradients) practically unchanged; they still cost
@@ -41,7 +42,7 @@ LEARNING_RATE = 1e-9
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="resnet50, vgg16 or bert_base")
-    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
+    parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
     parser.add_argument("--steps", type=int, default=32, help="measured steps (default 32)")
     parser.add_argument("--warmup", type=int, default=16, help="steps run before measuring (default 16)")
     parser.add_argument("--steps-per-execution", type=int, default=8, help="Keras' steps_per_execution (default 8)")
@@ -69,7 +70,7 @@ def main() -> None:
         fit(model, args.strategy, total, args.steps_per_execution, times)
         if args.strategy == "caramel":
             details = caramel_details()
-    print_summary(args.strategy, details)
+    print_summary(args.strategy, times, details)
 
 
 def fit(model: tf.keras.Model, strategy: str, steps: int, steps_per_execution: int, times: StepLog) -> None:

@@ -43,11 +43,17 @@ class RunResult:
 
 
 def bench_job(
-    name: str, command: Sequence[str], workers: int, interface: str | None, env: dict[str, str] | None = None
+    name: str,
+    command: Sequence[str],
+    workers: int,
+    interface: str | None,
+    env: dict[str, str] | None = None,
+    caramel: dict | None = None,
 ) -> CaramelJob:
     """The CaramelJob of one benchmark run: `workers` single-slot workers running `command`.
 
-    interface, the cluster's interface name inside every namespace, becomes HOROVOD_GLOO_IFACE.
+    interface, the cluster's interface name inside every namespace, becomes HOROVOD_GLOO_IFACE;
+    caramel is the job's spec.caramel (Caramel's scheduling settings).
     """
     rendezvous = {"port": RENDEZVOUS_PORT, **({"networkInterface": interface} if interface else {})}
     return parse_job(
@@ -60,6 +66,7 @@ def bench_job(
                 "workers": {"replicas": workers},
                 "rendezvous": rendezvous,
                 "metrics": {"enabled": False},
+                "caramel": caramel or {},
                 "env": [{"name": key, "value": value} for key, value in (env or {}).items()],
             },
         },

@@ -36,8 +36,8 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import caramel.tensorflow as ctf  # noqa: E402
-from benchmarks.worker_events import STRATEGIES, StepLog, allreduce_all_at_once, caramel_details, print_summary  # noqa: E402
-from benchmarks.workloads import REAL_MODELS, RealModel  # noqa: E402
+from benchmarks.worker_events import StepLog, allreduce_all_at_once, caramel_details, print_summary  # noqa: E402
+from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, RealModel  # noqa: E402
 from examples import train_resnet50, train_small  # noqa: E402
 
 LEARNING_RATE = 0.01
@@ -92,7 +92,7 @@ DEFAULT_STEPS_PER_EXECUTION = 4
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, choices=sorted(REAL_MODELS))
-    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
+    parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
     parser.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
     parser.add_argument("--warmup", type=int, default=8, help="steps run before measuring (default 8)")
     parser.add_argument(
@@ -125,7 +125,7 @@ def main() -> None:
         details.update(caramel_details())
     else:
         train(example, TAPES[args.strategy], total, times)
-    print_summary(args.strategy, details)
+    print_summary(args.strategy, times, details)
 
 
 def training_step(example: Example, tape: Callable[[tf.GradientTape], object]) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:

@@ -82,6 +82,34 @@ OPERATING_POINT_TOLERANCE = 1.25
 CELL_WIDTH = 22  # "12.345 (12.000-13.000)"
 RECOVERY_TOLERANCE = 1.10  # rate drop: back within 10% of a fresh run
 RECOVERY_STEPS_IN_A_ROW = 3
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """What a benchmark strategy runs: the worker's strategy, and Caramel's settings (the job's
+    spec.caramel, through the public API) where the worker runs Caramel."""
+
+    worker: str
+    caramel: dict = field(default_factory=dict)
+    description: str = ""
+
+
+STRATEGIES = {
+    "horovod": Strategy("horovod", description="Horovod's defaults (fusion 128 MiB, cycle 1 ms)"),
+    "autotune": Strategy("horovod", description="Horovod with HOROVOD_AUTOTUNE=1 (see AUTOTUNE_ENV)"),
+    "caramel": Strategy("caramel", description="Caramel's defaults: planned order, batching and window"),
+    # The anchors and ablations, each through spec.caramel:
+    "bytescheduler": Strategy(
+        "caramel", {"batching": "fixed", "minBucketBytes": 4 * MiB, "maxBucketBytes": 4 * MiB},
+        "ByteScheduler's recipe in Caramel's graph: priority (next-forward) order, tensors cut into 4 MiB "
+        "partitions, no merging, two transfers (8 MiB) in flight",
+    ),  # fmt: skip
+    "caramel-arrival": Strategy(
+        "caramel", {"ordering": "arrival"},
+        "Caramel's graph and planned batching with Horovod's order: what the order alone is worth",
+    ),  # fmt: skip
+}
 SWEEP_STRATEGIES = ("horovod", "autotune", "caramel")
 # Horovod's autotuner scores a setting by the median of 5 samples of STEPS_PER_SAMPLE steps
 # each, ignores its first WARMUP_SAMPLES settings, and tries MAX_SAMPLES + 1 settings of fusion
@@ -109,6 +137,8 @@ class Run:
 
     steps: list[float] = field(default_factory=list)
     peak_rss_bytes: int = 0
+    cpu_seconds_per_step: float = math.nan
+    """CPU time per measured step, mean over the ranks."""
     details: dict = field(default_factory=dict)
     error: str = ""
 
@@ -138,6 +168,11 @@ class Cell:
     @property
     def peak_rss_bytes(self) -> int:
         return max((run.peak_rss_bytes for run in self.runs), default=0)
+
+    @property
+    def cpu_seconds_per_step(self) -> float:
+        values = [run.cpu_seconds_per_step for run in self.runs if not math.isnan(run.cpu_seconds_per_step)]
+        return statistics.median(values) if values else math.nan
 
     def describe(self) -> str:
         low, high = self.spread
@@ -194,7 +229,7 @@ class Bench:
         steps: int | None = None,
         on_event: Callable[[dict], None] = lambda event: None,
     ) -> Run:
-        """One run of strategy (a SWEEP_STRATEGIES name, compute-only or comm-only) at rate_mbit."""
+        """One run of strategy (a STRATEGIES name, compute-only or comm-only) at rate_mbit."""
         self.cluster.set_rate(rate_mbit)
         steps = steps or self.args.steps
         tag = f"{workload.name}-{rate_mbit:g}mbit-{workload.device_tag}-{strategy}-{repeat}"
@@ -202,8 +237,9 @@ class Bench:
         if strategy == "autotune":
             warmup = self.args.autotune_warmup
             env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
-        command = workload.command("horovod" if strategy == "autotune" else strategy, steps, warmup)
-        job = bench_job(JOB_NAME, command, self.args.workers, self.cluster.interface, env)
+        chosen = STRATEGIES.get(strategy, Strategy(strategy))  # compute-only and comm-only run as they are named
+        command = workload.command(chosen.worker, steps, warmup, self.args.steps_per_execution)
+        job = bench_job(JOB_NAME, command, self.args.workers, self.cluster.interface, env, chosen.caramel)
         self.say(f"{workload.name} at {rate_mbit:g} Mbit/s, {workload.device}: {strategy} (run {repeat + 1})")
         timeout = self.timeout(workload, rate_mbit, warmup + steps)
         try:
@@ -233,8 +269,14 @@ def collect(events: list[dict]) -> Run:
     steps = [event["seconds"] for event in events if event.get("event") == "step" and event.get("rank", 0) == 0]
     summaries = [event for event in events if event.get("event") == "summary"]
     rank0 = next((s for s in summaries if s.get("rank") == 0), {})
-    details = {key: value for key, value in rank0.items() if key not in ("event", "rank", "peak_rss_bytes")}
-    return Run(steps=steps, peak_rss_bytes=max((s.get("peak_rss_bytes", 0) for s in summaries), default=0), details=details)
+    details = {key: value for key, value in rank0.items() if key not in ("event", "rank", "peak_rss_bytes", "cpu_seconds_per_step")}
+    cpu = [s["cpu_seconds_per_step"] for s in summaries if isinstance(s.get("cpu_seconds_per_step"), float)]
+    return Run(
+        steps=steps,
+        peak_rss_bytes=max((s.get("peak_rss_bytes", 0) for s in summaries), default=0),
+        cpu_seconds_per_step=statistics.fmean(cpu) if cpu else math.nan,
+        details=details,
+    )
 
 
 def read_autotune(csv_path: Path, log_path: Path) -> dict:
@@ -331,29 +373,40 @@ def bench_workload(bench: Bench, workload: Workload, rates: list[float]) -> tupl
 # -- reporting --------------------------------------------------------------------------------
 
 
-def print_table(workload: Workload, points: list[Point], operating: Point | None) -> None:
+def print_table(workload: Workload, points: list[Point], operating: Point | None, strategies: tuple[str, ...]) -> None:
+    """Per rate: each strategy's step (median and spread of the runs), C, M, the bound, TicTac's
+    efficiency E of Caramel's step, each strategy's step over Horovod's, and peak RSS and CPU
+    seconds per step over Horovod's."""
     about = f" ({workload.description})" if workload.description else ""
     print(f"\n{workload.name}{about}: {workload.parameters / 1e6:.3g} M parameters, {workload.gradient_bytes / 1e6:.3g} MB "
           f"of gradients, batch {workload.batch_size}; step seconds, median (min-max) of the runs")  # fmt: skip
+    compared = [name for name in strategies if name != "horovod"]
+    ratios = " ".join(f"{name[:9] + '/H':>11}" for name in compared)
     header = (
         f"{'Mbit/s':>7} {'TFLOP/s':>7} | "
-        + " | ".join(f"{name:^{CELL_WIDTH}}" for name in ("horovod", "autotune", "caramel", "compute", "comm"))
-        + f" | {'bound':>6} | {'E':>5} | {'H/C':>5} {'A/C':>5} {'C/bnd':>5} | RSS MB H/A/C   C/H"
+        + " | ".join(f"{name:^{CELL_WIDTH}}" for name in (*strategies, "compute", "comm"))
+        + f" | {'bound':>6} | {'E':>5} | {ratios} | {'C/bnd':>5} | {'RSS C/H':>7} {'CPU C/H':>7}"
     )
     print(header)
     print("-" * len(header))
     rows = points + ([operating] if operating and operating not in points else [])
     for point in rows:
-        rss = [point.cells.get(s, Cell()).peak_rss_bytes / 2**20 or math.nan for s in SWEEP_STRATEGIES]  # nan: none ran
         marker = " <- operating point" if point is operating else ""
+        cell = lambda name: point.cells.get(name, Cell())  # noqa: E731
+        rss = cell("caramel").peak_rss_bytes / (cell("horovod").peak_rss_bytes or math.nan)
+        cpu = cell("caramel").cpu_seconds_per_step / cell("horovod").cpu_seconds_per_step
         print(
             f"{point.rate_mbit:7g} {device_column(point.device_tflops)} | "
-            + " | ".join(point.cells.get(s, Cell()).describe() for s in (*SWEEP_STRATEGIES, "compute-only", "comm-only"))
-            + f" | {point.bound:6.3f} | {point.efficiency:5.2f} | {point.ratio('horovod', 'caramel'):5.2f} "
-            f"{point.ratio('autotune', 'caramel'):5.2f} {point.median('caramel') / point.bound:5.2f} | "
-            f"{rss[0]:.0f}/{rss[1]:.0f}/{rss[2]:.0f} {rss[2] / rss[0]:5.2f}{marker}"
+            + " | ".join(cell(name).describe() for name in (*strategies, "compute-only", "comm-only"))
+            + f" | {point.bound:6.3f} | {point.efficiency:5.2f} | "
+            + " ".join(f"{point.ratio(name, 'horovod'):11.3f}" for name in compared)
+            + f" | {point.median('caramel') / point.bound:5.2f} | {rss:7.2f} {cpu:7.2f}{marker}"
         )
     for point in rows:
+        caramel, horovod = point.cells.get("caramel", Cell()), point.cells.get("horovod", Cell())
+        print(f"  at {point.rate_mbit:g} Mbit/s: CPU seconds per step and rank: caramel {caramel.cpu_seconds_per_step:.3f}, "
+              f"horovod {horovod.cpu_seconds_per_step:.3f}; peak RSS MiB: caramel {caramel.peak_rss_bytes / 2**20:.0f}, "
+              f"horovod {horovod.peak_rss_bytes / 2**20:.0f}")  # fmt: skip
         for run in point.cells.get("autotune", Cell()).runs:
             tuned = run.details.get("autotune", {})
             if tuned:
@@ -379,7 +432,7 @@ def summary_line(name: str, operating: Point | None) -> str:
     )
 
 
-def plot(results: dict[str, tuple[list[Point], Point | None]], path: Path) -> None:
+def plot(results: dict[str, tuple[list[Point], Point | None]], strategies: tuple[str, ...], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -389,7 +442,7 @@ def plot(results: dict[str, tuple[list[Point], Point | None]], path: Path) -> No
     figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
     for axis, (name, (points, _)) in zip(axes[0], results.items()):
         rates = [p.rate_mbit for p in points]
-        for strategy in (*SWEEP_STRATEGIES, "compute-only", "comm-only"):
+        for strategy in (*strategies, "compute-only", "comm-only"):
             medians = [p.median(strategy) for p in points]
             spreads = [p.cells[strategy].spread if strategy in p.cells else (math.nan, math.nan) for p in points]
             errors = [[m - low for m, (low, _) in zip(medians, spreads)], [high - m for m, (_, high) in zip(medians, spreads)]]
@@ -482,11 +535,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--rates", default="1000,2000,4000,8000", help="link rates in Mbit/s (default 1000,2000,4000,8000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and rate (default 3)")
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
+    parser.add_argument("--steps", type=int, default=24, help="measured steps per run (default 24)")
     parser.add_argument(
-        "--warmup", type=int, default=15,
-        help="unmeasured steps first (default 15: Caramel re-plans at steps 0, 3 and 10 and adopts each plan two "
-        "steps later, so from step 12 on it runs the plan of the link it has measured)",
+        "--warmup", type=int, default=16,
+        help="unmeasured steps first (default 16: Caramel runs its first execution a step at a time, plans from "
+        "what it measured, re-plans early at step 10 and adopts that plan at the next execution boundary)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--steps-per-execution", type=int, default=4,
+        help="steps per graph execution, for every strategy: Keras' steps_per_execution (emulated), Caramel's "
+        "ctf.function (real) (default 4)",
     )  # fmt: skip
     parser.add_argument(
         "--autotune-warmup", type=int, default=65,
@@ -495,7 +553,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--strategies", default=",".join(SWEEP_STRATEGIES),
-        help=f"comma-separated subset of {','.join(SWEEP_STRATEGIES)} to compare (default: all); "
+        help=f"comma-separated strategies to compare, from {', '.join(STRATEGIES)} (default {','.join(SWEEP_STRATEGIES)}); "
         "compute-only and comm-only always run, for the bound",
     )  # fmt: skip
     parser.add_argument("--device-tflops", type=float, help="emulated device rate (default: each profile's; --compute emulated only)")
@@ -531,9 +589,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except HarnessError as error:
         parser.error(f"--cluster-prefix: {error}")
     args.strategy_names = tuple(name.strip() for name in args.strategies.split(",") if name.strip())
-    unknown = [name for name in args.strategy_names if name not in SWEEP_STRATEGIES]
+    unknown = [name for name in args.strategy_names if name not in STRATEGIES]
     if unknown or not args.strategy_names:
-        parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(SWEEP_STRATEGIES)})")
+        parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(STRATEGIES)})")
+    if args.steps_per_execution < 1:
+        parser.error(f"--steps-per-execution: must be at least 1, got {args.steps_per_execution}")
     try:
         args.rate_list = sorted(float(rate) for rate in args.rates.split(","))
     except ValueError:
@@ -575,8 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scheduling_bench: {error}", file=sys.stderr)
         return 2
     for workload in workloads:
-        print_table(workload, *results[workload.name])
-    plot(results, output / "step_time_vs_bandwidth.png")
+        print_table(workload, *results[workload.name], args.strategy_names)
+    plot(results, args.strategy_names, output / "step_time_vs_bandwidth.png")
     print(f"\nplot: {output / 'step_time_vs_bandwidth.png'}; results: {output / 'results.json'}; logs in {output}\n")
     for workload in workloads:
         print(summary_line(workload.name, results[workload.name][1]))

@@ -18,22 +18,35 @@ import tensorflow as tf
 
 import caramel.tensorflow as ctf
 
-STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
+def cpu_seconds() -> float:
+    """CPU time this process has used, user and system, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 class StepLog:
     """Counts steps; rank 0 prints every measured one as it ends. Steps of one graph execution
-    share its time equally."""
+    share its time equally. The CPU time of the measured steps is kept for the summary."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.count = 0
+        self._cpu_at_warmup_end = cpu_seconds() if warmup == 0 else None
 
     def append(self, seconds: float, steps: int = 1) -> None:
         for _ in range(steps):
             self.count += 1
             if hvd.rank() == 0 and self.count > self.warmup:
                 print(json.dumps({"event": "step", "step": self.count - self.warmup, "seconds": seconds / steps}), flush=True)
+        if self._cpu_at_warmup_end is None and self.count >= self.warmup:
+            self._cpu_at_warmup_end = cpu_seconds()
+
+    def cpu_seconds_per_step(self) -> float:
+        """CPU seconds per measured step (from the first execution that ended after the warm-up)."""
+        measured = self.count - self.warmup
+        if self._cpu_at_warmup_end is None or measured <= 0:
+            return float("nan")
+        return (cpu_seconds() - self._cpu_at_warmup_end) / measured
 
 
 class StepLogCallback(tf.keras.callbacks.Callback):
@@ -52,12 +65,13 @@ class StepLogCallback(tf.keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self._started, self.steps_per_execution)
 
 
-def print_summary(strategy: str, details: dict) -> None:
+def print_summary(strategy: str, times: StepLog, details: dict) -> None:
     summary = {
         "event": "summary",
         "rank": hvd.rank(),
         "strategy": strategy,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "cpu_seconds_per_step": times.cpu_seconds_per_step(),
         **details,
     }
     print(json.dumps(summary), flush=True)

@@ -41,6 +41,8 @@ REAL_MODELS = {
         RealModel("small", "the MLP of examples/train_small.py, hidden width 256", 64, 76_810, 0.1),
     )
 }
+# What a worker can run (its --strategy); the driver's strategies map onto them.
+WORKER_STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
 COMPUTE_MODES = {"emulated": NAMES, "real": tuple(REAL_MODELS)}
 
 
@@ -101,10 +103,10 @@ class Workload:
             raise ValueError(f"{self.name}: real compute has no device rate to scale")
         return Workload.emulated(scaled(self.profile, device_tflops), self.worker)
 
-    def command(self, strategy: str, steps: int, warmup: int) -> list[str]:
+    def command(self, strategy: str, steps: int, warmup: int, steps_per_execution: int) -> list[str]:
         return [
-            sys.executable, "-m", self.worker, *self.worker_args,
-            "--strategy", strategy, "--steps", str(steps), "--warmup", str(warmup),
+            sys.executable, "-m", self.worker, *self.worker_args, "--strategy", strategy, "--steps", str(steps),
+            "--warmup", str(warmup), "--steps-per-execution", str(steps_per_execution),
         ]  # fmt: skip
 
 

@@ -8,7 +8,8 @@ import pytest
 
 import benchmarks.scheduling_bench as bench
 from benchmarks.jobrun import parse_event
-from benchmarks.workloads import REAL_MODELS, make_workloads
+from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, make_workloads
+from caramel.job.api import Scheduling
 
 
 def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -135,17 +136,18 @@ def test_parse_event() -> None:
 def test_workloads_of_each_mode() -> None:
     emulated, = make_workloads("emulated", ["resnet50"], device_tflops=2.5)
     assert emulated.scalable and emulated.device_tflops == 2.5 and emulated.device == "2.5 TFLOP/s"
-    assert emulated.command("horovod", 10, 3)[1:] == [
+    assert emulated.command("horovod", 10, 3, 4)[1:] == [
         "-m", emulated.worker, "--profile", "resnet50", "--device-tflops", "2.5",
-        "--strategy", "horovod", "--steps", "10", "--warmup", "3",
+        "--strategy", "horovod", "--steps", "10", "--warmup", "3", "--steps-per-execution", "4",
     ]  # fmt: skip
     slower = emulated.scaled(1.25)
     assert slower.device_tflops == 1.25 and slower.compute_seconds == pytest.approx(2 * emulated.compute_seconds)
     real, = make_workloads("real", ["small"])
     assert not real.scalable and real.device_tflops is None and real.device_tag == "real"
     assert real.gradient_bytes == 4 * REAL_MODELS["small"].parameters
-    assert real.command("caramel", 5, 2)[1:] == [
+    assert real.command("caramel", 5, 2, 1)[1:] == [
         "-m", real.worker, "--model", "small", "--strategy", "caramel", "--steps", "5", "--warmup", "2",
+        "--steps-per-execution", "1",
     ]  # fmt: skip
     with pytest.raises(ValueError, match="no device rate"):
         real.scaled(1.0)
@@ -156,8 +158,17 @@ def test_table_with_failed_and_left_out_strategies(capsys: pytest.CaptureFixture
     ran = bench.Cell([bench.Run(steps=[0.1, 0.2, 0.3], peak_rss_bytes=2**30)])
     point = bench.Point(1000, None, {"horovod": bench.Cell([bench.Run(error="timed out")]), "caramel": ran,
                                      "compute-only": ran, "comm-only": ran})  # fmt: skip
-    bench.print_table(workload, [point], point)
-    row = capsys.readouterr().out.splitlines()[-1]
+    bench.print_table(workload, [point], point, bench.SWEEP_STRATEGIES)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("   1000"))
     assert row.startswith("   1000    real |") and row.endswith("<- operating point")
     assert row.count("failed") == 1 and row.count("not run") == 1
     assert bench.summary_line("small", point) == "small speedup_vs_horovod=nan speedup_vs_autotune=nan of_bound=1.000"
+
+
+def test_anchor_strategies_are_caramel_runs_with_valid_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    args = bench.parse_args(["--strategies", "horovod,bytescheduler,caramel-arrival", "--steps-per-execution", "2"])
+    assert args.strategy_names == ("horovod", "bytescheduler", "caramel-arrival") and args.steps_per_execution == 2
+    for name, strategy in bench.STRATEGIES.items():
+        Scheduling.model_validate(strategy.caramel)  # what the job's spec.caramel will say
+        assert strategy.worker in WORKER_STRATEGIES and strategy.description, name
+    assert "--steps-per-execution: must be at least 1" in parse_error(capsys, "--steps-per-execution", "0")
