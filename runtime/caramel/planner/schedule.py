@@ -32,6 +32,9 @@ MiB = 1024 * KiB
 # Candidate sizes for the planner's search: powers of four from 64 KiB to 256 MiB, kept within
 # the job's minBucketBytes..maxBucketBytes.
 CANDIDATE_SIZES = [64 * KiB * 4**power for power in range(7)]
+# Chunk sizes that would cut the gradients into more pieces than this are not searched: such
+# plans pay alpha thousands of times a step, and simulating them is what makes a search slow.
+MAX_PIECES = 512
 # Candidate deadline spans for the planner's search, as fractions of the forward pass.
 CANDIDATE_SPANS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, math.inf)
 # The bucket size of the first plan, made before anything was measured.
@@ -192,6 +195,8 @@ def initial_plan(tensors: Sequence[TensorCost], scheduling: Scheduling) -> Plan:
 def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling) -> list[Batch]:
     low, high = scheduling.min_bucket_bytes, scheduling.max_bucket_bytes
     sizes = sorted({min(high, max(low, size)) for size in CANDIDATE_SIZES})
+    few_enough = [size for size in sizes if sum(-(-t.nbytes // size) for t in tensors) <= MAX_PIECES]
+    sizes = few_enough or sizes[-1:]
     if scheduling.batching is not Batching.AUTO:
         return [Batch(min_bytes=0, max_bytes=high, chunk_bytes=high)]
     forward = sum(tensor.forward_seconds for tensor in tensors)

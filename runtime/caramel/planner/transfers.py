@@ -1,7 +1,12 @@
-"""The units of a transfer plan: pieces of flattened gradients, and the transfers that carry them."""
+"""The units of a transfer plan: pieces of flattened gradients, and the transfers that carry them.
+
+A sequence of transfers also travels as a flat list of integers (`encode`, `decode`), so that one
+rank can plan and broadcast the result to the others.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -20,3 +25,23 @@ class Transfer:
 
     pieces: tuple[Piece, ...]
     nbytes: int
+
+
+def encode(transfers: Sequence[Transfer]) -> list[int]:
+    """[transfers, then per transfer: its bytes, its pieces, then (tensor, start, stop) per piece]."""
+    values = [len(transfers)]
+    for transfer in transfers:
+        values += [transfer.nbytes, len(transfer.pieces)]
+        for piece in transfer.pieces:
+            values += [piece.tensor, piece.start, piece.stop]
+    return values
+
+
+def decode(values: Sequence[int]) -> tuple[Transfer, ...]:
+    """The transfers `encode` gave these values for."""
+    numbers = iter(int(value) for value in values)
+    transfers = []
+    for _ in range(next(numbers)):
+        nbytes, count = next(numbers), next(numbers)
+        transfers.append(Transfer(tuple(Piece(next(numbers), next(numbers), next(numbers)) for _ in range(count)), nbytes))
+    return tuple(transfers)

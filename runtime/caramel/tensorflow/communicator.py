@@ -98,6 +98,3 @@ class GradientCommunicator:
         times = execution_times(stamps, plan.transfers)
         self.replanner.observe(times)
         return times
-
-    def close(self) -> None:
-        self.replanner.close()

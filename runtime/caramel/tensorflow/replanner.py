@@ -2,31 +2,32 @@
 
 The first plan is made from what every rank knows before any step: the gradients' sizes. It
 sends them in Horovod's order, in buckets (`initial_plan`). At execution boundaries (between
-graph executions, never inside a step) the replanner probes the link, fits alpha and beta from
-the probes and the timed transfers, and takes the measured release times (TicTac's TAC). Rank
-0's measurements are broadcast, so every rank searches the same inputs and finds the same plan.
-The first measured plan is searched at the first boundary after a measured step, and adopted
-there. Later searches run in a background thread while training goes on, and every rank adopts
-the result at the first boundary `PLAN_LAG_STEPS` steps later, if it is predicted to be clearly
-faster than the plan in force: adopting a plan re-traces the step, which costs seconds.
+graph executions, never inside a step) every rank probes the link together; rank 0 fits alpha
+and beta from the probes and its timed transfers, takes the measured release times (TicTac's
+TAC), and searches for a plan in a process of its own (`caramel.planner.search`) while training
+goes on. At the first boundary `PLAN_LAG_STEPS` steps later, rank 0 broadcasts its decision,
+the plan and its link model, so every rank runs the same plan from the same step; a plan is
+adopted only if it is predicted to be clearly faster than the plan in force, since adopting one
+re-traces the step, which costs seconds. The first measured plan is searched at the first
+boundary after a measured step and adopted there, whatever its gain.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
 
 from caramel.job.api import Scheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
-from caramel.planner.schedule import Plan, TensorCost, best_schedule, initial_plan, simulate
+from caramel.planner.schedule import Plan, TensorCost, initial_plan, simulate
+from caramel.planner.search import Search, plan_document, plan_from
 from caramel.planner.timing import StepTimes, typical_backward_seconds
 
 # After the first measured plan: one early re-plan once the link was timed on more real
@@ -55,11 +56,12 @@ def measured_costs(tensors: Sequence[TensorCost], backward_seconds: Sequence[flo
 
 
 @dataclass(frozen=True)
-class _Search:
+class _PendingSearch:
     adopt_at: int
     link: LinkModel
     tensors: list[TensorCost]
-    result: Future[Plan]
+    search: Search | None
+    """The search itself, on rank 0; the other ranks receive its outcome."""
 
 
 class Replanner:
@@ -78,8 +80,7 @@ class Replanner:
         self._observer = LinkObserver()
         self._recent: deque[StepTimes] = deque(maxlen=RECENT_STEPS)
         self._next_replan = EARLY_REPLAN_STEP
-        self._search: _Search | None = None
-        self._searcher = ThreadPoolExecutor(1, thread_name_prefix="caramel-planner")
+        self._pending: _PendingSearch | None = None
 
     @property
     def gradients(self) -> int:
@@ -113,40 +114,51 @@ class Replanner:
         if not self.measured:
             if typical_backward_seconds(self._recent) is None:
                 return False
-            self._start_search(completed_steps)
             self.measured = True
-            return self._adopt(self._search, required_gain=0.0)
+            return self._adopt(self._start_search(completed_steps), required_gain=0.0)
         adopted = False
-        if self._search is not None and completed_steps >= self._search.adopt_at:
-            adopted = self._adopt(self._search)
-        if self.plan is not None and self._search is None and completed_steps >= self._next_replan:
-            self._start_search(completed_steps)
+        if self._pending is not None and completed_steps >= self._pending.adopt_at:
+            adopted = self._adopt(self._pending)
+            self._pending = None
+        if self.plan is not None and self._pending is None and completed_steps >= self._next_replan:
+            self._pending = self._start_search(completed_steps)
             self._next_replan = completed_steps + self.scheduling.replan_interval_steps
         return adopted
 
-    def close(self) -> None:
-        self._searcher.shutdown(wait=False, cancel_futures=True)
+    def describe(self) -> str:
+        """The plan in force and the link it was made for, for people."""
+        plan = self.plan
+        largest = max(transfer.nbytes for transfer in plan.transfers) / 2**20
+        return (
+            f"plan {self.version}: {len(plan.transfers)} transfers per step (largest {largest:.3g} MiB), predicted step "
+            f"{plan.predicted_step_seconds:.3g} s; link alpha {self.link.alpha * 1e3:.3g} ms, {self.link.bytes_per_second / 1e6:.4g} MB/s"
+        )
 
-    def _start_search(self, completed_steps: int) -> None:
+    def _start_search(self, completed_steps: int) -> _PendingSearch:
         self._probe()
-        local = self._observer.model(previous=self.link)
-        measured = typical_backward_seconds(self._recent) or []
-        # Every rank runs the same model, so every rank broadcasts a vector of the same length.
-        shared = _broadcast([local.alpha, local.beta, *measured])
-        link = LinkModel(alpha=float(shared[0]), beta=float(shared[1]))
-        tensors = measured_costs(self._tensors, shared[2:]) if measured else self._tensors
-        search = self._searcher.submit(best_schedule, tensors, link, self.scheduling)
-        self._search = _Search(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
+        link = self._observer.model(previous=self.link)
+        measured = typical_backward_seconds(self._recent)
+        tensors = measured_costs(self._tensors, measured) if measured else self._tensors
+        search = Search(tensors, link, self.scheduling) if hvd.rank() == 0 else None
+        return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
 
-    def _adopt(self, search: _Search, required_gain: float = MIN_GAIN) -> bool:
-        self._search = None
-        plan = search.result.result()
-        self.link = search.link
-        current = simulate(search.tensors, self.plan.transfers, search.link)
-        self._tensors = search.tensors
-        if plan.transfers == self.plan.transfers or plan.predicted_step_seconds > current * (1 - required_gain):
+    def _adopt(self, pending: _PendingSearch, required_gain: float = MIN_GAIN) -> bool:
+        """Rank 0 decides from its search and its measurements; every rank takes its decision."""
+        chosen = None
+        if pending.search is not None:
+            try:
+                found = pending.search.result()
+            except RuntimeError as error:  # a failed search costs a re-plan, not the training
+                print(f"caramel: {error}; keeping the plan in force", file=sys.stderr, flush=True)
+            else:
+                current = simulate(pending.tensors, self.plan.transfers, pending.link)
+                if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - required_gain):
+                    chosen = found
+        self._tensors = pending.tensors
+        self.link, chosen = _share_decision(pending.link, chosen)
+        if chosen is None:
             return False
-        self.plan = plan
+        self.plan = chosen
         self.version += 1
         self.plan_changes += 1
         return True
@@ -162,5 +174,16 @@ class Replanner:
                 self._observer.observe_probe(elements * 4, time.perf_counter() - started)
 
 
-def _broadcast(values: list[float]) -> np.ndarray:
-    return hvd.broadcast(tf.constant(values, dtype=tf.float64), root_rank=0, name="caramel_measurements").numpy()
+def _share_decision(link: LinkModel, plan: Plan | None) -> tuple[LinkModel, Plan | None]:
+    """Rank 0's link model and chosen plan (or None), on every rank."""
+    document = plan_document(plan) if plan else None
+    transfers = document["transfers"] if document else []
+    batch = document["batch"] if document else {"min_bytes": 0, "max_bytes": 0, "chunk_bytes": 0, "deadline_span_seconds": 0.0}
+    header = [link.alpha, link.beta, float(plan is not None), document["predicted"] if document else 0.0, len(transfers), *batch.values()]
+    header = hvd.broadcast(tf.constant(header, tf.float64), root_rank=0, name="caramel_plan_header").numpy()
+    shared_link = LinkModel(alpha=float(header[0]), beta=float(header[1]))
+    if not header[2]:
+        return shared_link, None
+    values = hvd.broadcast(tf.constant(transfers or [0] * int(header[4]), tf.int64), root_rank=0, name="caramel_plan").numpy()
+    batch = dict(zip(batch, (int(header[5]), int(header[6]), int(header[7]), float(header[8]))))
+    return shared_link, plan_from({"transfers": values.tolist(), "batch": batch, "predicted": float(header[3])})

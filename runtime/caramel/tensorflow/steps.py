@@ -16,9 +16,11 @@ traced again. Every rank runs the same executions, so every rank re-plans at the
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from caramel.planner.timing import StepTimes
@@ -58,6 +60,8 @@ class StepFunction:
         replanner = communicator().replanner
         if replanner.at_boundary(self.completed_steps):
             self._graphs.clear()  # traced for the old plan
+            if hvd.rank() == 0:
+                print(f"caramel: from step {self.completed_steps + 1}, {replanner.describe()}", file=sys.stderr, flush=True)
         if replanner.measured:
             return self._execute(iterator, count)
         # Until a plan was made from measurements, one step per execution: its graph is cheap to

@@ -1,0 +1,66 @@
+"""The plan search as a process of its own: `python -m caramel.planner.search`, a JSON request on
+stdin, the best plan as JSON on stdout.
+
+A training process starts it for each re-plan, on rank 0 only: the search (a few tenths of a
+second of pure Python) then runs beside training without taking the training process's
+interpreter lock, which the emulated accelerator, callbacks and the input pipeline's Python
+need, and costs the job's CPU once instead of once per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from caramel.job.api import Scheduling
+from caramel.planner.linkmodel import LinkModel
+from caramel.planner.schedule import Batch, Plan, TensorCost, best_schedule
+from caramel.planner.transfers import decode, encode
+
+
+def request(tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling) -> str:
+    return json.dumps(
+        {"tensors": [asdict(t) for t in tensors], "link": asdict(link), "scheduling": scheduling.model_dump(mode="json", by_alias=True)}
+    )
+
+
+def answer(text: str) -> str:
+    document = json.loads(text)
+    plan = best_schedule(
+        [TensorCost(**t) for t in document["tensors"]], LinkModel(**document["link"]), Scheduling.model_validate(document["scheduling"])
+    )
+    return json.dumps(plan_document(plan))
+
+
+def plan_document(plan: Plan) -> dict:
+    return {"transfers": encode(plan.transfers), "batch": asdict(plan.batch), "predicted": plan.predicted_step_seconds}
+
+
+def plan_from(document: dict) -> Plan:
+    return Plan(decode(document["transfers"]), Batch(**document["batch"]), document["predicted"])
+
+
+class Search:
+    """One search running in its own process."""
+
+    def __init__(self, tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "caramel.planner.search"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        # One line: the search starts as soon as it has read it.
+        self._process.stdin.write(request(tensors, link, scheduling) + "\n")
+        self._process.stdin.flush()
+
+    def result(self) -> Plan:
+        """The plan found (waits for it)."""
+        output, errors = self._process.communicate()
+        if self._process.returncode != 0:
+            raise RuntimeError(f"the plan search failed (exit {self._process.returncode}): {errors.strip()[-2000:]}")
+        return plan_from(json.loads(output))
+
+
+if __name__ == "__main__":
+    sys.stdout.write(answer(sys.stdin.readline()))

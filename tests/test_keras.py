@@ -1,0 +1,51 @@
+"""Keras `model.fit` as a Caramel job (examples/train_keras.py): progress, metrics' step count,
+and resume from a checkpoint at an epoch boundary with the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, job_manifest, run_caramel, write_manifest
+
+pytestmark = pytest.mark.e2e
+
+KERAS_EXAMPLE = REPO / "examples" / "train_keras.py"
+
+
+def keras_job(tmp_path, directory: str, epochs: int):
+    manifest = job_manifest(
+        script=str(KERAS_EXAMPLE),
+        args=["--epochs", str(epochs), "--steps-per-epoch", "6", "--steps-per-execution", "3", "--batch-size", "32", "--hidden", "64"],
+        checkpoint={"path": str(tmp_path / directory), "intervalSteps": 6},
+    )
+    return write_manifest(tmp_path, manifest, filename=f"{directory}-{epochs}.yaml")
+
+
+def model_weights(directory) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(str(directory))
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name.startswith("model/") and "OPTIMIZER_SLOT" not in name
+    }
+
+
+def test_fit_resumes_at_the_checkpointed_epoch_with_the_weights_of_an_uninterrupted_run(tmp_path):
+    straight = run_caramel("run", str(keras_job(tmp_path, "straight", 4)))
+    assert straight.returncode == 0, straight.stderr
+    assert "step=24 total=24" in straight.stderr and "Succeeded" in straight.stderr
+
+    first = run_caramel("run", str(keras_job(tmp_path, "resumed", 2)))
+    assert first.returncode == 0, first.stderr
+    second = run_caramel("run", str(keras_job(tmp_path, "resumed", 4)))
+    assert second.returncode == 0, second.stderr
+    assert re.search(r"restored .*ckpt-12 at step 12", second.stderr), second.stderr
+
+    expected, resumed = model_weights(tmp_path / "straight"), model_weights(tmp_path / "resumed")
+    assert expected.keys() == resumed.keys() and len(expected) == 6
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
