@@ -20,6 +20,7 @@ MODES = {
     "horovod-order-unbatched": {"ordering": "arrival", "batching": "off"},
     "small-chunks": {"batching": "fixed", "minBucketBytes": 1024, "maxBucketBytes": 4096},
     "replanning": {"minBucketBytes": 4096, "maxBucketBytes": 262144, "replanIntervalSteps": 3},
+    "multitree": {"allreduce": "multitree", "minBucketBytes": 4096, "maxBucketBytes": 65536},
 }
 APIS = ("tape-fit", "optimizer-fit", "tape-loop", "eager", "keras")
 RANKS, STEPS, BATCH, HIDDEN = 2, 15, 16, 32
@@ -44,6 +45,7 @@ def expected() -> list[np.ndarray]:
 
 
 def trained_weights(tmp_path, api: str, caramel: dict, steps_per_execution: int = 4) -> list[np.ndarray]:
+    """Rank 0's weights after training through `api` with these spec.caramel settings."""
     output = tmp_path / "weights.npz"
     command = [
         sys.executable, "-m", "testbed.sgd_worker", "--api", api, "--steps", str(STEPS), "--batch-size", str(BATCH),
@@ -52,6 +54,9 @@ def trained_weights(tmp_path, api: str, caramel: dict, steps_per_execution: int 
     manifest = job_manifest(script=None, command=command, args=[], caramel=caramel, workers={"replicas": RANKS})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode == 0, result.stderr
+    if api != "eager":
+        algorithm = "multitree" if caramel.get("allreduce") == "multitree" else "ring"
+        assert f"gradients all-reduced by {algorithm}" in result.stderr
     saved = np.load(output)
     return [saved[f"arr_{index}"] for index in range(len(saved.files))]
 

@@ -10,19 +10,25 @@ the metrics and the replanner. Eagerly, the gradients go to Horovod as one group
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
-from caramel.job.api import Scheduling, Tuning
+from caramel.job.api import Allreduce, Tuning
+from caramel.job.contract import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
-from caramel.tensorflow.collectives import Chain, run_transfers
+from caramel.tensorflow.collectives import Chain, Reduce, horovod_average, run_transfers
+from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
 from caramel.tensorflow.stamps import StampBook
+from caramel.topology.simulate import choose_allreduce
+from caramel.topology.transport import SUPPORTED_DTYPES
 
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
@@ -44,11 +50,16 @@ class _Trace:
 
 
 class GradientCommunicator:
-    """Averages gradients across all ranks, by the plan in force."""
+    """Averages gradients across all ranks, by the plan in force, with the job's all-reduce
+    algorithm (Horovod's ring, or MULTITREE's trees over the job's topology)."""
 
-    def __init__(self, scheduling: Scheduling, tuning: Tuning | None = None) -> None:
-        self.scheduling = scheduling
-        self.replanner = Replanner(scheduling, initial_link(tuning))
+    def __init__(self, contract: WorkerContract) -> None:
+        self.contract = contract
+        self.scheduling = contract.scheduling
+        self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning))
+        self.algorithm: str | None = None
+        """ring or multitree, chosen when the first graph's gradients are seen."""
+        self._reduce: Reduce = horovod_average
         self._stamps = StampBook()
         self._traces: weakref.WeakKeyDictionary[tf.Graph, _Trace] = weakref.WeakKeyDictionary()
 
@@ -58,9 +69,11 @@ class GradientCommunicator:
             # Eagerly there is no graph to plan; shapes known only at run time cannot be planned.
             return list(hvd.grouped_allreduce(list(gradients), op=hvd.Average, name="caramel_gradients"))
         plan = self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
+        if self.algorithm is None:
+            self._choose_algorithm(gradients)
         trace = self._trace()
         stamps = [self._stamps.stamp()]  # the execution's start, for its first step
-        averaged, issued = run_transfers(gradients, plan.transfers, trace.chain)
+        averaged, issued = run_transfers(gradients, plan.transfers, trace.chain, self._reduce)
         stamps += [self._stamps.stamp(transfer.ready) for transfer in issued]
         stamps += [self._stamps.stamp(transfer.done) for transfer in issued]
         if trace.steps == 0:
@@ -68,6 +81,25 @@ class GradientCommunicator:
         self._stamps.write(trace.steps, stamps)
         trace.steps += 1
         return averaged
+
+    def _choose_algorithm(self, gradients: Sequence[tf.Tensor]) -> None:
+        """Ring, or MULTITREE where asked for, or where `auto` predicts it clearly faster on the
+        job's topology for this model's gradients (never on a flat topology)."""
+        wanted = self.scheduling.allreduce
+        nbytes = sum(g.shape.num_elements() * g.dtype.size for g in gradients)
+        movable = all(np.dtype(g.dtype.as_numpy_dtype).name in SUPPORTED_DTYPES for g in gradients)
+        if wanted is Allreduce.MULTITREE and not movable:
+            raise ValueError(
+                f"spec.caramel.allreduce: multitree moves gradients of {', '.join(SUPPORTED_DTYPES)} only, and this "
+                f"model has {sorted({g.dtype.name for g in gradients})}; use ring or auto"
+            )
+        if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(self.contract.topology, nbytes) == "multitree"):
+            self.algorithm = "multitree"
+            self._reduce = TreeReduce(self.contract, hvd.rank())
+        else:
+            self.algorithm = "ring"
+        if hvd.rank() == 0:
+            print(f"caramel: gradients all-reduced by {self.algorithm} (spec.caramel.allreduce: {wanted.value})", file=sys.stderr, flush=True)
 
     def _trace(self) -> _Trace:
         graph = tf.compat.v1.get_default_graph()

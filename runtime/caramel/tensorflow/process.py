@@ -15,7 +15,7 @@ def init() -> WorkerContract:
     global _communicator
     contract = WorkerContract.from_env()
     hvd.init()
-    _communicator = GradientCommunicator(contract.scheduling, contract.tuning)
+    _communicator = GradientCommunicator(contract)
     return contract
 
 

@@ -1,0 +1,53 @@
+"""Planned transfers all-reduced by MULTITREE's trees (`caramel.topology.transport`), from the graph.
+
+With `spec.caramel.allreduce: multitree` (or `auto` where the job's topology makes it clearly
+faster), each planned transfer is one call of the tree transport instead of a Horovod
+collective: the plan's order, batching and window stay as they are. A call takes the transfer's
+pieces as one flat buffer per dtype through `tf.numpy_function`; the transport moves the bytes
+and adds them in its own threads, with the GIL released. Every call carries a sequence number
+from a counter variable that each call increments in program order, so every rank numbers its
+calls alike and the transport runs them in that order.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from caramel.job.contract import WorkerContract
+from caramel.topology.multitree import multitree
+from caramel.topology.transport import TreeAllreduce
+
+
+class TreeReduce:
+    """A `collectives.Reduce` that runs the job's MULTITREE schedule between the ranks."""
+
+    def __init__(self, contract: WorkerContract, rank: int) -> None:
+        self._contract = contract
+        self._rank = rank
+        self._transport: TreeAllreduce | None = None
+        with tf.init_scope():
+            self._calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_tree_calls")
+
+    def __call__(self, pieces: list[tf.Tensor], name: str) -> list[tf.Tensor]:
+        transport = self._connected()  # at trace time: every rank traces its first step together
+        outputs: list[tf.Tensor | None] = [None] * len(pieces)
+        for dtype in dict.fromkeys(piece.dtype for piece in pieces):
+            members = [i for i, piece in enumerate(pieces) if piece.dtype == dtype]
+            flat = tf.concat([tf.reshape(pieces[i], [-1]) for i in members], axis=0)
+            sequence = self._calls.assign_add(1, read_value=True) - 1
+            averaged = tf.numpy_function(
+                lambda buffer, number: transport.allreduce(buffer, int(number)), [flat, sequence], dtype, stateful=False, name=name
+            )
+            averaged.set_shape(flat.shape)
+            offset = 0
+            for i in members:
+                size = pieces[i].shape.num_elements()
+                outputs[i] = tf.reshape(averaged[offset : offset + size], pieces[i].shape)
+                offset += size
+        return outputs
+
+    def _connected(self) -> TreeAllreduce:
+        if self._transport is None:
+            contract = self._contract
+            self._transport = TreeAllreduce(multitree(contract.topology), self._rank, contract.transport_addresses)
+        return self._transport
