@@ -105,6 +105,11 @@ STRATEGIES = {
         "ByteScheduler's recipe in Caramel's graph: priority (next-forward) order, tensors cut into 4 MiB "
         "partitions, no merging, two transfers (8 MiB) in flight",
     ),  # fmt: skip
+    "dear": Strategy(
+        "caramel", {"collective": "split"},
+        "DeAR's decoupling in Caramel's graph: each planned transfer reduce-scattered as soon as its gradients "
+        "exist, all-gathered after the step's last reduce-scatter in the order the next forward pass needs them",
+    ),  # fmt: skip
     "caramel-arrival": Strategy(
         "caramel", {"ordering": "arrival"},
         "Caramel's graph and planned batching with Horovod's order: what the order alone is worth",

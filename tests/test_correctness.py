@@ -21,6 +21,7 @@ MODES = {
     "small-chunks": {"batching": "fixed", "minBucketBytes": 1024, "maxBucketBytes": 4096},
     "replanning": {"minBucketBytes": 4096, "maxBucketBytes": 262144, "replanIntervalSteps": 3},
     "multitree": {"allreduce": "multitree", "minBucketBytes": 4096, "maxBucketBytes": 65536},
+    "split-collectives": {"collective": "split", "minBucketBytes": 4096, "maxBucketBytes": 65536},
 }
 APIS = ("tape-fit", "optimizer-fit", "tape-loop", "eager", "keras")
 RANKS, STEPS, BATCH, HIDDEN = 2, 15, 16, 32

@@ -186,6 +186,13 @@ class Allreduce(StrEnum):
     MULTITREE = "multitree"
 
 
+class Collective(StrEnum):
+    """How a planned transfer averages its gradients."""
+
+    ALLREDUCE = "allreduce"
+    SPLIT = "split"
+
+
 class Scheduling(ApiModel):
     """Caramel's communication scheduling. The defaults choose everything automatically."""
 
@@ -223,6 +230,11 @@ class Scheduling(ApiModel):
     replan_interval_steps: int = Field(20, ge=1)
     """Steps between re-plans from fresh latency and bandwidth observations (rank 0's fit is
     shared, so every rank follows the same plan)."""
+
+    collective: Collective = Collective.ALLREDUCE
+    """allreduce averages each planned transfer in one collective; split (DeAR's decoupling)
+    reduce-scatters it as soon as its gradients exist and all-gathers it after the step's last
+    reduce-scatter, in the order the next forward pass reads the parameters."""
 
     allreduce: Allreduce = Allreduce.AUTO
     """All-reduce algorithm: ring is Horovod's; multitree runs MULTITREE's trees over the job's

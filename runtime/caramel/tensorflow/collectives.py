@@ -89,9 +89,38 @@ def run_transfers(
     return averaged, issued
 
 
+def run_split_transfers(
+    gradients: Sequence[tf.Tensor], transfers: Sequence[Transfer], chain: Chain
+) -> tuple[list[tf.Tensor], list[IssuedTransfer]]:
+    """DeAR's decoupled all-reduce: each planned transfer reduce-scatters its pieces in plan
+    order, as soon as they exist; once the step's last one is issued, the all-gathers follow,
+    the transfer holding the parameter the next forward pass reads first going first. Each
+    rank reduces a share of every piece, so a piece is cut along its flattened elements.
+    A transfer counts as done when its all-gather is."""
+    flat = [tf.reshape(gradient, [-1]) for gradient in gradients]
+    shards = []
+    for position, transfer in enumerate(transfers):
+        inputs = [flat[p.tensor][p.start : p.stop] for p in transfer.pieces]
+        with tf.control_dependencies(inputs):
+            ready = tf.identity(inputs[0])
+        with tf.control_dependencies(chain.dependencies()), tf.name_scope(f"caramel_reduce_{position}"):
+            outputs = hvd.grouped_reducescatter(inputs, op=hvd.Average)
+        chain.issued(inputs, outputs)
+        shards.append((ready, outputs))
+    pieces_of: list[list[tuple[int, tf.Tensor]]] = [[] for _ in gradients]
+    done: list[tf.Tensor | None] = [None] * len(transfers)
+    for position in sorted(range(len(transfers)), key=lambda i: min(p.tensor for p in transfers[i].pieces)):
+        with tf.control_dependencies(chain.dependencies()):
+            gathered = hvd.grouped_allgather(shards[position][1], name=f"caramel_gather_{position}")
+        chain.issued(shards[position][1], gathered)
+        done[position] = gathered[0]
+        for piece, output in zip(transfers[position].pieces, gathered):
+            pieces_of[piece.tensor].append((piece.start, output))
+    averaged = [_joined(pieces, gradient.shape) for pieces, gradient in zip(pieces_of, gradients)]
+    return averaged, [IssuedTransfer(ready, finished) for (ready, _), finished in zip(shards, done)]
+
+
 def _joined(pieces: list[tuple[int, tf.Tensor]], shape: tf.TensorShape) -> tf.Tensor:
     """A gradient's averaged pieces, (start, piece) in any order, joined into its shape."""
-    if len(pieces) == 1:
-        return pieces[0][1]  # the whole tensor, already in its shape
     ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])]
-    return tf.reshape(tf.concat(ordered, axis=0), shape)
+    return tf.reshape(ordered[0] if len(ordered) == 1 else tf.concat(ordered, axis=0), shape)

@@ -19,11 +19,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from caramel.job.api import Allreduce, Tuning
+from caramel.job.api import Allreduce, Collective, Tuning
 from caramel.job.contract import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
-from caramel.tensorflow.collectives import Chain, Reduce, horovod_average, run_transfers
+from caramel.tensorflow.collectives import Chain, Reduce, horovod_average, run_split_transfers, run_transfers
 from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
 from caramel.tensorflow.stamps import StampBook
@@ -73,7 +73,10 @@ class GradientCommunicator:
             self._choose_algorithm(gradients)
         trace = self._trace()
         stamps = [self._stamps.stamp()]  # the execution's start, for its first step
-        averaged, issued = run_transfers(gradients, plan.transfers, trace.chain, self._reduce)
+        if self.scheduling.collective is Collective.SPLIT:
+            averaged, issued = run_split_transfers(gradients, plan.transfers, trace.chain)
+        else:
+            averaged, issued = run_transfers(gradients, plan.transfers, trace.chain, self._reduce)
         stamps += [self._stamps.stamp(transfer.ready) for transfer in issued]
         stamps += [self._stamps.stamp(transfer.done) for transfer in issued]
         if trace.steps == 0:
