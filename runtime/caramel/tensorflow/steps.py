@@ -34,8 +34,9 @@ class StepFunction:
 
     `step` is an ordinary training step (forward pass, Caramel's tape or optimizer, update)
     taking one batch: with `unpack` a tuple from the iterator is passed as positional
-    arguments, anything else (and everything without `unpack`) as one argument. Calling the StepFunction with an iterator (of a `tf.data.Dataset`)
-    runs the next steps and returns each step's outputs, in order.
+    arguments, anything else (and everything without `unpack`) as one argument. Calling the
+    StepFunction with an iterator (of a `tf.data.Dataset`) runs the next steps and returns
+    each step's outputs, in order.
     """
 
     def __init__(
