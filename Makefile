@@ -16,7 +16,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast crd clean bench bench-needs-root
+.PHONY: setup test test-fast crd clean bench bench-topology bench-needs-root
 
 # The CRD is generated from the API models; tests fail when a committed copy drifts.
 CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
@@ -67,6 +67,11 @@ BENCH_ARGS ?=
 
 bench: bench-needs-root $(VENV)/.bench-done
 	$(VENV_PYTHON) -m benchmarks.scheduling_bench $(BENCH_ARGS)
+
+# Horovod's ring against MULTITREE on two emulated racks behind a shaped uplink, and on one
+# bridge (benchmarks/README.md). Root, like bench. Arguments: make bench-topology BENCH_ARGS="--workers 4".
+bench-topology: bench-needs-root $(VENV)/.setup-done
+	$(VENV_PYTHON) -m benchmarks.topology_bench $(BENCH_ARGS)
 
 bench-needs-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make bench needs root: it creates network namespaces, veths, a bridge, tc qdiscs and an iptables rule (try: sudo make bench)" >&2; exit 1; }

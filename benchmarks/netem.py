@@ -14,7 +14,7 @@ of every veth: the namespace end shapes what the worker sends, the host end what
 so every worker has a full-duplex link of that rate to a non-blocking switch. (This kernel has
 no `netem`: no delay or loss emulation, only rate.)
 
-Racks (`racks=2`): the workers are split into two racks, the first half and the rest, each on
+Racks (`racks=2`): the workers are split into two racks of consecutive workers, each on
 its own bridge `<prefix>-br<rack>`, and the two bridges are joined by one uplink, a veth pair
 `<prefix>-u0` (on rack 0's bridge) - `<prefix>-u1` (on rack 1's), shaped with `tbf` at
 `uplink_rate_mbit` on both ends: u0's egress is what rack 0 sends to rack 1, u1's the way back.
@@ -61,6 +61,11 @@ DEFAULT_SUBNET = "10.213.7.0/24"
 MAX_PREFIX_LENGTH = 8
 RACKS = (1, 2)
 """Racks the cluster can have: one bridge, or two bridges joined by one uplink."""
+
+
+def rack_of(index: int, workers: int, racks: int) -> int:
+    """The rack of worker `index`: racks of consecutive workers, the first ones the larger."""
+    return index * racks // workers
 NETNS_DIR = Path("/run/netns")
 # Runs inside the worker's new UTS and mount namespaces, then becomes the worker's command.
 ENTER_WORKER_NAMESPACES = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
@@ -233,9 +238,9 @@ class EmulatedCluster:
         return str(self.subnet.network_address + index + 1)
 
     def rack(self, index: int) -> int:
-        """The rack of worker `index`: the first workers // racks workers are in rack 0."""
+        """The rack of worker `index` (`rack_of`)."""
         self._check_index(index)
-        return index * self.racks // self.workers
+        return rack_of(index, self.workers, self.racks)
 
     @property
     def bridge_address(self) -> str:

@@ -34,10 +34,11 @@ from pathlib import Path
 
 from caramel.topology.model import Link, Topology
 from caramel.topology.simulate import choose_allreduce
+from caramel.topology.transport import PIECE_BYTES
 from caramel.topology.wire import to_json
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
-from benchmarks.netem import EmulatedCluster, HarnessError
+from benchmarks.netem import EmulatedCluster, HarnessError, rack_of
 
 PREFIX = "crtp"
 SUBNET = "10.213.9.0/24"
@@ -51,7 +52,7 @@ def testbed_topology(testbed: str, workers: int, rate_mbit: float, uplink_mbit: 
     bandwidth = rate_mbit * 1e6 / 8
     if testbed == "flat":
         return Topology(hosts, ("bridge",), tuple(Link(host, "bridge", bandwidth) for host in hosts))
-    racks = [f"rack{index * 2 // workers}" for index in range(workers)]
+    racks = [f"rack{rack_of(index, workers, 2)}" for index in range(workers)]
     links = [Link(host, rack, bandwidth) for host, rack in zip(hosts, racks)]
     return Topology(hosts, ("rack0", "rack1"), (*links, Link("rack0", "rack1", uplink_mbit * 1e6 / 8)))
 
@@ -66,7 +67,10 @@ def bound_seconds(testbed: str, workers: int, nbytes: float, rate_mbit: float, u
 def run_testbed(args: argparse.Namespace, testbed: str, directory: Path) -> list[dict]:
     uplink = args.rate / args.uplink_ratio
     topology = testbed_topology(testbed, args.workers, args.rate, uplink)
-    command = [sys.executable, "-m", "benchmarks.topology_worker", "--sizes", args.sizes, "--repeats", str(args.repeats)]
+    command = [
+        sys.executable, "-m", "benchmarks.topology_worker", "--sizes", args.sizes, "--repeats", str(args.repeats),
+        "--piece-bytes", str(args.piece_kib * 1024),
+    ]  # fmt: skip
     job = bench_job(f"topology-{testbed}", command, args.workers, f"{PREFIX}-eth", env={"CARAMEL_TOPOLOGY": to_json(topology)})
     # Generous: the ring at its bound on the uplink, twice over, for every run, plus start-up.
     total_bytes = sum(int(size) for size in args.sizes.split(",")) * MEGABYTE * (2 * args.repeats + 2)
@@ -123,14 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="4,16,64,128,256", help="buffer sizes in MiB, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--testbeds", default=",".join(TESTBEDS), help="racks, flat, or both")
+    parser.add_argument("--piece-kib", type=int, default=PIECE_BYTES // 1024, help="the transport's piece size, KiB")
     args = parser.parse_args(argv)
     testbeds = args.testbeds.split(",")
     problems = [f"--testbeds: unknown testbed {name!r} (known: {', '.join(TESTBEDS)})" for name in testbeds
                 if name not in TESTBEDS]
     if args.workers < 2:
         problems.append(f"--workers: at least 2, got {args.workers}")
-    if args.rate <= 0 or args.uplink_ratio <= 0 or args.repeats < 1:
-        problems.append("--rate, --uplink-ratio and --repeats must be positive")
+    if min(args.rate, args.uplink_ratio, args.repeats, args.piece_kib) <= 0:
+        problems.append("--rate, --uplink-ratio, --repeats and --piece-kib must be positive")
     try:
         if any(int(size) < 1 for size in args.sizes.split(",")):
             problems.append(f"--sizes: every size must be at least 1 MiB, got {args.sizes}")
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         (directory / "results.json").write_text(json.dumps({"args": vars(args), "events": events}, indent=1))
     print(f"\n{args.workers} workers, links {args.rate:g} Mbit/s, uplink {args.rate / args.uplink_ratio:g} Mbit/s, "
-          f"{args.repeats} repeats; seconds are the slowest rank's\n")
+          f"{args.repeats} repeats, pieces of {args.piece_kib} KiB; seconds are the slowest rank's\n")
     print(table(events))
     print(f"\nlogs and results.json in {directory}")
     return 0

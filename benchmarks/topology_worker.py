@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from caramel.job.contract import WorkerContract
 from caramel.topology.multitree import multitree
-from caramel.topology.transport import TreeAllreduce
+from caramel.topology.transport import PIECE_BYTES, TreeAllreduce
 
 MEGABYTE = 2**20
 WARM_UP_BYTES = MEGABYTE
@@ -30,40 +30,52 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="4,16,64,128,256", help="buffer sizes in MiB, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--piece-bytes", type=int, default=PIECE_BYTES, help="the transport's piece size")
     args = parser.parse_args()
     hvd.init()
     contract = WorkerContract.from_env()
-    transport = TreeAllreduce(multitree(contract.topology), hvd.rank(), contract.transport_addresses)
+    schedule = multitree(contract.topology)
+    transport = TreeAllreduce(schedule, hvd.rank(), contract.transport_addresses, piece_bytes=args.piece_bytes)
     sequence = 0
 
-    def ring(tensor: tf.Tensor) -> np.ndarray:
-        return hvd.allreduce(tensor, op=hvd.Average, name=f"buffer{tensor.shape[0]}").numpy()
+    # Each algorithm gets the buffer in its own type, made before the clock starts: a tensor for
+    # Horovod, a numpy array for the transport (getting one from the other is a copy), with an
+    # output array it reuses, as a training loop can for gradients of fixed shapes.
+    def ring(buffer: Buffer) -> np.ndarray:
+        return hvd.allreduce(buffer.tensor, op=hvd.Average, name=f"buffer{buffer.array.size}").numpy()
 
-    def tree(tensor: tf.Tensor) -> np.ndarray:
+    def tree(buffer: Buffer) -> np.ndarray:
         nonlocal sequence
         sequence += 1
-        return transport.allreduce(tensor.numpy(), sequence - 1)
+        return transport.allreduce(buffer.array, sequence - 1, out=buffer.out)
 
     algorithms = {"ring": ring, "multitree": tree}
     for run in algorithms.values():  # connections, buffers and code paths, unmeasured
-        run(tf.ones([WARM_UP_BYTES // 4]))
+        run(Buffer(np.ones(WARM_UP_BYTES // 4, np.float32)))
     for megabytes in [int(size) for size in args.sizes.split(",")]:
         # Random values: a constant could be folded away instead of communicated.
-        values = np.random.default_rng(hvd.rank()).random(megabytes * MEGABYTE // 4, dtype=np.float32)
-        tensor = tf.convert_to_tensor(values)
-        del values
+        buffer = Buffer(np.random.default_rng(hvd.rank()).random(megabytes * MEGABYTE // 4, dtype=np.float32))
         for repeat in range(args.repeats):
             order = list(algorithms) if repeat % 2 == 0 else list(algorithms)[::-1]
             for name in order:
                 hvd.allreduce(tf.zeros([1]), name="barrier")
                 started = time.perf_counter()
-                algorithms[name](tensor)
+                algorithms[name](buffer)
                 seconds = hvd.allgather(tf.constant([time.perf_counter() - started], tf.float64)).numpy().max()
                 report({"event": "allreduce", "algorithm": name, "megabytes": megabytes, "repeat": repeat,
                         "seconds": float(seconds)})
-        difference = np.abs(ring(tensor) - tree(tensor)).max()
+        difference = np.abs(ring(buffer) - tree(buffer)).max()
         report({"event": "check", "megabytes": megabytes, "max_difference": float(difference)})
     transport.close()
+
+
+class Buffer:
+    """One rank's buffer as a tensor and as an array, and an output array, all in memory already touched."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.tensor = tf.convert_to_tensor(array)
+        self.out = array.copy()
 
 
 def report(event: dict) -> None:

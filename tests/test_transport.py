@@ -136,6 +136,20 @@ def test_random_gradients_of_any_shape_average_like_numpy(name, topology):
         close(transports)
 
 
+def test_out_receives_the_average_and_may_be_the_buffer_itself():
+    transports = connect(multitree(two_racks(3)))
+    try:
+        buffers = [np.full((4, 5), float(rank)) for rank in range(3)]
+        outs = [np.empty((4, 5)) for _ in range(3)]
+        results = on_every_rank(3, lambda rank: transports[rank].allreduce(buffers[rank], 0, out=outs[rank]))
+        assert all(result is out and np.array_equal(out, np.ones((4, 5))) for result, out in zip(results, outs))
+        assert np.array_equal(buffers[2], np.full((4, 5), 2.0))  # left as it was
+        on_every_rank(3, lambda rank: transports[rank].allreduce(buffers[rank], 1, out=buffers[rank]))
+        assert all(np.array_equal(buffer, np.ones((4, 5))) for buffer in buffers)  # in place
+    finally:
+        close(transports)
+
+
 def test_hierarchical_schedule_runs_too():
     schedule = hierarchical(racks(2, 3, 1.0, 1.0))
     transports = connect(schedule)
@@ -186,6 +200,8 @@ def test_bad_calls_are_refused_by_name():
             transport.allreduce([1.0], 0)
         with pytest.raises(ValueError, match="sequence must be a whole number from 0 up, got -1"):
             transport.allreduce(np.zeros(3), -1)
+        with pytest.raises(ValueError, match="out: expected a writable, C-contiguous numpy array of the buffer's shape"):
+            transport.allreduce(np.zeros(3), 0, out=np.zeros(4))
         np.testing.assert_array_equal(transport.allreduce(np.ones(3), 0), np.ones(3))
         with pytest.raises(ValueError, match="sequence 0 was already used on rank 0"):
             transport.allreduce(np.zeros(3), 0)

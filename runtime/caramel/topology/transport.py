@@ -59,9 +59,11 @@ from caramel.topology.schedule import Schedule, Transfer, chunk_bounds
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 """The dtypes `allreduce` takes, by numpy name; bfloat16 is TensorFlow's (the ml_dtypes type)."""
 
-PIECE_BYTES = 1 << 20
-"""Pieces of 1 MiB: a tree hop delays a piece by only 8 ms at 1 Gbit/s, while per-piece
-Python work (some tens of microseconds) stays far below the time the bytes take."""
+PIECE_BYTES = 256 * 1024
+"""Pieces of 256 KiB: a tree hop delays a piece by only 2 ms at 1 Gbit/s, while per-piece
+Python work (some tens of microseconds) stays far below the time the bytes take. Measured on
+two emulated racks (`benchmarks/topology_bench.py --piece-kib`): 128 KiB to 1 MiB within the
+machine's noise of each other, 64 KiB and 4 MiB slower."""
 
 CONNECT_TIMEOUT_SECONDS = 120.0
 RETRY_SECONDS = 0.1
@@ -151,9 +153,14 @@ def schedule_digest(schedule: Schedule) -> bytes:
 class _Collective:
     """One all-reduce in progress on this rank: its buffer, its pieces and what is left to do."""
 
-    def __init__(self, sequence: int, work: np.ndarray, plan: _Plan, piece_elements: int) -> None:
+    def __init__(
+        self, sequence: int, work: np.ndarray, source: np.ndarray | None, plan: _Plan, piece_elements: int
+    ) -> None:
         self.sequence = sequence
         self.work = work
+        self.source = source
+        """Where the rank's own values are, if not in `work` already: each piece is copied in at
+        its first use (`own`), so the copy overlaps the communication instead of preceding it."""
         self.dtype_code = SUPPORTED_DTYPES.index(work.dtype.name)
         self.pieces: list[list[tuple[int, int]]] = []
         for start, stop in chunk_bounds(work.size, len(plan.partial_sums_from)):
@@ -163,6 +170,7 @@ class _Collective:
         # Partial sums still to add, per chunk and piece; the chunk's lock guards the piece's sum.
         self.missing = [[len(plan.partial_sums_from[c])] * len(p) for c, p in enumerate(self.pieces)]
         self.locks = [threading.Lock() for _ in self.pieces]
+        self.uncopied = [[source is not None] * len(p) for p in self.pieces]
         messages_per_piece = [
             len(plan.partial_sums_from[c]) + len(plan.partial_sums_to[c]) + len(plan.finished_to[c])
             + (plan.finished_from[c] is not None)
@@ -179,6 +187,17 @@ class _Collective:
     def piece(self, chunk: int, piece: int) -> np.ndarray:
         start, stop = self.pieces[chunk][piece]
         return self.work[start:stop]
+
+    def own(self, chunk: int, piece: int) -> np.ndarray:
+        """The piece, holding this rank's own values if nothing touched it yet. Every piece's
+        first use is here: a partial sum added to it (under the chunk's lock) or, where no
+        partial sum comes, its sending in the reduce-scatter."""
+        values = self.piece(chunk, piece)
+        if self.uncopied[chunk][piece]:
+            start, stop = self.pieces[chunk][piece]
+            np.copyto(values, self.source[start:stop])
+            self.uncopied[chunk][piece] = False
+        return values
 
 
 class _Connection:
@@ -244,14 +263,24 @@ class TreeAllreduce:
 
     # -- what callers use ----------------------------------------------------------------
 
-    def allreduce(self, buffer: np.ndarray, sequence: int) -> np.ndarray:
-        """The element-wise average of `buffer` over all ranks, as a new array of its shape and
-        dtype (`buffer` is left as it is). Callable from several threads: calls run in `sequence`
-        order, starting at 0, and every rank must make the same calls with the same shapes."""
+    def allreduce(self, buffer: np.ndarray, sequence: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The element-wise average of `buffer` over all ranks, in `out` (returned), or in a new
+        array of `buffer`'s shape and dtype. `buffer` is left as it is unless it is `out`.
+
+        Callable from several threads: calls run in `sequence` order, starting at 0, and every
+        rank must make the same calls with the same shapes and dtypes. A caller that all-reduces
+        the same shapes again and again saves the first touch of a fresh array's memory
+        (page faults, on some machines huge-page compaction: more than the copy) by passing
+        the same `out` each time."""
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"buffer: expected a numpy array, got {type(buffer).__name__}")
         if buffer.dtype.name not in SUPPORTED_DTYPES:
             raise TypeError(f"buffer: dtype {buffer.dtype.name} is not supported; use one of {', '.join(SUPPORTED_DTYPES)}")
+        if out is not None and not (
+            isinstance(out, np.ndarray) and out.shape == buffer.shape and out.dtype == buffer.dtype
+            and out.flags.c_contiguous and out.flags.writeable
+        ):
+            raise ValueError("out: expected a writable, C-contiguous numpy array of the buffer's shape and dtype")
         if not isinstance(sequence, int) or sequence < 0:
             raise ValueError(f"sequence must be a whole number from 0 up, got {sequence!r}")
         with self._state:
@@ -259,9 +288,11 @@ class TreeAllreduce:
                 raise ValueError(f"sequence {sequence} was already used on rank {self.rank}; each call needs its own")
             self._claimed.add(sequence)
         try:
-            # Copied before the turn comes, while the collective before it may still be running.
-            work = np.array(buffer, order="C", copy=True).reshape(-1)
-            collective = _Collective(sequence, work, self._plan, max(1, self._piece_bytes // work.itemsize))
+            if out is None:
+                out = np.empty_like(buffer, order="C")
+            source = None if out is buffer else np.ascontiguousarray(buffer).reshape(-1)
+            work = out.reshape(-1)
+            collective = _Collective(sequence, work, source, self._plan, max(1, self._piece_bytes // work.itemsize))
             with self._state:
                 while self._next != sequence and not self._failure:
                     self._state.wait()
@@ -275,9 +306,12 @@ class TreeAllreduce:
                 self._shut_down()
             self._raise_failure(sequence)
             try:
-                for chunk, pieces in enumerate(collective.pieces):
-                    if not self._plan.partial_sums_from[chunk]:
-                        for piece in range(len(pieces)):
+                # The pieces no partial sum comes for go out at once, every tree's first pieces first.
+                leaves = [chunk for chunk in range(len(collective.pieces)) if not self._plan.partial_sums_from[chunk]]
+                for piece in range(max((len(collective.pieces[chunk]) for chunk in leaves), default=0)):
+                    for chunk in leaves:
+                        if piece < len(collective.pieces[chunk]):
+                            collective.own(chunk, piece)
                             self._reduced(collective, chunk, piece)
                 with self._state:
                     while collective.remaining and not self._failure:
@@ -291,7 +325,7 @@ class TreeAllreduce:
         finally:
             with self._state:
                 self._claimed.discard(sequence)
-        return work.reshape(buffer.shape)
+        return out
 
     def close(self) -> None:
         """Close every connection; calls in progress or waiting raise TransportError."""
@@ -370,7 +404,7 @@ class TreeAllreduce:
                     incoming = scratch[: values.nbytes].view(values.dtype)
                     _receive_exactly(connection.sock, memoryview(scratch[: values.nbytes]))
                     with collective.locks[chunk]:
-                        np.add(values, incoming, out=values)
+                        np.add(collective.own(chunk, piece), incoming, out=values)
                         collective.missing[chunk][piece] -= 1
                         complete = not collective.missing[chunk][piece]
                     if complete:
