@@ -8,7 +8,9 @@ import pytest
 
 from caramel.job.api import Batching, Ordering, Scheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
+from caramel.planner.search import Search
 from caramel.planner.timing import backward_seconds_from_releases
+from caramel.planner.transfers import decode, encode
 from caramel.planner.schedule import (
     Batch,
     TensorCost,
@@ -201,3 +203,15 @@ def test_the_first_plan_sends_in_backpropagations_order_in_buckets():
     assert [len(t.pieces) for t in plan.transfers] == [2, 2, 2]  # 25 MiB buckets hold two
     small = initial_plan(tensors, Scheduling(maxBucketBytes=4 * MiB, minBucketBytes=1024))
     assert all(t.nbytes <= 4 * MiB for t in small.transfers)
+
+
+def test_transfers_travel_as_integers_and_back():
+    plan = best_schedule(costs([MiB, 3 * MiB, 4, 40_000] * 5, 0.1, 0.2), LINK, Scheduling())
+    assert decode(encode(plan.transfers)) == plan.transfers
+    assert decode(encode(())) == ()
+
+
+def test_the_search_process_finds_the_plan_this_process_would():
+    tensors = costs([random.Random(11).randint(1, 10**6) * 4 for _ in range(40)], 0.1, 0.2)
+    scheduling = Scheduling(maxBucketBytes=8 * MiB)
+    assert Search(tensors, LINK, scheduling).result() == best_schedule(tensors, LINK, scheduling)
