@@ -1,24 +1,26 @@
 """A Kubernetes API emulator on a local port: kmock's KubernetesEmulator, serving the CaramelJob resource.
 
-Run as `python -m testbed.kube_emulator URL_FILE`; it writes its base URL to URL_FILE and serves
-until SIGTERM. It stands in for kube-apiserver, which cannot run on these machines: it keeps
+Run as `python -m testbed.kube_emulator URL_FILE [--forbid PLURAL ...]`; it writes its base URL
+to URL_FILE and serves until SIGTERM. It stands in for kube-apiserver, which cannot run on these machines: it keeps
 objects and serves real HTTP lists, watches, patches and deletes. On top of kmock it plays, in
 their simplest form, the parts of a control plane the operator's behaviour depends on:
 - the garbage collector: objects whose every owner is gone are deleted (background propagation);
 - ResourceQuota's `pods` count: a pod beyond it is refused with 403 Forbidden, as quota
   admission refuses it;
 - CRD life: the CaramelJob resource is served while its CRD exists; deleting the CRD deletes
-  every CaramelJob (waiting for their finalizers) and only then the CRD and the resource.
-It has no scheduler, kubelet, label selectors, RBAC, admission plugins (Pod Security), CEL or
-OpenAPI validation: tests play the kubelet by patching pod status, and testbed/crd_validation.py
-checks the CRD's rules offline.
+  every CaramelJob (waiting for their finalizers) and only then the CRD and the resource;
+- RBAC at its coarsest: `--forbid nodes` refuses every list of nodes with 403 Forbidden, as the
+  API server refuses an operator whose Roles grant nothing cluster-scoped.
+It has no scheduler, kubelet, label or field selectors, real RBAC, admission plugins (Pod
+Security), CEL or OpenAPI validation: tests play the kubelet by patching pod status, and
+testbed/crd_validation.py checks the CRD's rules offline.
 """
 
+import argparse
 import asyncio
 import datetime
 import secrets
 import signal
-import sys
 import uuid
 from pathlib import Path
 
@@ -48,7 +50,18 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     need it), a resourceVersion (kopf's JSON patches test it) and a creation time.
     """
 
+    forbidden: frozenset[str] = frozenset()
+    """Resources (plurals) that may not be listed, as RBAC would refuse them."""
+
     async def _handle(self, request: kmock.Request):
+        if request.action == kmock.action.LIST and request.resource is not None and request.resource.plural in self.forbidden:
+            plural = request.resource.plural
+            raise k8s.KubernetesError(
+                status=403,
+                reason="Forbidden",
+                message=f'{plural} is forbidden: User "system:serviceaccount:caramel-system:caramel-operator" cannot '
+                f'list resource "{plural}" in API group "{request.resource.group}" at the cluster scope',
+            )
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             metadata = request.data.setdefault("metadata", {})
             if not metadata.get("name") and metadata.get("generateName"):
@@ -139,10 +152,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             await self._buses[resource].put({"type": "DELETED", "object": obj.last.raw})
 
 
-async def serve(url_file: Path) -> None:
+async def serve(url_file: Path, forbidden: frozenset[str]) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with ApiServerEmulator() as emulator:
+    async with ApiServerEmulator(forbidden=forbidden) as emulator:
         emulator.resources.load_bundled()
         async with kmock.Server(emulator) as server:
             url = str(server.url).rstrip("/")
@@ -157,4 +170,8 @@ async def serve(url_file: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(Path(sys.argv[1])))
+    parser = argparse.ArgumentParser(description="A Kubernetes API emulator serving the CaramelJob resource.")
+    parser.add_argument("url_file", type=Path, help="where to write the emulator's base URL")
+    parser.add_argument("--forbid", action="append", default=[], metavar="PLURAL", help="refuse lists of this resource (403)")
+    arguments = parser.parse_args()
+    asyncio.run(serve(arguments.url_file, frozenset(arguments.forbid)))

@@ -1,7 +1,8 @@
 """The operator under test, a real process, against the Kubernetes API emulator over HTTP.
 
 The emulator (testbed/kube_emulator.py, kmock) stands in for kube-apiserver, which cannot run
-here. Nothing else is simulated, except what a kubelet would do: tests patch pod status.
+here. Nothing else is simulated, except what a kubelet would do (tests patch pod status) and
+the cluster's nodes: Node objects as the kubelets would have registered them, four by default.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +29,28 @@ PODS = "/api/v1/namespaces/default/pods"
 SERVICES = "/api/v1/namespaces/default/services"
 NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
 EVENTS = "/api/v1/namespaces/default/events"
+NODES = "/api/v1/nodes"
+RACK_LABEL = "topology.caramel.dev/rack"
+
+
+def node(name: str, rack: str, *, zone: str = "zone-a", cpu: str = "16", memory: str = "64Gi", ready: bool = True) -> dict[str, Any]:
+    """A Node as a kubelet registers it: labels for its place in the network, its allocatable
+    resources, and its Ready condition."""
+    labels = {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone, RACK_LABEL: rack}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+# A small cluster: two racks of two nodes.
+DEFAULT_NODES = tuple(node(f"{rack}-node-{i}", rack) for rack in ("rack-1", "rack-2") for i in (1, 2))
 
 
 class KubeApi:
@@ -137,16 +160,19 @@ def eventually(check: Callable[[], T], timeout: float = 20, what: str = "conditi
 class Emulator:
     """The emulator process."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, nodes: Sequence[dict[str, Any]] = DEFAULT_NODES, forbid: Sequence[str] = ()) -> None:
+        """`nodes`: the cluster's Node objects; `forbid`: resources whose lists are refused (403)."""
         url_file = directory / "emulator-url"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "testbed.kube_emulator", str(url_file)],
+            [sys.executable, "-m", "testbed.kube_emulator", str(url_file), *(f"--forbid={plural}" for plural in forbid)],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=(directory / "emulator.log").open("wb"),
         )
         url = eventually(lambda: url_file.exists() and url_file.read_text(), what="the emulator to start")
         self.api = KubeApi(url)
+        for item in nodes:
+            self.api.create(NODES, item)
         self.kubeconfig = directory / "kubeconfig"
         self.kubeconfig.write_text(
             yaml.safe_dump(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from caramel.job.jobfile import parse_job
+from caramel.topology.synthetic import racks
+from caramel.topology.wire import from_json
 from caramel_operator.builders import build_service, build_worker_pod, worker_address
 from caramel_operator.observe import WorkerState, observe_pod
 
@@ -58,6 +60,9 @@ def test_kueue_pod_group_when_a_queue_is_asked_for():
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "demo-gang-3"
     assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
+    # Kueue's topology-aware scheduling orders the group's pods by the label this names: the rank.
+    assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-pod-index-label"] == "caramel.dev/worker-index"
+    assert pod["metadata"]["labels"]["caramel.dev/worker-index"] == "0"
     assert "kueue.x-k8s.io/queue-name" not in build_worker_pod(job(), 0, default_image="x")["metadata"]["labels"]
 
 
@@ -97,3 +102,46 @@ def test_worker_writes_its_final_report_where_kubernetes_reads_the_termination_m
     pod = build_worker_pod(job(), 0, default_image="x")
     (container,) = pod["spec"]["containers"]
     assert env_of(pod)["CARAMEL_TERMINATION_MESSAGE_PATH"] == container["terminationMessagePath"] == "/dev/termination-log"
+
+
+PIN = {"key": "metadata.name", "operator": "In", "values": ["node-7"]}
+
+
+def test_a_placed_worker_is_pinned_to_its_node_by_a_required_node_affinity():
+    pod = build_worker_pod(job(), 0, default_image="x", node="node-7")
+    assert pod["spec"]["affinity"] == {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [PIN]}]}}
+    }
+    assert "affinity" not in build_worker_pod(job(), 0, default_image="x")["spec"]
+
+
+def test_the_pin_joins_every_template_term_and_keeps_the_rest_of_the_templates_affinity():
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
+    named = {"key": "metadata.name", "operator": "NotIn", "values": ["node-1"]}
+    preferred = [{"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]
+    anti = {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}
+    template = {"spec": {"nodeSelector": {"pool": "train"}, "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [zone]}, {"matchFields": [named]}]},
+            "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+        },
+        "podAntiAffinity": anti,
+    }}}
+    pod = build_worker_pod(job(workers={"template": template}), 1, default_image="x", node="node-7")
+    affinity = pod["spec"]["affinity"]
+    # Terms are ORed: the pin is ANDed into each, so no term admits another node.
+    assert affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [zone], "matchFields": [PIN]},
+        {"matchFields": [named, PIN]},
+    ]
+    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == preferred
+    assert affinity["podAntiAffinity"] == anti and pod["spec"]["nodeSelector"] == {"pool": "train"}
+    # The job's template itself is untouched.
+    assert job(workers={"template": template}).spec.workers.template == template
+
+
+def test_the_placed_topology_reaches_the_workers_environment():
+    topology = racks(2, 2, bandwidth=1e9, uplink_bandwidth=2.5e8)
+    pod = build_worker_pod(job(workers={"replicas": 4}), 3, default_image="x", topology=topology)
+    assert from_json(env_of(pod)["CARAMEL_TOPOLOGY"]) == topology
+    assert "CARAMEL_TOPOLOGY" not in env_of(build_worker_pod(job(workers={"replicas": 4}), 3, default_image="x"))

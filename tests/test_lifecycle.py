@@ -7,16 +7,21 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from caramel.job.api import CaramelJobStatus, Phase, Tuning
+from caramel.job.api import CaramelJobStatus, Phase, Tuning, WorkerNode
 from caramel.job.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
 from caramel.job.progress import ProgressReport
+from caramel.job.contract import WorkerContract
+from caramel.topology.wire import to_json
+from caramel_operator.gang_placement import NoRoom, Placed, Unreadable, placed_topology
 from caramel_operator.lifecycle import (
     CreateObject,
     CreatePods,
     DeletePods,
+    PlaceGang,
     decide,
     expires_at,
+    record_placement,
     reject_invalid,
     report_creation_failures,
     status_from,
@@ -27,6 +32,9 @@ from caramel_operator.observe import INVALID_IMAGE, WorkerObservation, WorkerSta
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 SETTINGS = OperatorSettings(restart_backoff_seconds=10, restart_backoff_max_seconds=60, gang_scheduling_timeout_seconds=120)
 ALL = frozenset({"Service", "NetworkPolicy"})  # the job's own objects exist
+# For tests of what follows a gang's creation: the scheduler places it, in one pass.
+BY_SCHEDULER = {"placement": {"policy": "Scheduler"}}
+ON_N1 = WorkerNode(node="n1", rack="z/r1", zone="z")
 
 
 def job(**spec):
@@ -47,13 +55,18 @@ def actions_of(decision, kind):
     return [action for action in decision.actions if isinstance(action, kind)]
 
 
-def test_a_new_job_gets_its_service_and_whole_gang():
-    decision = decide(job(), status(), [], existing=frozenset(), now=NOW, settings=SETTINGS)
-    assert [a.manifest["kind"] for a in actions_of(decision, CreateObject)] == ["Service", "NetworkPolicy"]
-    [create] = actions_of(decision, CreatePods)
+def test_a_new_job_gets_its_service_then_its_placement_then_its_whole_gang():
+    first = decide(job(), status(), [], existing=frozenset(), now=NOW, settings=SETTINGS)
+    assert [a.manifest["kind"] for a in actions_of(first, CreateObject)] == ["Service", "NetworkPolicy"]
+    assert not actions_of(first, CreatePods)
+    [place] = actions_of(first, PlaceGang)
+    assert place.worker_pod["metadata"]["name"] == "demo-worker-0"
+    placed = record_placement(first, job(), Placed(workers=(ON_N1, ON_N1)), NOW, SETTINGS)
+    second = decide(job(), placed.status, [], ALL, NOW, SETTINGS)
+    [create] = actions_of(second, CreatePods)
     assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-0", "demo-worker-1"]
-    assert decision.status.phase is Phase.PENDING
-    assert decision.status.conditions[0].type == "Created"
+    assert second.status.phase is Phase.PENDING
+    assert second.status.conditions[0].type == "Created"
 
 
 def test_only_missing_pods_are_created_while_pending():
@@ -102,7 +115,7 @@ def test_the_new_gang_waits_for_the_backoff_and_for_the_old_pods_to_go():
     later = NOW + timedelta(seconds=6)
     old_pod_terminating = decide(job(), restarting, [worker(0, gang=0, terminating=True)], ALL, later, SETTINGS)
     assert not actions_of(old_pod_terminating, CreatePods)
-    ready = decide(job(), restarting.model_copy(update={"tuning": Tuning(bucket_bytes=4096)}), [], ALL, later, SETTINGS)
+    ready = decide(job(**BY_SCHEDULER), restarting.model_copy(update={"tuning": Tuning(bucket_bytes=4096)}), [], ALL, later, SETTINGS)
     [create] = actions_of(ready, CreatePods)
     assert all(pod["metadata"]["labels"]["caramel.dev/gang"] == "1" for pod in create.manifests)
     env = {e["name"]: e["value"] for e in create.manifests[0]["spec"]["containers"][0]["env"]}
@@ -165,7 +178,8 @@ def test_suspend_and_resume():
     assert sorted(actions_of(suspended, DeletePods)[0].names) == ["demo-worker-0", "demo-worker-1"]
     resumed = decide(job(), suspended.status, [], ALL, NOW, SETTINGS)
     assert resumed.status.phase is Phase.PENDING and resumed.status.gang == 1
-    assert actions_of(resumed, CreatePods)
+    [place] = actions_of(resumed, PlaceGang)  # the resumed gang is placed afresh
+    assert place.worker_pod["metadata"]["labels"]["caramel.dev/gang"] == "1"
 
 
 def test_pending_reason_is_reported_once():
@@ -221,7 +235,7 @@ def test_a_template_that_weakens_pod_security_fails_naming_the_field():
 
 def test_a_template_may_change_pod_security_within_restricted():
     template = {"spec": {"securityContext": {"runAsUser": 2000, "fsGroup": 3000}}}
-    decision = decide(job(workers={"template": template}), status(), [], frozenset(), NOW, SETTINGS)
+    decision = decide(job(workers={"template": template}, **BY_SCHEDULER), status(), [], frozenset(), NOW, SETTINGS)
     [create] = actions_of(decision, CreatePods)
     assert create.manifests[0]["spec"]["securityContext"]["runAsUser"] == 2000
     assert create.manifests[0]["spec"]["securityContext"]["fsGroup"] == 3000
@@ -262,10 +276,134 @@ def test_success_records_the_final_progress_from_rank0():
 
 
 def test_creation_refusals_reach_the_status_and_one_event():
-    first = decide(job(), status(), [], ALL, NOW, SETTINGS)
+    first = decide(job(**BY_SCHEDULER), status(), [], ALL, NOW, SETTINGS)
     refusal = 'Pod demo-worker-0: pods "demo-worker-0" is forbidden: exceeded quota: q'
     reported = report_creation_failures(first, [refusal, "Pod demo-worker-1: ..."], NOW)
     assert reported.status.message == f"cannot create the job's objects: {refusal} (and 1 more refusals)"
     assert [e.reason for e in reported.events] == ["GangCreated", "FailedCreate"]
-    again = report_creation_failures(decide(job(), reported.status, [], ALL, NOW, SETTINGS), [refusal, "Pod demo-worker-1: ..."], NOW)
+    again = report_creation_failures(decide(job(**BY_SCHEDULER), reported.status, [], ALL, NOW, SETTINGS), [refusal, "Pod demo-worker-1: ..."], NOW)
     assert "FailedCreate" not in [e.reason for e in again.events]
+
+
+# --- placement --------------------------------------------------------------------------------
+
+ON_N2 = WorkerNode(node="n2", rack="z/r2", zone="z")
+
+
+def env(pod):
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+def pinned_node(pod):
+    [term] = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    [pin] = term["matchFields"]
+    assert pin["key"] == "metadata.name" and pin["operator"] == "In"
+    return pin["values"][0]
+
+
+def placed_gang(the_job, workers, gang_status=None):
+    """The status after R-Storm placed the gang, and the pods the next pass creates."""
+    asked = decide(the_job, gang_status or status(), [], ALL, NOW, SETTINGS)
+    assert actions_of(asked, PlaceGang) and not actions_of(asked, CreatePods)
+    recorded = record_placement(asked, the_job, Placed(workers=tuple(workers)), NOW, SETTINGS)
+    [create] = actions_of(decide(the_job, recorded.status, [], ALL, NOW, SETTINGS), CreatePods)
+    return recorded, create.manifests
+
+
+def test_ranks_follow_the_placement_and_every_worker_gets_the_placed_topology():
+    the_job = job(workers={"replicas": 3, "slotsPerWorker": 2})
+    recorded, pods = placed_gang(the_job, [ON_N1, ON_N1, ON_N2])
+    assert recorded.status.placement.by == "RStorm" and recorded.status.placement.gang == 0
+    assert [e.reason for e in recorded.events] == ["Placed"]
+    assert recorded.events[0].message == "R-Storm placed 3 workers on 2 nodes in 2 racks (status.placement)"
+    assert [pinned_node(pod) for pod in pods] == ["n1", "n1", "n2"]
+    topology = placed_topology([ON_N1, ON_N1, ON_N2], 2, SETTINGS.links)
+    assert {env(pod)["CARAMEL_TOPOLOGY"] for pod in pods} == {to_json(topology)}
+    contract = WorkerContract.from_env(env(pods[2]))
+    assert contract.topology.size == 6 and contract.topology.groups[-2:] == ("z/r2", "z/r2")
+
+
+def test_a_missing_worker_of_a_placed_gang_keeps_its_node_and_the_gangs_topology():
+    recorded, pods = placed_gang(job(), [ON_N1, ON_N2])
+    again = decide(job(), recorded.status, [worker(0, WorkerState.PENDING)], ALL, NOW, SETTINGS)
+    assert not actions_of(again, PlaceGang)
+    [create] = actions_of(again, CreatePods)
+    assert [pinned_node(pod) for pod in create.manifests] == ["n2"]
+    assert env(create.manifests[0])["CARAMEL_TOPOLOGY"] == env(pods[1])["CARAMEL_TOPOLOGY"]
+
+
+def test_a_gang_without_room_waits_says_why_and_is_placed_again_after_the_backoff():
+    asked = decide(job(), status(), [], ALL, NOW, SETTINGS)
+    full = record_placement(asked, job(), NoRoom("cannot place 2 workers; short of memory"), NOW, SETTINGS)
+    message = "cannot place the gang: cannot place 2 workers; short of memory; trying again in 10 s"
+    assert full.status.message == message
+    assert [(e.type, e.reason, e.message) for e in full.events] == [("Warning", "Unplaceable", message)]
+    assert full.status.placement.retry_after == timestamp(NOW + timedelta(seconds=10)) and not full.status.placement.workers
+    waiting = decide(job(), full.status, [], ALL, NOW + timedelta(seconds=9), SETTINGS)
+    assert not waiting.actions and waiting.status.phase is Phase.PENDING
+    retried = decide(job(), full.status, [], ALL, NOW + timedelta(seconds=10), SETTINGS)
+    assert actions_of(retried, PlaceGang)
+    second = record_placement(retried, job(), NoRoom("still short"), NOW + timedelta(seconds=10), SETTINGS)
+    assert second.status.placement.attempts == 2 and second.status.message.endswith("trying again in 20 s")
+    placed = record_placement(retried, job(), Placed(workers=(ON_N1, ON_N1)), NOW + timedelta(seconds=30), SETTINGS)
+    assert placed.status.message == "" and placed.status.placement.retry_after is None
+
+
+def test_nodes_short_of_cpu_are_named_and_the_gang_still_created():
+    asked = decide(job(), status(), [], ALL, NOW, SETTINGS)
+    recorded = record_placement(asked, job(), Placed(workers=(ON_N1, ON_N1), cpu_short=("n1",)), NOW, SETTINGS)
+    assert recorded.status.message.startswith("placed with too little free CPU on n1")
+    assert [e.reason for e in recorded.events] == ["Placed", "PlacedCpuShort"]
+    assert actions_of(decide(job(), recorded.status, [], ALL, NOW, SETTINGS), CreatePods)
+
+
+def test_auto_leaves_placement_to_the_scheduler_where_nodes_cannot_be_read():
+    asked = decide(job(), status(), [], ALL, NOW, SETTINGS)
+    refused = 'nodes is forbidden: User "system:serviceaccount:caramel-system:caramel-operator" cannot list resource "nodes"'
+    recorded = record_placement(asked, job(), Unreadable(refused), NOW, SETTINGS)
+    assert recorded.status.placement.by == "Scheduler" and refused in recorded.status.placement.message
+    assert [e.reason for e in recorded.events] == ["PlacementUnavailable"]
+    [create] = actions_of(decide(job(), recorded.status, [], ALL, NOW, SETTINGS), CreatePods)
+    assert all("affinity" not in pod["spec"] and "CARAMEL_TOPOLOGY" not in env(pod) for pod in create.manifests)
+
+
+def test_rstorm_asked_for_waits_where_nodes_cannot_be_read():
+    the_job = job(placement={"policy": "RStorm"})
+    asked = decide(the_job, status(), [], ALL, NOW, SETTINGS)
+    recorded = record_placement(asked, the_job, Unreadable("nodes is forbidden"), NOW, SETTINGS)
+    assert recorded.status.message.startswith(
+        "cannot place the gang: R-Storm placement (spec.placement.policy RStorm) needs to list nodes and pods cluster-wide: nodes is forbidden"
+    )
+    assert not actions_of(decide(the_job, recorded.status, [], ALL, NOW, SETTINGS), CreatePods)
+
+
+def test_the_scheduler_and_kueue_policies_create_the_gang_at_once_unpinned():
+    for the_job, by in ((job(**BY_SCHEDULER), "Scheduler"), (job(runPolicy={"schedulingPolicy": {"queue": "research"}}), "Kueue")):
+        decision = decide(the_job, status(), [], ALL, NOW, SETTINGS)
+        assert not actions_of(decision, PlaceGang)
+        [create] = actions_of(decision, CreatePods)
+        assert decision.status.placement.by == by
+        assert all("affinity" not in pod["spec"] and "CARAMEL_TOPOLOGY" not in env(pod) for pod in create.manifests)
+
+
+def test_each_gang_restart_places_the_gang_again():
+    recorded, _ = placed_gang(job(), [ON_N1, ON_N2])
+    running = recorded.status.model_copy(update={"phase": Phase.RUNNING})
+    failed = decide(job(), running, [worker(0, WorkerState.FAILED, failure_reason="Error", exit_code=1), worker(1)], ALL, NOW, SETTINGS)
+    assert failed.status.gang == 1 and failed.status.placement.gang == 0
+    after_backoff = decide(job(), failed.status, [], ALL, NOW + timedelta(seconds=11), SETTINGS)
+    [place] = actions_of(after_backoff, PlaceGang)
+    assert place.worker_pod["metadata"]["labels"]["caramel.dev/gang"] == "1" and not actions_of(after_backoff, CreatePods)
+
+
+def test_a_partial_gang_with_no_placement_on_record_is_completed_unpinned():
+    decision = decide(job(), status(), [worker(0, WorkerState.PENDING)], ALL, NOW, SETTINGS)
+    [create] = actions_of(decision, CreatePods)
+    assert decision.status.placement.by == "Scheduler" and "affinity" not in create.manifests[0]["spec"]
+
+
+def test_rstorm_against_kueue_topology_aware_scheduling_fails_the_spec_naming_the_field():
+    tas = {"metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology": "cloud.example.com/rack"}}}
+    decision = decide(job(placement={"policy": "RStorm"}, workers={"template": tas}), status(), [], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.FAILED and not decision.actions
+    assert decision.status.message.startswith("invalid spec: spec.placement.policy: RStorm pins every worker to a node")

@@ -8,11 +8,14 @@ import time
 
 import pytest
 
+from caramel.job.api import GangPlacement
 from caramel.job.jobfile import parse_job
 from caramel.metrics import PlanRecord, WorkerMetrics
 from caramel.planner.timing import StepTimes, TransferTiming
+from caramel.topology.labels import ClusterLinks
 from conftest import free_port
-from caramel_operator.builders import build_worker_pods
+from caramel_operator.builders import build_worker_pod
+from caramel_operator.gang_placement import placed_topology
 from testbed.operator_harness import NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
@@ -42,10 +45,17 @@ def test_create_runs_the_gang_to_success(emulator, operator):
     pods = eventually(lambda: len(api.pods("demo")) == 2 and api.pods("demo"), what="two worker pods")
     assert api.get(f"{SERVICES}/demo")["spec"]["clusterIP"] == "None"
 
-    expected = build_worker_pods(parse_job(job), default_image="caramel:test")
-    for pod, want in zip(pods, expected):
+    # Placed by R-Storm (the default) on the emulator's nodes, each pod pinned to its node.
+    placement = GangPlacement.model_validate(api.status("demo")["placement"])
+    topology = placed_topology(placement.workers, 1, ClusterLinks())
+    expected = [
+        build_worker_pod(parse_job(job), index, default_image="caramel:test", node=worker.node, topology=topology)
+        for index, worker in enumerate(placement.workers)
+    ]
+    for pod, want in zip(pods, expected, strict=True):
         assert pod["metadata"]["name"] == want["metadata"]["name"]
         assert pod["spec"]["containers"][0]["env"] == want["spec"]["containers"][0]["env"]
+        assert pod["spec"]["affinity"] == want["spec"]["affinity"]
         assert pod["spec"]["containers"][0]["command"] == want["spec"]["containers"][0]["command"]
         assert pod["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     status = eventually(lambda: api.status("demo").get("conditions") and api.status("demo"), what="a status")

@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 
 from caramel.metrics import PlanRecord, WorkerMetrics
 from caramel.planner.timing import StepTimes, TransferTiming
+from caramel.topology.labels import ClusterLinks
 from caramel_operator.config import OperatorSettings, SettingsError
 from caramel_operator.progress import human_bandwidth, read_progress
 
@@ -50,11 +51,28 @@ def test_settings_from_env():
     assert OperatorSettings.from_env({}).watch_namespaces == ()
 
 
+def test_topology_settings_from_env():
+    default = OperatorSettings.from_env({})
+    assert default.rack_label == "topology.caramel.dev/rack" and default.links == ClusterLinks()
+    settings = OperatorSettings.from_env(
+        {"CARAMEL_TOPOLOGY_RACK_LABEL": "example.com/rack", "CARAMEL_TOPOLOGY_LINKS": '{"rack": {"gbps": 25, "latencyUs": 20}}'}
+    )
+    assert settings.rack_label == "example.com/rack"
+    assert settings.links.rack.gbps == 25 and settings.links.rack.latency_us == 20
+    assert settings.links.node == ClusterLinks().node  # levels left out keep their defaults
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"CARAMEL_OPERATOR_METRICS_PORT": "http"}, "CARAMEL_OPERATOR_METRICS_PORT: expected a whole number, got 'http'"),
         ({"CARAMEL_RESTART_BACKOFF_SECONDS": "-1"}, "CARAMEL_RESTART_BACKOFF_SECONDS: must be positive"),
+        ({"CARAMEL_TOPOLOGY_RACK_LABEL": "my rack"}, "CARAMEL_TOPOLOGY_RACK_LABEL: expected a Kubernetes label key such as topology.caramel.dev/rack, got 'my rack'"),
+        ({"CARAMEL_TOPOLOGY_RACK_LABEL": "Example.com/rack"}, "CARAMEL_TOPOLOGY_RACK_LABEL: expected a Kubernetes label key"),
+        ({"CARAMEL_TOPOLOGY_LINKS": "rack=25"}, "CARAMEL_TOPOLOGY_LINKS: expected JSON such as"),
+        ({"CARAMEL_TOPOLOGY_LINKS": "[25]"}, "CARAMEL_TOPOLOGY_LINKS: expected a JSON object of levels"),
+        ({"CARAMEL_TOPOLOGY_LINKS": '{"rack": {"gbps": 0}}'}, r"CARAMEL_TOPOLOGY_LINKS: rack.gbps: Input should be greater than 0 \(got 0\)"),
+        ({"CARAMEL_TOPOLOGY_LINKS": '{"spine": {"gbps": 10}}'}, r"CARAMEL_TOPOLOGY_LINKS: spine: unknown field"),
     ],
 )
 def test_bad_settings_name_the_variable(env, message):

@@ -12,6 +12,7 @@ from typing import Any
 
 from caramel.job.api import CaramelJob, Tuning
 from caramel.job.contract import worker_command, worker_env, worker_name
+from caramel.topology.model import Topology
 from caramel_operator.podsecurity import restricted_violations
 
 WORKER_CONTAINER = "worker"
@@ -21,6 +22,9 @@ GANG_LABEL = "caramel.dev/gang"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+# Names the label holding each pod's index in its group: Kueue's topology-aware scheduling places
+# the pods in that order (rank-based ordering), so neighbouring ranks land close.
+KUEUE_POD_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index-label"
 # The labels of the operator's own pod (chart and manifests), which may scrape workers' metrics.
 OPERATOR_POD_LABELS = {"app.kubernetes.io/part-of": "caramel", "app.kubernetes.io/component": "operator"}
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -85,18 +89,30 @@ def build_service(job: CaramelJob) -> dict[str, Any]:
 
 
 def build_worker_pod(
-    job: CaramelJob, worker_index: int, *, default_image: str, gang: int = 0, tuning: Tuning | None = None
+    job: CaramelJob,
+    worker_index: int,
+    *,
+    default_image: str,
+    gang: int = 0,
+    tuning: Tuning | None = None,
+    node: str | None = None,
+    topology: Topology | None = None,
 ) -> dict[str, Any]:
-    """Worker pod `worker_index` of gang generation `gang`, with spec.workers.template merged in."""
+    """Worker pod `worker_index` of gang generation `gang`, with spec.workers.template merged in.
+
+    `node`: the node placement chose for the worker, which the pod is pinned to; `topology`: the
+    network under the placed gang, one host per rank, handed to the worker (CARAMEL_TOPOLOGY).
+    """
     spec = job.spec
     name = worker_name(job, worker_index)
-    env = worker_env(job, worker_index, peer_addresses(job), tuning)
+    env = worker_env(job, worker_index, peer_addresses(job), tuning, topology)
     labels = {**job_labels(job), WORKER_INDEX_LABEL: str(worker_index), GANG_LABEL: str(gang)}
     annotations: dict[str, str] = {}
     if spec.run_policy.scheduling_policy:
         labels[KUEUE_QUEUE_LABEL] = spec.run_policy.scheduling_policy.queue
         labels[KUEUE_GROUP_LABEL] = f"{job.name}-gang-{gang}"
         annotations[KUEUE_GROUP_COUNT_ANNOTATION] = str(spec.workers.replicas)
+        annotations[KUEUE_POD_INDEX_LABEL_ANNOTATION] = WORKER_INDEX_LABEL
     ports = []
     if spec.metrics.enabled:
         ports += [
@@ -134,7 +150,27 @@ def build_worker_pod(
         },
     }
     security = {"spec": {"securityContext": POD_SECURITY_CONTEXT, "containers": [{"name": WORKER_CONTAINER, "securityContext": CONTAINER_SECURITY_CONTEXT}]}}
-    return merge_template(pod, _merge(copy.deepcopy(security), copy.deepcopy(spec.workers.template)))
+    pod = merge_template(pod, _merge(copy.deepcopy(security), copy.deepcopy(spec.workers.template)))
+    if node is not None:
+        pod["spec"]["affinity"] = pinned_to_node(pod["spec"].get("affinity"), node)
+    return pod
+
+
+def pinned_to_node(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
+    """The affinity with a required node affinity to `node` added, keeping the template's own.
+
+    Required node selector terms are ORed, so the pin joins every one of the template's terms
+    (each still has to hold, on this node) rather than becoming a term of its own, which would
+    let the pod onto the node whatever the template's terms say. Preferences and pod
+    (anti-)affinity are kept as they are.
+    """
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    result = copy.deepcopy(affinity or {})
+    node_affinity = result.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [{**term, "matchFields": [*(term.get("matchFields") or []), pin]} for term in terms]
+    return result
 
 
 def worker_pod_problems(job: CaramelJob, *, default_image: str) -> list[str]:

@@ -8,6 +8,9 @@ safe to repeat after an operator restart. Other refusals of a creation (Pod Secu
 admission webhooks, RBAC) are returned as the API server's messages, for the job's status.
 
 PERMISSIONS lists what these calls and kopf need; tests check that every RBAC variant grants it.
+PLACEMENT_READS is what R-Storm placement reads at cluster scope, which only the cluster-wide
+variants grant: nodes are cluster-scoped, and a node's free resources depend on the pods of every
+namespace. Without them, spec.placement.policy Auto leaves placement to the scheduler.
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ PERMISSIONS = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 }
+PLACEMENT_READS = {("", "nodes", "list"), ("", "pods", "list")}
+# The pods whose requests hold their nodes' resources, as the scheduler selects them.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+class ReadForbidden(Exception):
+    """The API server refused a read (RBAC); the message is its own."""
 
 
 class Cluster:
@@ -49,6 +59,25 @@ class Cluster:
         self.core = kubernetes.client.CoreV1Api(client)
         self.networking = kubernetes.client.NetworkingV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+
+    async def nodes_and_pods(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Every node, and every pod not finished, cluster-wide: what placement reads.
+
+        resourceVersion 0 lets the API server answer from its watch cache, as the scheduler's
+        informers are fed, instead of reading etcd. Raises ReadForbidden when RBAC refuses.
+        """
+        try:
+            nodes, pods = await asyncio.gather(
+                asyncio.to_thread(self.core.list_node, resource_version="0", _preload_content=False),
+                asyncio.to_thread(
+                    self.core.list_pod_for_all_namespaces, field_selector=LIVE_PODS, resource_version="0", _preload_content=False
+                ),
+            )
+        except ApiException as error:
+            if error.status == 403:
+                raise ReadForbidden(_message(error)) from None
+            raise
+        return json.loads(nodes.data)["items"], json.loads(pods.data)["items"]
 
     async def create_pods(self, pods: list[dict[str, Any]]) -> list[str]:
         """Create the pods; the API server's refusals, one message each."""

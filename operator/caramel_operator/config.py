@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import pydantic
+
+from caramel.job.jobfile import describe_validation_error
+from caramel.topology.labels import DEFAULT_RACK_LABEL, ClusterLinks
+
+# A Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of at most 63
+# alphanumerics, '-', '_' and '.', alphanumeric at both ends.
+LABEL_KEY_PATTERN = re.compile(
+    r"^(?:(?=.{1,253}/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 
 class SettingsError(ValueError):
@@ -49,6 +63,15 @@ class OperatorSettings:
     """The operator's own namespace, from the downward API; empty admits operator pods of any
     namespace to the workers' metrics (CARAMEL_OPERATOR_NAMESPACE)."""
 
+    rack_label: str = DEFAULT_RACK_LABEL
+    """The node label that names a node's rack, for placement and the placed topology
+    (CARAMEL_TOPOLOGY_RACK_LABEL)."""
+
+    links: ClusterLinks = field(default_factory=ClusterLinks)
+    """Speed of each level of the cluster's network, for the placed topology
+    (CARAMEL_TOPOLOGY_LINKS: JSON such as {"rack": {"gbps": 25, "latencyUs": 10}}; levels local,
+    node, rack and zone, each left out keeps its default)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> OperatorSettings:
         def number(name: str, default: float, kind: type = float) -> float:
@@ -82,8 +105,36 @@ class OperatorSettings:
             network_policy=policy == "true",
             monitoring_namespace=environ.get("CARAMEL_MONITORING_NAMESPACE", cls.monitoring_namespace).strip(),
             operator_namespace=environ.get("CARAMEL_OPERATOR_NAMESPACE", "").strip(),
+            rack_label=_rack_label(environ.get("CARAMEL_TOPOLOGY_RACK_LABEL", "").strip()),
+            links=_links(environ.get("CARAMEL_TOPOLOGY_LINKS", "").strip()),
         )
 
     def restart_backoff(self, restarts_so_far: int) -> float:
         """Exponential backoff before restart number restarts_so_far + 1."""
         return min(self.restart_backoff_max_seconds, self.restart_backoff_seconds * 2**restarts_so_far)
+
+
+def _rack_label(text: str) -> str:
+    if not text:
+        return DEFAULT_RACK_LABEL
+    if not LABEL_KEY_PATTERN.match(text):
+        raise SettingsError(
+            f"CARAMEL_TOPOLOGY_RACK_LABEL: expected a Kubernetes label key such as {DEFAULT_RACK_LABEL}, got {text!r}"
+        )
+    return text
+
+
+def _links(text: str) -> ClusterLinks:
+    if not text:
+        return ClusterLinks()
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise SettingsError(f"CARAMEL_TOPOLOGY_LINKS: expected JSON such as {{\"rack\": {{\"gbps\": 25}}}}: {error}") from None
+    if not isinstance(document, dict):
+        raise SettingsError(f"CARAMEL_TOPOLOGY_LINKS: expected a JSON object of levels (local, node, rack, zone), got {text!r}")
+    try:
+        return ClusterLinks.model_validate(document)
+    except pydantic.ValidationError as error:
+        problems = describe_validation_error(error)
+        raise SettingsError(f"CARAMEL_TOPOLOGY_LINKS: {'; '.join(problems)}") from None

@@ -23,17 +23,20 @@ from caramel.job.api import GROUP, VERSION, CaramelJob, Phase
 from caramel.job.jobfile import describe_validation_error
 from caramel_operator import metrics
 from caramel_operator.builders import JOB_LABEL
-from caramel_operator.cluster import Cluster, scrape
+from caramel_operator.cluster import Cluster, ReadForbidden, scrape
 from caramel_operator.config import OperatorSettings
 from caramel_operator.crd import PLURAL
+from caramel_operator.gang_placement import Unreadable, place
 from caramel_operator.lifecycle import (
     FINISHED,
     CreateObject,
     CreatePods,
     Decision,
     DeletePods,
+    PlaceGang,
     decide,
     expires_at,
+    record_placement,
     reject_invalid,
     report_creation_failures,
     status_from,
@@ -119,6 +122,7 @@ async def reconcile(
             key = (namespace, name)
             existing = frozenset([*job_services.get(key, []), *job_network_policies.get(key, [])])
             decision = decide(job, status, workers, existing, now, SETTINGS)
+            decision = await _place_gang(decision, job, memo.cluster, now)
             refusals = await _carry_out(decision, body, memo.cluster)
             decision = report_creation_failures(decision, refusals, now)
             await _read_progress(decision, job, workers, memo, now)
@@ -127,6 +131,20 @@ async def reconcile(
         for phase in decision.transitions:
             metrics.count_transition(phase)
         patch.status.update(decision.status.model_dump(mode="json", by_alias=True))
+
+
+async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now: datetime) -> Decision:
+    """Read the nodes and pods and place the gang, when the lifecycle asks (once per gang)."""
+    request = next((action for action in decision.actions if isinstance(action, PlaceGang)), None)
+    if request is None:
+        return decision
+    try:
+        nodes, pods = await cluster.nodes_and_pods()
+    except ReadForbidden as error:
+        outcome = Unreadable(str(error))
+    else:
+        outcome = place(job, request.worker_pod, nodes, pods, SETTINGS.rack_label)
+    return record_placement(decision, job, outcome, now, SETTINGS)
 
 
 async def _carry_out(decision: Decision, body: kopf.Body, cluster: Cluster) -> list[str]:

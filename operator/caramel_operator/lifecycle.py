@@ -9,6 +9,11 @@ is unit-tested; the kopf handlers only observe, call `decide`, and carry out the
        |   `--worker failed--> Restarting (backoff, new gang) --> Running ...
        |                               `--backoff limit reached--> Failed
        `--suspend--> Suspended --resume--> Pending
+
+Every gang is placed before any of its pods exists: with R-Storm, `decide` asks for a placement
+(`PlaceGang`), the handler reads the cluster and `record_placement` writes the outcome into the
+status; the next pass creates the pods from the recorded placement. So every pod of a gang, even
+one re-created after an operator restart, follows the same placement and gets the same topology.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from caramel.job.api import (
     CleanPodPolicy,
     Condition,
     ConditionType,
+    GangPlacement,
     Phase,
+    PlacedBy,
+    PlacementPolicy,
     TrainingProgress,
     WorkerCounts,
     WorkerFailure,
@@ -31,6 +39,7 @@ from caramel.job.api import (
 from caramel.job.contract import worker_name
 from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
+from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable, placed_by, placed_topology, placement_problems
 from caramel_operator.observe import INVALID_IMAGE, NODE_LOST_REASONS, WorkerObservation, WorkerState
 
 FINISHED = {Phase.SUCCEEDED, Phase.FAILED}
@@ -56,13 +65,22 @@ class DeletePods:
 
 
 @dataclass(frozen=True)
+class PlaceGang:
+    """Read the cluster's nodes and pods and place the current gang with R-Storm (the handler's
+    I/O; `record_placement` records the outcome)."""
+
+    worker_pod: dict[str, Any]
+    """Worker 0's pod as built: its requests, tolerations and node selection bind the placement."""
+
+
+@dataclass(frozen=True)
 class Event:
     type: str
     reason: str
     message: str
 
 
-Action = CreateObject | CreatePods | DeletePods
+Action = CreateObject | CreatePods | DeletePods | PlaceGang
 
 
 @dataclass
@@ -138,6 +156,56 @@ def report_creation_failures(decision: Decision, failures: list[str], now: datet
     return decision
 
 
+def record_placement(decision: Decision, job: CaramelJob, outcome: Outcome, now: datetime, settings: OperatorSettings) -> Decision:
+    """The outcome of R-Storm's placement of the current gang, in the status (and Events).
+
+    A placement found is recorded for the next pass to create the pods from; nodes given more CPU
+    than they have free are named, since their workers wait for CPU. When no placement fits, or
+    RStorm was asked for but the operator may not read the nodes, nothing is created: the reason
+    goes into status.message and a Warning Event, and placement is tried again after the restart
+    backoff (10 s, 20 s, ...). Auto, where the nodes cannot be read (namespaced RBAC), leaves the
+    gang to the scheduler.
+    """
+    status = decision.status
+    events = decision.events
+    if isinstance(outcome, Placed):
+        placement = GangPlacement(gang=status.gang, by=PlacedBy.RSTORM, workers=list(outcome.workers), cpu_short=list(outcome.cpu_short))
+        nodes = {worker.node for worker in outcome.workers}
+        racks = {worker.rack for worker in outcome.workers}
+        events.append(
+            Event("Normal", "Placed", f"R-Storm placed {len(outcome.workers)} workers on {len(nodes)} nodes in {len(racks)} racks (status.placement)")
+        )
+        message = ""
+        if outcome.cpu_short:
+            message = (
+                f"placed with too little free CPU on {', '.join(outcome.cpu_short)} (CPU is a soft constraint of "
+                "R-Storm): the workers there wait until CPU frees up"
+            )
+            events.append(Event("Warning", "PlacedCpuShort", message))
+        decision.status = status.model_copy(update={"placement": placement, "message": message})
+        return decision
+    if isinstance(outcome, Unreadable) and job.spec.placement.policy is PlacementPolicy.AUTO:
+        message = f"R-Storm cannot read the cluster ({outcome.message}): the scheduler places the gang"
+        events.append(Event("Warning", "PlacementUnavailable", message))
+        placement = GangPlacement(gang=status.gang, by=PlacedBy.SCHEDULER, message=message)
+        decision.status = status.model_copy(update={"placement": placement})
+        return decision
+    previous = status.placement if status.placement and status.placement.gang == status.gang else None
+    attempts = (previous.attempts if previous else 0) + 1
+    backoff = settings.restart_backoff(attempts - 1)
+    if isinstance(outcome, NoRoom):
+        why = outcome.message
+    else:
+        why = f"R-Storm placement (spec.placement.policy RStorm) needs to list nodes and pods cluster-wide: {outcome.message}"
+    message = f"cannot place the gang: {why}; trying again in {backoff:.0f} s"
+    placement = GangPlacement(
+        gang=status.gang, by=PlacedBy.RSTORM, attempts=attempts, retry_after=timestamp(now + timedelta(seconds=backoff))
+    )
+    events.append(Event("Warning", "Unplaceable", message))
+    decision.status = status.model_copy(update={"placement": placement, "message": message})
+    return decision
+
+
 def decide(
     job: CaramelJob,
     status: CaramelJobStatus,
@@ -183,7 +251,7 @@ class _Reconciliation:
 
     def run(self) -> Decision:
         if self.status.phase not in FINISHED:
-            problems = worker_pod_problems(self.job, default_image=self.settings.runtime_image)
+            problems = worker_pod_problems(self.job, default_image=self.settings.runtime_image) + placement_problems(self.job)
             if problems:
                 # As any failure: a gang already running (the template edited since) is cleaned up.
                 self.fail("InvalidSpec", f"invalid spec: {'; '.join(problems)}")
@@ -337,10 +405,25 @@ class _Reconciliation:
         return None
 
     def create_gang(self, current: dict[int, WorkerObservation]) -> None:
+        placement = self.placement(current)
+        if placement is None:
+            return
         missing = [index for index in range(self.replicas) if index not in current]
+        nodes: list[str | None] = [worker.node for worker in placement.workers] or [None] * self.replicas
+        topology = (
+            placed_topology(placement.workers, self.job.spec.workers.slots_per_worker, self.settings.links)
+            if placement.workers
+            else None
+        )
         pods = [
             build_worker_pod(
-                self.job, index, default_image=self.settings.runtime_image, gang=self.status.gang, tuning=self.status.tuning
+                self.job,
+                index,
+                default_image=self.settings.runtime_image,
+                gang=self.status.gang,
+                tuning=self.status.tuning,
+                node=nodes[index],
+                topology=topology,
             )
             for index in missing
         ]
@@ -349,6 +432,27 @@ class _Reconciliation:
             message = f"created {len(pods)} worker pods (gang {self.status.gang})"
             self.condition(ConditionType.CREATED, True, "GangCreated", message)
             self.event("Normal", "GangCreated", message)
+
+    def placement(self, current: dict[int, WorkerObservation]) -> GangPlacement | None:
+        """The current gang's placement; None while R-Storm is still to place it (nothing to create)."""
+        gang = self.status.gang
+        recorded = self.status.placement if self.status.placement and self.status.placement.gang == gang else None
+        if recorded and (recorded.by is not PlacedBy.RSTORM or len(recorded.workers) == self.replicas):
+            return recorded
+        if current:
+            # Part of this gang exists with no placement on record (an operator from before
+            # placement made it): the rest follows it, unpinned.
+            by = PlacedBy.SCHEDULER
+        else:
+            by = placed_by(self.job)
+        if by is not PlacedBy.RSTORM:
+            placement = GangPlacement(gang=gang, by=by)
+            self.update(placement=placement)
+            return placement
+        if recorded is None or recorded.retry_after is None or self.now >= parse_timestamp(recorded.retry_after):
+            pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=gang)
+            self.decision.actions.append(PlaceGang(pod))
+        return None
 
     def progress_phase(self, current: dict[int, WorkerObservation]) -> None:
         states = [worker.state for worker in current.values()]

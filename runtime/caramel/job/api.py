@@ -162,6 +162,31 @@ class RunPolicy(ApiModel):
     """Gang admission; unset creates the pods directly. Ignored by `caramel run`."""
 
 
+class PlacementPolicy(StrEnum):
+    """Who chooses the nodes of the gang's workers."""
+
+    AUTO = "Auto"
+    RSTORM = "RStorm"
+    SCHEDULER = "Scheduler"
+
+
+class PlacementSpec(ApiModel):
+    """Where the gang's workers run, and so how far apart neighbouring ranks are. Ignored by
+    `caramel run`."""
+
+    policy: PlacementPolicy = PlacementPolicy.AUTO
+    """RStorm: the operator places the gang with R-Storm (memory a hard constraint, CPU a soft one,
+    workers kept close: same node, then same rack, then same zone), pins each worker to its node
+    with a required node affinity, numbers the ranks along the topology and gives the workers the
+    placed topology; a gang that does not fit is not created: the reason is in status.message and
+    placement is tried again after the restart backoff. Scheduler: kube-scheduler places each
+    pod; ranks in pod order, no topology. Auto: RStorm, except where Kueue places the gang
+    (spec.runPolicy.schedulingPolicy set, or a kueue.x-k8s.io/podset-*-topology annotation in
+    spec.workers.template.metadata), which is then told each pod's rank so that its
+    topology-aware scheduling keeps neighbouring ranks close, and except where the operator may
+    not read the cluster's nodes (namespaced RBAC), which leaves placement to the scheduler."""
+
+
 class Ordering(StrEnum):
     """The order in which gradients are transferred."""
 
@@ -335,6 +360,9 @@ class CaramelJobSpec(ApiModel):
     run_policy: RunPolicy = RunPolicy()
     """Restarts, deadlines and clean-up."""
 
+    placement: PlacementSpec = PlacementSpec()
+    """Which nodes the workers run on. Ignored by `caramel run`."""
+
     caramel: Scheduling = Scheduling()
     """Communication scheduling settings."""
 
@@ -502,6 +530,53 @@ class TrainingProgress(ApiModel):
     """When these figures were scraped (RFC 3339)."""
 
 
+class PlacedBy(StrEnum):
+    """Who chose the nodes of a gang's workers."""
+
+    RSTORM = "RStorm"
+    SCHEDULER = "Scheduler"
+    KUEUE = "Kueue"
+
+
+class WorkerNode(ApiModel):
+    """Where R-Storm put one worker."""
+
+    node: str
+    """Name of the node."""
+
+    rack: str
+    """The node's rack, as zone/rack (zone/node:<name> for a node without the rack label)."""
+
+    zone: str
+    """The node's zone (label topology.kubernetes.io/zone); empty without it."""
+
+
+class GangPlacement(ApiModel):
+    """How the current gang's workers are placed."""
+
+    gang: int
+    """The gang generation this placement is for."""
+
+    by: PlacedBy
+    """RStorm: the operator chose every worker's node (a required node affinity per pod);
+    Scheduler: kube-scheduler chooses; Kueue: Kueue and the scheduler choose, ranks given to Kueue."""
+
+    workers: list[WorkerNode] = []
+    """With RStorm: each worker's node, by worker index (rank order); empty while no placement fits."""
+
+    cpu_short: list[str] = []
+    """Nodes R-Storm gave more CPU than they have free (CPU is soft): their workers wait for CPU."""
+
+    message: str = ""
+    """Why the gang is placed this way, when it is not the policy's first choice."""
+
+    attempts: int = 0
+    """R-Storm placements of this gang that found no room."""
+
+    retry_after: str | None = None
+    """While no placement fits: when R-Storm tries again (RFC 3339)."""
+
+
 class CaramelJobStatus(ApiModel):
     """The observed state of a CaramelJob, written by the operator."""
 
@@ -543,3 +618,6 @@ class CaramelJobStatus(ApiModel):
 
     tuning: Tuning | None = None
     """Batching tuned by the runtime; a restarted gang starts from it."""
+
+    placement: GangPlacement | None = None
+    """How the current gang's workers are placed (spec.placement)."""

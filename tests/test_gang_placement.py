@@ -1,0 +1,166 @@
+"""A job's gang placement from Node and Pod objects, without a cluster: which nodes the worker pod
+may use, R-Storm over them, who places under each policy, and the placed topology."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from caramel.job.api import PlacedBy, WorkerNode
+from caramel.job.jobfile import parse_job
+from caramel.topology.labels import ClusterLinks
+from caramel_operator.builders import build_worker_pod
+from caramel_operator.gang_placement import NoRoom, Placed, admits, place, placed_by, placed_topology, placement_problems
+
+RACK = "topology.caramel.dev/rack"
+TAS = {"metadata": {"annotations": {"kueue.x-k8s.io/podset-preferred-topology": "cloud.example.com/rack"}}}
+
+
+def job(name="demo", **spec):
+    return parse_job(
+        {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": name, "namespace": "ml"},
+         "spec": {"script": "t.py", **spec}}
+    )
+
+
+def node(name, rack="r1", zone="z", cpu="8", memory="32Gi", **extra):
+    labels = {"topology.kubernetes.io/zone": zone, RACK: rack, **extra.pop("labels", {})}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": extra.pop("spec", {}),
+        "status": {"allocatable": {"cpu": cpu, "memory": memory}, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def pod(name, on, cpu="1", memory="1Gi", namespace="other", labels=None, phase="Running"):
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {"nodeName": on, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": memory}}}]},
+        "status": {"phase": phase},
+    }
+
+
+def placing(the_job, nodes, pods=()):
+    return place(the_job, build_worker_pod(the_job, 0, default_image="x"), nodes, list(pods), RACK)
+
+
+REQUESTS = {"replicas": 4, "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}
+
+
+def test_the_gang_is_packed_into_one_rack_and_ranks_follow_nodes():
+    nodes = [node("a1", "ra", cpu="4", memory="16Gi"), node("b1", "rb"), node("b2", "rb", cpu="4", memory="16Gi"), node("c1", "rc")]
+    placed = placing(job(workers={**REQUESTS, "replicas": 6}), nodes)
+    assert isinstance(placed, Placed) and placed.cpu_short == ()
+    # Rack rb has the most free; its biggest node first, then the rest of the rack, not rack rc.
+    assert [w.node for w in placed.workers] == ["b1"] * 4 + ["b2"] * 2
+    assert placed.workers[0] == WorkerNode(node="b1", rack="z/rb", zone="z")
+
+
+def test_what_other_pods_request_is_taken_but_not_the_gangs_own_old_pods():
+    nodes = [node("a1", "ra"), node("b1", "rb")]
+    busy = [pod("db", "a1", cpu="7", memory="30Gi")]
+    own_old = [pod(f"demo-worker-{i}", "b1", cpu="2", memory="8Gi", namespace="ml", labels={"caramel.dev/job": "demo"}) for i in range(4)]
+    finished = [pod("done", "b1", cpu="8", memory="32Gi", phase="Succeeded")]
+    placed = placing(job(workers=REQUESTS), nodes, busy + own_old + finished)
+    assert {w.node for w in placed.workers} == {"b1"}
+    # Another job's pods with the same name label in another namespace do count.
+    other_namespace = [pod(p["metadata"]["name"], "b1", cpu="2", memory="8Gi", labels={"caramel.dev/job": "demo"}) for p in own_old]
+    assert isinstance(placing(job(workers=REQUESTS), nodes, busy + other_namespace), NoRoom)
+
+
+def test_the_templates_node_selection_and_tolerations_bind_the_placement():
+    gpu = {"labels": {"pool": "gpu"}}
+    tainted = {"labels": {"pool": "gpu"}, "spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]}}
+    nodes = [node("cpu1", cpu="64", memory="256Gi"), node("gpu1", **gpu), node("gpu2", **tainted)]
+    selecting = {**REQUESTS, "replicas": 2, "template": {"spec": {"nodeSelector": {"pool": "gpu"}}}}
+    assert {w.node for w in placing(job(workers=selecting), nodes).workers} == {"gpu1"}
+    tolerating = {"spec": {"nodeSelector": {"pool": "gpu"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}}
+    placed = placing(job(workers={**REQUESTS, "replicas": 8, "template": tolerating}), nodes)
+    assert Counter(w.node for w in placed.workers) == {"gpu1": 4, "gpu2": 4}
+
+
+def test_sidecars_count_in_the_workers_requests():
+    sidecar = {"spec": {"containers": [{"name": "proxy", "image": "p", "resources": {"requests": {"memory": "8Gi"}}}]}}
+    nodes = [node("a1", memory="32Gi")]
+    assert isinstance(placing(job(workers={**REQUESTS, "replicas": 2, "template": sidecar}), nodes), Placed)
+    assert isinstance(placing(job(workers={**REQUESTS, "replicas": 3, "template": sidecar}), nodes), NoRoom)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "workers", "says"),
+    [
+        ([node("a1")], {"replicas": 5, "resources": {"requests": {"memory": "8Gi"}}}, "short of memory: free memory holds 4 of them"),
+        ([node("a1", labels={"pool": "cpu"})], {"template": {"spec": {"nodeSelector": {"pool": "gpu"}}}},
+         "none of the 1 nodes matches the nodeSelector and node affinity of spec.workers.template"),
+        ([node("a1", spec={"unschedulable": True})], {}, "none of the 1 nodes the workers may use is schedulable"),
+        ([], {}, "no schedulable node"),
+    ],
+    ids=["memory", "selector", "cordoned", "no-nodes"],
+)
+def test_no_room_says_why(nodes, workers, says):
+    outcome = placing(job(workers=workers), nodes)
+    assert isinstance(outcome, NoRoom) and says in outcome.message, outcome
+
+
+def test_cpu_is_soft_and_named_when_short():
+    placed = placing(job(workers={"replicas": 2, "resources": {"requests": {"cpu": "6", "memory": "1Gi"}}}), [node("a1")])
+    assert [w.node for w in placed.workers] == ["a1", "a1"] and placed.cpu_short == ("a1",)
+
+
+@pytest.mark.parametrize(
+    ("requirement", "labels", "holds"),
+    [
+        ({"key": "pool", "operator": "In", "values": ["gpu", "tpu"]}, {"pool": "gpu"}, True),
+        ({"key": "pool", "operator": "In", "values": ["gpu"]}, {}, False),
+        ({"key": "pool", "operator": "NotIn", "values": ["gpu"]}, {"pool": "cpu"}, True),
+        ({"key": "pool", "operator": "NotIn", "values": ["gpu"]}, {}, True),
+        ({"key": "pool", "operator": "Exists"}, {"pool": ""}, True),
+        ({"key": "pool", "operator": "DoesNotExist"}, {"pool": "cpu"}, False),
+        ({"key": "cores", "operator": "Gt", "values": ["8"]}, {"cores": "16"}, True),
+        ({"key": "cores", "operator": "Lt", "values": ["8"]}, {"cores": "16"}, False),
+        ({"key": "cores", "operator": "Gt", "values": ["8"]}, {"cores": "many"}, False),
+    ],
+)
+def test_node_affinity_operators(requirement, labels, holds):
+    spec = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [requirement]}]}}}}
+    assert admits(spec, {"metadata": {"name": "n", "labels": labels}}) is holds
+
+
+def test_node_affinity_terms_are_ored_and_expressions_anded():
+    def terms(*items):
+        return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(items)}}}}
+
+    gpu_a = {"metadata": {"name": "a", "labels": {"pool": "gpu"}}}
+    both = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}],
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}
+    by_name = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}
+    assert not admits(terms(both), gpu_a)
+    assert admits(terms(both, by_name), gpu_a)
+    assert not admits(terms({}), gpu_a)  # an empty term matches no node
+    assert not admits({"nodeSelector": {"pool": "cpu"}}, gpu_a)
+
+
+def test_who_places_under_each_policy():
+    assert placed_by(job()) is PlacedBy.RSTORM
+    assert placed_by(job(placement={"policy": "Scheduler"})) is PlacedBy.SCHEDULER
+    assert placed_by(job(runPolicy={"schedulingPolicy": {"queue": "research"}})) is PlacedBy.KUEUE
+    assert placed_by(job(workers={"template": TAS})) is PlacedBy.KUEUE
+    # Asked for explicitly, R-Storm places a gang Kueue admits by quota.
+    assert placed_by(job(placement={"policy": "RStorm"}, runPolicy={"schedulingPolicy": {"queue": "research"}})) is PlacedBy.RSTORM
+
+
+def test_rstorm_with_kueue_topology_aware_scheduling_is_refused_naming_both():
+    [problem] = placement_problems(job(placement={"policy": "RStorm"}, workers={"template": TAS}))
+    assert problem.startswith("spec.placement.policy: RStorm pins every worker to a node")
+    assert "kueue.x-k8s.io/podset-preferred-topology" in problem and "use Auto" in problem
+    assert placement_problems(job(workers={"template": TAS})) == []
+
+
+def test_the_placed_topology_has_a_host_per_rank_grouped_by_rack():
+    workers = [WorkerNode(node="a1", rack="z/ra", zone="z"), WorkerNode(node="b1", rack="z/rb", zone="z")]
+    links = ClusterLinks.model_validate({"rack": {"gbps": 10}})
+    topology = placed_topology(workers, slots_per_worker=2, links=links)
+    assert topology.hosts == ("w0", "w1", "w2", "w3") and topology.groups == ("z/ra", "z/ra", "z/rb", "z/rb")
+    uplinks = [link for link in topology.links if link.a.startswith("rack:")]
+    assert {link.bandwidth for link in uplinks} == {links.rack.bandwidth}
