@@ -61,11 +61,6 @@ DEFAULT_SUBNET = "10.213.7.0/24"
 MAX_PREFIX_LENGTH = 8
 RACKS = (1, 2)
 """Racks the cluster can have: one bridge, or two bridges joined by one uplink."""
-
-
-def rack_of(index: int, workers: int, racks: int) -> int:
-    """The rack of worker `index`: racks of consecutive workers, the first ones the larger."""
-    return index * racks // workers
 NETNS_DIR = Path("/run/netns")
 # Runs inside the worker's new UTS and mount namespaces, then becomes the worker's command.
 ENTER_WORKER_NAMESPACES = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
@@ -98,6 +93,11 @@ def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess
     if check and result.returncode != 0:
         raise HarnessError(f"`{' '.join(argv)}` failed ({result.returncode}): {result.stderr.strip()}")
     return result
+
+
+def rack_of(index: int, workers: int, racks: int) -> int:
+    """The rack of worker `index`: racks of consecutive workers, the first ones the larger."""
+    return index * racks // workers
 
 
 class Names:

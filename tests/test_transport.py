@@ -238,6 +238,13 @@ def test_ranks_with_different_schedules_refuse_each_other():
         assert f"rank {rank}: rank {1 - rank} at 127.0.0.1" in str(error) and "runs another schedule" in str(error)
 
 
+def test_ranks_with_different_piece_sizes_refuse_each_other():
+    schedule = multitree(racks(1, 2, 1.0, 1.0))
+    where = addresses(2)
+    errors = outcomes(2, lambda rank: TreeAllreduce(schedule, rank, where, connect_timeout=5, piece_bytes=64 << rank))
+    assert all("cuts pieces of" in str(error) for error in errors), errors
+
+
 def test_a_schedule_the_executor_cannot_run_by_dependencies_is_refused():
     # Rank 1 would send chunk 0 up before the partial sum from rank 2 has arrived.
     late = Schedule(

@@ -75,8 +75,8 @@ PHASES = ("reduce-scatter", "all-gather")
 # sequence, phase, dtype (index in SUPPORTED_DTYPES), chunk, piece, elements of the whole buffer
 HEADER = struct.Struct("<QBBxxIIQ")
 MAGIC = b"CRMLTREE"
-# magic, protocol version, sender rank, world size, schedule digest
-HELLO = struct.Struct("<8sHII16s")
+# magic, protocol version, sender rank, world size, schedule digest, piece size
+HELLO = struct.Struct("<8sHII16sI")
 PROTOCOL = 1
 
 
@@ -233,8 +233,8 @@ class TreeAllreduce:
             raise ValueError(f"addresses: the schedule has {schedule.hosts} ranks, got {len(addresses)} addresses")
         if not 0 <= rank < schedule.hosts:
             raise ValueError(f"rank {rank} is outside 0..{schedule.hosts - 1}")
-        if piece_bytes < 16:
-            raise ValueError(f"piece_bytes must be at least 16, got {piece_bytes}")
+        if not 16 <= piece_bytes < 2**32:
+            raise ValueError(f"piece_bytes must be within 16 bytes and 4 GiB, got {piece_bytes}")
         self.rank = rank
         self.size = schedule.hosts
         self.addresses = [(str(host), int(port)) for host, port in addresses]
@@ -259,7 +259,7 @@ class TreeAllreduce:
                 self._threads.append(thread)
 
     def _hello(self) -> bytes:
-        return HELLO.pack(MAGIC, PROTOCOL, self.rank, self.size, self._digest)
+        return HELLO.pack(MAGIC, PROTOCOL, self.rank, self.size, self._digest, self._piece_bytes)
 
     # -- what callers use ----------------------------------------------------------------
 
@@ -354,7 +354,7 @@ class TreeAllreduce:
             self._connections[peer].outbox.put((collective, REDUCE_SCATTER, chunk, piece))
         if self._plan.finished_from[chunk] is None:
             values = collective.piece(chunk, piece)
-            np.divide(values, self.size, out=values, casting="unsafe")
+            np.divide(values, self.size, out=values)
             self._finished(collective, chunk, piece)
 
     def _finished(self, collective: _Collective, chunk: int, piece: int) -> None:
@@ -447,7 +447,8 @@ class TreeAllreduce:
         if not expected or piece >= len(collective.pieces[chunk]):
             raise TransportError(
                 f"all-reduce {collective.sequence}: {connection.describe()} sent piece {piece} of chunk {chunk} "
-                f"in phase {phase}, which the schedule does not send to rank {self.rank}"
+                f"in the {PHASES[phase] if phase < len(PHASES) else f'phase {phase}'}, which the schedule does not "
+                f"send to rank {self.rank}"
             )
 
     # -- failures ------------------------------------------------------------------------
@@ -655,11 +656,13 @@ def _read_hello(sock: socket.socket, where: str) -> bytes:
 
 
 def _check_hello(rank: int, where: str, theirs: bytes, mine: bytes) -> None:
-    magic, protocol, _, size, digest = HELLO.unpack(theirs)
-    _, _, _, my_size, my_digest = HELLO.unpack(mine)
+    magic, protocol, _, size, digest, piece_bytes = HELLO.unpack(theirs)
+    _, _, _, my_size, my_digest, my_piece_bytes = HELLO.unpack(mine)
     if magic != MAGIC or protocol != PROTOCOL:
         raise TransportError(f"{where} is not a Caramel tree transport of protocol {PROTOCOL}")
     if (size, digest) != (my_size, my_digest):
         raise TransportError(
             f"rank {rank}: {where} runs another schedule ({size} ranks): every rank must derive it from the same topology"
         )
+    if piece_bytes != my_piece_bytes:
+        raise TransportError(f"rank {rank}: {where} cuts pieces of {piece_bytes} bytes, this rank of {my_piece_bytes}")
