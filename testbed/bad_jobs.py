@@ -99,6 +99,7 @@ HAND_WRITTEN: list[BadJob] = [
     _mutated("unknown clean-pod policy", "spec.runPolicy.cleanPodPolicy", _set("spec.runPolicy.cleanPodPolicy", "Failed")),
     _mutated("suspend as a word", "spec.runPolicy.suspend", _set("spec.runPolicy.suspend", "later")),
     _mutated("empty Kueue queue", "spec.runPolicy.schedulingPolicy.queue", _set("spec.runPolicy.schedulingPolicy", {"queue": ""})),
+    _mutated("unknown placement policy", "spec.placement.policy", _set("spec.placement", {"policy": "Nearby"})),
     _mutated("unknown ordering", "spec.caramel.ordering", _set("spec.caramel.ordering", "fastest")),
     _mutated("unknown batching", "spec.caramel.batching", _set("spec.caramel.batching", "sometimes")),
     _mutated("smallest bucket above the largest", "spec.caramel", _set("spec.caramel.minBucketBytes", 2**30)),

@@ -34,7 +34,7 @@ import yaml
 
 from caramel.job.jobfile import load_job, parse_job
 from caramel_operator.builders import OPERATOR_POD_LABELS, build_worker_pod
-from caramel_operator.cluster import PERMISSIONS
+from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
 from caramel_operator.config import OperatorSettings
 from conftest import REPO, require_binary, runtime_metrics
 from testbed.crd_validation import default_violations
@@ -59,6 +59,7 @@ FULL_VALUES: dict[str, Any] = {
     "rbac": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]},
     "networkPolicy": {"enabled": False, "monitoringNamespace": "observability"},
     "gangSchedulingTimeoutSeconds": 900,
+    "topology": {"rackLabel": "example.com/rack", "links": {"rack": {"gbps": 25, "latencyUs": 20}, "zone": {"gbps": 10}}},
     "extraEnv": [{"name": "CARAMEL_RECONCILE_INTERVAL_SECONDS", "value": "5"}],
     "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}},
     "podAnnotations": {"example.com/scrape": "true"},
@@ -224,8 +225,11 @@ def test_chart_refuses_kubernetes_older_than_1_30() -> None:
         (["--set", "resources.requests.memory=lots"], "/resources/requests/memory"),
         (["--set", "monitoring.serviceMonitor.interval=30"], "/monitoring/serviceMonitor/interval"),
         (["--set-json", 'rbac.watchNamespaces=["Not_A_Namespace"]'], "/rbac/watchNamespaces/0"),
+        (["--set", "topology.rackLabel=my rack"], "/topology/rackLabel"),
+        (["--set-json", 'topology.links={"rack": {"gbps": 0}}'], "/topology/links/rack/gbps"),
+        (["--set-json", 'topology.links={"spine": {"gbps": 10}}'], "'spine'"),
     ],
-    ids=["enum", "typo", "type", "range", "quantity", "duration", "namespace"],
+    ids=["enum", "typo", "type", "range", "quantity", "duration", "namespace", "label-key", "link-speed", "link-level"],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(args: list[str], named: str) -> None:
     result = helm("template", RELEASE, str(CHART), *args)
@@ -373,6 +377,8 @@ def test_full_values_reach_the_deployment() -> None:
     settings = OperatorSettings.from_env({k: v for k, v in env.items() if v is not None})
     assert settings.network_policy is False and settings.monitoring_namespace == "observability"
     assert settings.gang_scheduling_timeout_seconds == 900
+    assert settings.rack_label == "example.com/rack"
+    assert (settings.links.rack.gbps, settings.links.rack.latency_us, settings.links.zone.gbps) == (25, 20, 10)
     assert pod["serviceAccountName"] == "trainer"
     for field in ("imagePullSecrets", "priorityClassName", "nodeSelector", "tolerations", "affinity"):
         assert pod[field] == FULL_VALUES[field], field
@@ -386,6 +392,8 @@ DISCOVERY_RULES = [
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
 ]
+# What R-Storm placement reads beyond the operator's rules: only the cluster scope grants it.
+PLACEMENT_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
 
 
 def test_cluster_scope_grants_the_operator_rules_cluster_wide() -> None:
@@ -397,7 +405,8 @@ def test_cluster_scope_grants_the_operator_rules_cluster_wide() -> None:
     assert DISCOVERY_RULES[0] in rules and DISCOVERY_RULES[1] not in rules
     # Least privilege: no wildcards, no secrets, nothing beyond the operator's kinds.
     granted = {resource for rule in rules for resource in rule["resources"]}
-    assert granted == {"carameljobs", "carameljobs/status", "pods", "services", "networkpolicies", "events", "customresourcedefinitions"}
+    assert granted == {"carameljobs", "carameljobs/status", "pods", "services", "networkpolicies", "events", "customresourcedefinitions", "nodes"}
+    assert PLACEMENT_RULES[0] in rules
     assert all("*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"] for rule in rules)
     binding = only(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -416,7 +425,7 @@ def test_namespaced_scope_serves_the_release_namespace_by_default() -> None:
 def test_namespaced_scope_grants_a_role_in_each_watched_namespace() -> None:
     objects = render(*FULL_VALUES_ARGS)
     cluster_rules = only(load_yaml(MANIFESTS / "rbac.yaml"), "ClusterRole")["rules"]
-    namespaced_rules = [rule for rule in cluster_rules if rule not in DISCOVERY_RULES]
+    namespaced_rules = [rule for rule in cluster_rules if rule not in DISCOVERY_RULES + PLACEMENT_RULES]
     roles = [o for o in objects if o["kind"] == "Role"]
     bindings = [o for o in objects if o["kind"] == "RoleBinding"]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
@@ -576,6 +585,20 @@ def test_every_rbac_variant_grants_what_the_operator_does(variant: str) -> None:
     for namespace in served:
         missing = PERMISSIONS - granted(objects, namespace)
         assert not missing, f"{variant} does not grant {sorted(missing)} in {namespace or 'the cluster'}"
+
+
+@pytest.mark.parametrize("variant", RBAC_VARIANTS)
+def test_placement_reads_are_granted_cluster_wide_by_the_cluster_variants_only(variant: str) -> None:
+    """Nodes are cluster-scoped and free resources need every namespace's pods: a namespaced
+    operator reads neither, and its Auto jobs are placed by the scheduler."""
+    objects = RBAC_VARIANTS[variant]()
+    cluster_wide = granted([o for o in objects if o["kind"] == "ClusterRole" and any(
+        b["kind"] == "ClusterRoleBinding" and b["roleRef"]["name"] == o["metadata"]["name"] for b in objects)], None)
+    if any(o["kind"] == "Role" for o in objects):
+        assert not {permission for permission in cluster_wide if permission[1] == "nodes"}, variant
+        assert ("", "pods", "list") not in cluster_wide
+    else:
+        assert PLACEMENT_READS <= cluster_wide, f"{variant} does not grant {sorted(PLACEMENT_READS - cluster_wide)}"
 
 
 def test_network_policy_admits_the_operator_pods_of_chart_and_manifests() -> None:

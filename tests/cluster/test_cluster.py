@@ -9,8 +9,9 @@ StorageClass for the checkpoint volume, and a CNI that enforces NetworkPolicy fo
 anything (the suite checks the objects, not the packets).
 
 It covers the chart, jobs to Succeeded, the short name, restarts and resume, the operator's
-restart, refusals, Pod Security, network policies and RBAC; each test has its own restricted
-namespace.
+restart, refusals, Pod Security, network policies, RBAC and placement (R-Storm's node affinities
+as the real scheduler binds them, a gang too large for the cluster, the Scheduler policy); each
+test has its own restricted namespace.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from caramel_operator.cluster import PERMISSIONS
+from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
 from testbed.bad_jobs import HAND_WRITTEN
 from testbed.cluster import IMAGE, RELEASE, REPO, Namespace, cluster_unavailable, kubectl, run, tool
 from testbed.crd_validation import validate_object
@@ -161,6 +162,53 @@ def test_the_chart_rbac_answers_can_i_as_documented(operator_release):
         target = f"{resource}.{group}" if group else resource
         answer = kubectl("auth", "can-i", verb, target, "--as", account, "-n", "default", check=False).stdout.strip()
         assert answer == "yes", f"{verb} {target}: {answer}"
+    for group, resource, verb in sorted(PLACEMENT_READS):
+        target = f"{resource}.{group}" if group else resource
+        answer = kubectl("auth", "can-i", verb, target, "--as", account, "--all-namespaces", check=False).stdout.strip()
+        assert answer == "yes", f"{verb} {target} cluster-wide: {answer}"
     for verb, target in (("get", "secrets"), ("create", "deployments.apps"), ("delete", "nodes")):
         answer = kubectl("auth", "can-i", verb, target, "--as", account, "-n", "default", check=False).stdout.strip()
         assert answer == "no", f"{verb} {target} should be denied"
+
+
+def small_job(name: str, **spec) -> dict:
+    """A short training job without volumes, so that any node may run it."""
+    return {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": name},
+            "spec": {"image": IMAGE, "script": "examples/train_small.py", "args": ["--steps", "20"],
+                     "workers": {"replicas": 2, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}},
+                     **spec}}
+
+
+def env_of(pod: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_rstorm_places_the_gang_where_the_scheduler_binds_it(namespace):
+    namespace.apply(small_job("placed"))
+    assert namespace.wait_for_phase("placed", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("placed")
+    placement = namespace.job("placed")["status"]["placement"]
+    assert placement["by"] == "RStorm" and len(placement["workers"]) == 2
+    pods = sorted(namespace.pods("placed"), key=lambda pod: pod["metadata"]["name"])
+    # The real scheduler honoured each required node affinity, and each worker got the topology.
+    assert [pod["spec"]["nodeName"] for pod in pods] == [worker["node"] for worker in placement["workers"]]
+    assert all(env_of(pod).get("CARAMEL_TOPOLOGY") for pod in pods)
+    events = kubectl("get", "events", "-n", namespace.name, "--field-selector", "reason=Placed", "-o", "name").stdout
+    assert events.strip(), "a Placed event"
+
+
+def test_a_gang_larger_than_the_cluster_waits_and_says_why(namespace):
+    huge = small_job("huge")
+    huge["spec"]["workers"]["resources"] = {"requests": {"cpu": "250m", "memory": "64Ti"}}
+    namespace.apply(huge)
+    message = eventually(lambda: namespace.job("huge").get("status", {}).get("message", ""), 120, "a pending message", interval=2)
+    assert message.startswith("cannot place the gang: cannot place 2 workers") and "short of memory" in message, message
+    events = kubectl("get", "events", "-n", namespace.name, "--field-selector", "reason=Unplaceable", "-o", "name").stdout
+    assert events.strip(), "an Unplaceable event"
+    assert not namespace.pods("huge") and namespace.phase("huge") == "Pending"
+
+
+def test_the_scheduler_policy_leaves_placement_to_kube_scheduler(namespace):
+    namespace.apply(small_job("free", placement={"policy": "Scheduler"}))
+    assert namespace.wait_for_phase("free", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("free")
+    assert namespace.job("free")["status"]["placement"]["by"] == "Scheduler"
+    assert all("affinity" not in pod["spec"] and "CARAMEL_TOPOLOGY" not in env_of(pod) for pod in namespace.pods("free"))

@@ -103,6 +103,17 @@ each served namespace by a Role. Kept equal to manifests/rbac.yaml (tests/test_c
   verbs: [create, patch]
 {{- end }}
 
+{{/*
+Placement (spec.placement): R-Storm lists the nodes (allocatable resources, labels, taints,
+readiness) when it places a gang; what the pods on them request it lists under the operator's pods
+rule, cluster-wide with rbac.scope=cluster. Kept equal to manifests/rbac.yaml.
+*/}}
+{{- define "caramel.placementReadRule" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list]
+{{- end }}
+
 {{/* kopf watches CRDs, to notice the CaramelJob CRD being installed or upgraded while it runs. */}}
 {{- define "caramel.crdReadRule" -}}
 - apiGroups: [apiextensions.k8s.io]
