@@ -29,9 +29,28 @@ Reduce = Callable[[list[tf.Tensor], str], list[tf.Tensor]]
 """Averages a transfer's pieces over all ranks in the graph: (pieces, name) -> averages."""
 
 
+def average_per_dtype(pieces: list[tf.Tensor], name: str, average_flat: Callable[[tf.Tensor, str], tf.Tensor]) -> list[tf.Tensor]:
+    """The pieces joined into one flat buffer per dtype, each averaged by `average_flat`, and
+    cut back into the pieces' shapes."""
+    outputs: list[tf.Tensor | None] = [None] * len(pieces)
+    for dtype in dict.fromkeys(piece.dtype for piece in pieces):
+        members = [i for i, piece in enumerate(pieces) if piece.dtype == dtype]
+        flat = [tf.reshape(pieces[i], [-1]) for i in members]
+        averaged = average_flat(flat[0] if len(flat) == 1 else tf.concat(flat, axis=0), f"{name}_{dtype.name}")
+        parts = [averaged] if len(members) == 1 else tf.split(averaged, [pieces[i].shape.num_elements() for i in members])
+        for i, part in zip(members, parts):
+            outputs[i] = tf.reshape(part, pieces[i].shape)
+    return outputs
+
+
 def horovod_average(pieces: list[tf.Tensor], name: str) -> list[tf.Tensor]:
-    """One grouped allreduce: Horovod fuses the pieces into one collective."""
-    return hvd.grouped_allreduce(pieces, op=hvd.Average, name=name)
+    """One Horovod allreduce per dtype of the transfer's pieces, joined into one buffer.
+
+    One request per transfer, not one per piece: Horovod negotiates (and caches the
+    negotiation of) every tensor it is handed, and its response cache holds 1024, which the
+    tensors of a few unrolled steps of a large model would overflow. Horovod would copy the
+    pieces of a grouped allreduce into one buffer all the same."""
+    return average_per_dtype(pieces, name, lambda flat, flat_name: hvd.allreduce(flat, op=hvd.Average, name=flat_name))
 
 
 @dataclass

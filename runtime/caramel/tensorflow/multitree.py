@@ -14,6 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from caramel.job.contract import WorkerContract
+from caramel.tensorflow.collectives import average_per_dtype
 from caramel.topology.multitree import multitree
 from caramel.topology.transport import TreeAllreduce
 
@@ -30,21 +31,16 @@ class TreeReduce:
 
     def __call__(self, pieces: list[tf.Tensor], name: str) -> list[tf.Tensor]:
         transport = self._connected()  # at trace time: every rank traces its first step together
-        outputs: list[tf.Tensor | None] = [None] * len(pieces)
-        for dtype in dict.fromkeys(piece.dtype for piece in pieces):
-            members = [i for i, piece in enumerate(pieces) if piece.dtype == dtype]
-            flat = tf.concat([tf.reshape(pieces[i], [-1]) for i in members], axis=0)
+
+        def average(flat: tf.Tensor, flat_name: str) -> tf.Tensor:
             sequence = self._calls.assign_add(1, read_value=True) - 1
             averaged = tf.numpy_function(
-                lambda buffer, number: transport.allreduce(buffer, int(number)), [flat, sequence], dtype, stateful=False, name=name
+                lambda buffer, number: transport.allreduce(buffer, int(number)), [flat, sequence], flat.dtype, stateful=False, name=flat_name
             )
             averaged.set_shape(flat.shape)
-            offset = 0
-            for i in members:
-                size = pieces[i].shape.num_elements()
-                outputs[i] = tf.reshape(averaged[offset : offset + size], pieces[i].shape)
-                offset += size
-        return outputs
+            return averaged
+
+        return average_per_dtype(pieces, name, average)
 
     def _connected(self) -> TreeAllreduce:
         if self._transport is None:
