@@ -141,13 +141,27 @@ def test_node_affinity_terms_are_ored_and_expressions_anded():
     assert not admits({"nodeSelector": {"pool": "cpu"}}, gpu_a)
 
 
+def who_places(the_job):
+    return placed_by(the_job, build_worker_pod(the_job, 0, default_image="x"))
+
+
 def test_who_places_under_each_policy():
-    assert placed_by(job()) is PlacedBy.RSTORM
-    assert placed_by(job(placement={"policy": "Scheduler"})) is PlacedBy.SCHEDULER
-    assert placed_by(job(runPolicy={"schedulingPolicy": {"queue": "research"}})) is PlacedBy.KUEUE
-    assert placed_by(job(workers={"template": TAS})) is PlacedBy.KUEUE
+    assert who_places(job()) == (PlacedBy.RSTORM, "")
+    assert who_places(job(placement={"policy": "Scheduler"})) == (PlacedBy.SCHEDULER, "")
+    assert who_places(job(runPolicy={"schedulingPolicy": {"queue": "research"}})) == (PlacedBy.KUEUE, "")
+    assert who_places(job(workers={"template": TAS})) == (PlacedBy.KUEUE, "")
     # Asked for explicitly, R-Storm places a gang Kueue admits by quota.
-    assert placed_by(job(placement={"policy": "RStorm"}, runPolicy={"schedulingPolicy": {"queue": "research"}})) is PlacedBy.RSTORM
+    assert who_places(job(placement={"policy": "RStorm"}, runPolicy={"schedulingPolicy": {"queue": "research"}}))[0] is PlacedBy.RSTORM
+
+
+def test_auto_leaves_gangs_asking_for_resources_rstorm_does_not_weigh_to_the_scheduler():
+    gpus = {"resources": {"limits": {"nvidia.com/gpu": 1, "memory": "8Gi"}}}
+    by, why = who_places(job(workers=gpus))
+    assert by is PlacedBy.SCHEDULER and why.startswith("R-Storm weighs CPU and memory only and the workers ask for nvidia.com/gpu")
+    sidecar = {"template": {"spec": {"containers": [{"name": "cache", "resources": {"requests": {"hugepages-2Mi": "1Gi"}}}]}}}
+    assert who_places(job(workers=sidecar))[0] is PlacedBy.SCHEDULER
+    assert who_places(job(workers={"resources": {"requests": {"ephemeral-storage": "10Gi"}}}))[0] is PlacedBy.RSTORM
+    assert who_places(job(workers=gpus, placement={"policy": "RStorm"})) == (PlacedBy.RSTORM, "")
 
 
 def test_rstorm_with_kueue_topology_aware_scheduling_is_refused_naming_both():

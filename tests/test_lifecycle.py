@@ -407,3 +407,10 @@ def test_rstorm_against_kueue_topology_aware_scheduling_fails_the_spec_naming_th
     decision = decide(job(placement={"policy": "RStorm"}, workers={"template": tas}), status(), [], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.FAILED and not decision.actions
     assert decision.status.message.startswith("invalid spec: spec.placement.policy: RStorm pins every worker to a node")
+
+
+def test_auto_says_why_the_scheduler_places_a_gang_of_gpu_workers():
+    decision = decide(job(workers={"resources": {"limits": {"nvidia.com/gpu": 1}}}), status(), [], ALL, NOW, SETTINGS)
+    [create] = actions_of(decision, CreatePods)
+    assert decision.status.placement.by == "Scheduler" and "affinity" not in create.manifests[0]["spec"]
+    assert decision.status.placement.message.startswith("R-Storm weighs CPU and memory only and the workers ask for nvidia.com/gpu")

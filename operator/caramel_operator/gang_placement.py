@@ -1,6 +1,7 @@
 """A job's gang placement, from the job and the cluster's Node and Pod objects as plain dicts (pure).
 
-- `placed_by`: who places the gang under spec.placement.policy (R-Storm, the scheduler or Kueue).
+- `placed_by`: who places the gang under spec.placement.policy (R-Storm, the scheduler or Kueue);
+  Auto leaves to the scheduler the gangs that ask for resources R-Storm does not weigh (GPUs).
 - `place`: R-Storm over the nodes the workers may use, as the scheduler reads the worker pod:
   its nodeSelector and required node affinity (`admits`), its tolerations, and what it requests,
   sidecars and overhead included. The gang's own earlier pods do not count against the nodes.
@@ -65,14 +66,38 @@ def kueue_topology_annotations(job: CaramelJob) -> list[str]:
     return [name for name in KUEUE_TOPOLOGY_ANNOTATIONS if name in annotations]
 
 
-def placed_by(job: CaramelJob) -> PlacedBy:
-    """Who places the gang under spec.placement.policy, before anything is read from the cluster."""
+def unweighed_resources(worker_pod: Mapping[str, Any]) -> list[str]:
+    """What the worker pod asks for that R-Storm does not weigh: extended resources (GPUs and
+    other device plugins' resources, named with a domain) and huge pages."""
+    spec = worker_pod.get("spec") or {}
+    names = {
+        name
+        for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+        for kind in ("requests", "limits")
+        for name in ((container.get("resources") or {}).get(kind) or {})
+        if "/" in name or name.startswith("hugepages-")
+    }
+    return sorted(names)
+
+
+def placed_by(job: CaramelJob, worker_pod: Mapping[str, Any]) -> tuple[PlacedBy, str]:
+    """Who places the gang of `worker_pod`s under spec.placement.policy, before anything is read
+    from the cluster, and why when Auto does not take R-Storm for another reason than Kueue."""
     policy = job.spec.placement.policy
     if policy is PlacementPolicy.SCHEDULER:
-        return PlacedBy.SCHEDULER
-    if policy is PlacementPolicy.AUTO and (job.spec.run_policy.scheduling_policy or kueue_topology_annotations(job)):
-        return PlacedBy.KUEUE
-    return PlacedBy.RSTORM
+        return PlacedBy.SCHEDULER, ""
+    if policy is PlacementPolicy.RSTORM:
+        return PlacedBy.RSTORM, ""
+    if job.spec.run_policy.scheduling_policy or kueue_topology_annotations(job):
+        return PlacedBy.KUEUE, ""
+    unweighed = unweighed_resources(worker_pod)
+    if unweighed:
+        # Pinned by R-Storm, the workers could land where none of these is free, and wait forever.
+        return PlacedBy.SCHEDULER, (
+            f"R-Storm weighs CPU and memory only and the workers ask for {', '.join(unweighed)}: the scheduler places "
+            "the gang (spec.placement.policy RStorm would place it anyway)"
+        )
+    return PlacedBy.RSTORM, ""
 
 
 def placement_problems(job: CaramelJob) -> list[str]:

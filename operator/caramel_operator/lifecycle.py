@@ -439,18 +439,18 @@ class _Reconciliation:
         recorded = self.status.placement if self.status.placement and self.status.placement.gang == gang else None
         if recorded and (recorded.by is not PlacedBy.RSTORM or len(recorded.workers) == self.replicas):
             return recorded
+        pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=gang)
         if current:
             # Part of this gang exists with no placement on record (an operator from before
             # placement made it): the rest follows it, unpinned.
-            by = PlacedBy.SCHEDULER
+            by, why = PlacedBy.SCHEDULER, ""
         else:
-            by = placed_by(self.job)
+            by, why = placed_by(self.job, pod)
         if by is not PlacedBy.RSTORM:
-            placement = GangPlacement(gang=gang, by=by)
+            placement = GangPlacement(gang=gang, by=by, message=why)
             self.update(placement=placement)
             return placement
         if recorded is None or recorded.retry_after is None or self.now >= parse_timestamp(recorded.retry_after):
-            pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=gang)
             self.decision.actions.append(PlaceGang(pod))
         return None
 

@@ -183,8 +183,9 @@ class PlacementSpec(ApiModel):
     pod; ranks in pod order, no topology. Auto: RStorm, except where Kueue places the gang
     (spec.runPolicy.schedulingPolicy set, or a kueue.x-k8s.io/podset-*-topology annotation in
     spec.workers.template.metadata), which is then told each pod's rank so that its
-    topology-aware scheduling keeps neighbouring ranks close, and except where the operator may
-    not read the cluster's nodes (namespaced RBAC), which leaves placement to the scheduler."""
+    topology-aware scheduling keeps neighbouring ranks close; and except where the workers ask for
+    resources R-Storm does not weigh (GPUs and other extended resources, huge pages) or the
+    operator may not read the cluster's nodes (namespaced RBAC), which the scheduler places."""
 
 
 class Ordering(StrEnum):
