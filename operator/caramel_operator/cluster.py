@@ -1,4 +1,5 @@
-"""The operator's writes to the Kubernetes API, and its scrapes of workers' metrics.
+"""The operator's writes to the Kubernetes API, the reads placement needs, and its scrapes of
+workers' metrics.
 
 The kubernetes client is synchronous: every call runs in a worker thread so that kopf's event
 loop keeps serving other jobs. Responses are not deserialized (`_preload_content=False`): the
