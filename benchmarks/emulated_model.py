@@ -54,12 +54,15 @@ class Device:
             time.sleep(delay)
 
 
-def _kernel(device: Device, x: tf.Tensor, seconds: float, stateful: bool) -> tf.Tensor:
-    def run(value: np.ndarray) -> np.ndarray:
+def _kernel(device: Device, x: tf.Tensor, seconds: float, stateful: bool, after: tf.Tensor | None = None) -> tf.Tensor:
+    """x, once the device has spent `seconds` on it (and `after` exists)."""
+
+    def run(value: np.ndarray, *_: np.ndarray) -> np.ndarray:
         device.run(seconds)
         return value
 
-    y = tf.numpy_function(run, [x], x.dtype, stateful=stateful, name="emulated_kernel")
+    inputs = [x] if after is None else [x, after]
+    y = tf.numpy_function(run, inputs, x.dtype, stateful=stateful, name="emulated_kernel")
     y.set_shape(x.shape)
     return y
 
@@ -84,8 +87,7 @@ class EmulatedLayer(tf.keras.layers.Layer):
 
         @tf.custom_gradient
         def layer(x: tf.Tensor, weight: tf.Tensor):
-            first = tf.reshape(weight, [-1])[:1]
-            y = _kernel(device, x + 0.0 * tf.reduce_sum(first), forward, stateful=False)
+            y = _kernel(device, x, forward, stateful=False, after=tf.reshape(weight, [-1])[:1])
 
             def gradient(upstream: tf.Tensor):
                 dx = _kernel(device, upstream, backward, stateful=True)
