@@ -18,6 +18,10 @@ a ring crosses it with 2 (N - 1) / N x B. On the flat testbed every host link ca
 2 (N - 1) / N x B in each direction. `auto` is what `spec.caramel.allreduce: auto` picks
 (`choose_allreduce` on the testbed's topology); its time is that algorithm's.
 
+TCP. Horovod's connections use the machine's default congestion control; the transport's use
+`CONGESTION_CONTROL` (cubic) where the system allows it, or what `--congestion-control` names
+(`system`: the default, as Horovod's).
+
 The table gives, per testbed and size, each algorithm's median and min-max spread over the
 repeats, ring / multitree (a speedup above 1), the bound and multitree / bound. Logs and
 results.json go to runs/topology-bench-<time>/. Needs root; run it alone on the machine.
@@ -34,7 +38,7 @@ from pathlib import Path
 
 from caramel.topology.model import Link, Topology
 from caramel.topology.simulate import choose_allreduce
-from caramel.topology.transport import PIECE_BYTES
+from caramel.topology.transport import CONGESTION_CONTROL, PIECE_BYTES
 from caramel.topology.wire import to_json
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
@@ -69,7 +73,7 @@ def run_testbed(args: argparse.Namespace, testbed: str, directory: Path) -> list
     topology = testbed_topology(testbed, args.workers, args.rate, uplink)
     command = [
         sys.executable, "-m", "benchmarks.topology_worker", "--sizes", args.sizes, "--repeats", str(args.repeats),
-        "--piece-bytes", str(args.piece_kib * 1024),
+        "--piece-bytes", str(args.piece_kib * 1024), "--congestion-control", args.congestion_control,
     ]  # fmt: skip
     job = bench_job(f"topology-{testbed}", command, args.workers, f"{PREFIX}-eth", env={"CARAMEL_TOPOLOGY": to_json(topology)})
     # Generous: the ring at its bound on the uplink, twice over, for every run, plus start-up.
@@ -95,6 +99,11 @@ def run_testbed(args: argparse.Namespace, testbed: str, directory: Path) -> list
             event["auto"] = choose_allreduce(topology, nbytes)
             event["bound_seconds"] = bound_seconds(testbed, args.workers, nbytes, args.rate, uplink)
     return events
+
+
+def default_congestion_control() -> str:
+    """The machine's TCP congestion control, which Horovod's Gloo connections use."""
+    return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
 
 
 def table(events: list[dict]) -> str:
@@ -128,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--testbeds", default=",".join(TESTBEDS), help="racks, flat, or both")
     parser.add_argument("--piece-kib", type=int, default=PIECE_BYTES // 1024, help="the transport's piece size, KiB")
+    parser.add_argument(
+        "--congestion-control", default=CONGESTION_CONTROL,
+        help="TCP congestion control of the transport's connections; 'system' keeps the machine's default, which "
+        "Horovod's connections always use",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     testbeds = args.testbeds.split(",")
     problems = [f"--testbeds: unknown testbed {name!r} (known: {', '.join(TESTBEDS)})" for name in testbeds
@@ -155,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         (directory / "results.json").write_text(json.dumps({"args": vars(args), "events": events}, indent=1))
     print(f"\n{args.workers} workers, links {args.rate:g} Mbit/s, uplink {args.rate / args.uplink_ratio:g} Mbit/s, "
-          f"{args.repeats} repeats, pieces of {args.piece_kib} KiB; seconds are the slowest rank's\n")
+          f"{args.repeats} repeats, pieces of {args.piece_kib} KiB, transport congestion control "
+          f"{args.congestion_control} (machine default {default_congestion_control()}); seconds are the slowest rank's\n")
     print(table(events))
     print(f"\nlogs and results.json in {directory}")
     return 0

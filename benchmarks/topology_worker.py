@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from caramel.job.contract import WorkerContract
 from caramel.topology.multitree import multitree
-from caramel.topology.transport import PIECE_BYTES, TreeAllreduce
+from caramel.topology.transport import CONGESTION_CONTROL, PIECE_BYTES, TreeAllreduce
 
 MEGABYTE = 2**20
 WARM_UP_BYTES = MEGABYTE
@@ -31,11 +31,15 @@ def main() -> None:
     parser.add_argument("--sizes", default="4,16,64,128,256", help="buffer sizes in MiB, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--piece-bytes", type=int, default=PIECE_BYTES, help="the transport's piece size")
+    parser.add_argument("--congestion-control", default=CONGESTION_CONTROL, help="the transport's; 'system': the default")
     args = parser.parse_args()
     hvd.init()
     contract = WorkerContract.from_env()
     schedule = multitree(contract.topology)
-    transport = TreeAllreduce(schedule, hvd.rank(), contract.transport_addresses, piece_bytes=args.piece_bytes)
+    transport = TreeAllreduce(
+        schedule, hvd.rank(), contract.transport_addresses, piece_bytes=args.piece_bytes,
+        congestion_control=None if args.congestion_control == "system" else args.congestion_control,
+    )  # fmt: skip
     sequence = 0
 
     # Each algorithm gets the buffer in its own type, made before the clock starts: a tensor for

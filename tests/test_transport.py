@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -243,6 +244,22 @@ def test_ranks_with_different_piece_sizes_refuse_each_other():
     where = addresses(2)
     errors = outcomes(2, lambda rank: TreeAllreduce(schedule, rank, where, connect_timeout=5, piece_bytes=64 << rank))
     assert all("cuts pieces of" in str(error) for error in errors), errors
+
+
+def test_connections_take_the_congestion_control_asked_for_or_keep_the_default(caplog):
+    schedule = multitree(racks(1, 2, 1.0, 1.0))
+    where = addresses(2)
+    transports = on_every_rank(2, lambda rank: TreeAllreduce(schedule, rank, where, congestion_control="reno"))
+    try:
+        for transport in transports:
+            (connection,) = transport._connections.values()
+            assert connection.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0") == b"reno"
+    finally:
+        close(transports)
+    where = addresses(2)
+    transports = on_every_rank(2, lambda rank: TreeAllreduce(schedule, rank, where, congestion_control="no-such"))
+    close(transports)
+    assert "keeps the system's TCP congestion control: no-such" in caplog.text
 
 
 def test_a_schedule_the_executor_cannot_run_by_dependencies_is_refused():
