@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import resource
+import statistics
 import time
 from collections.abc import Sequence
 
+import caramel.tensorflow as ctf
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-import caramel.tensorflow as ctf
 
 def cpu_seconds() -> float:
     """CPU time this process has used, user and system, all threads."""
@@ -81,7 +82,10 @@ def caramel_details() -> dict:
     """What Caramel's replanner reports about its plan and link at the end of a run."""
     replanner = ctf.communicator().replanner
     plan = replanner.plan
+    recent = replanner.recent_steps
     return {
+        "exposed_seconds_per_step": statistics.fmean(step.exposed_seconds for step in recent) if recent else None,
+        "communication_seconds_per_step": statistics.fmean(step.communication_seconds for step in recent) if recent else None,
         "transfers_per_step": len(plan.transfers),
         "max_bucket_bytes": plan.batch.max_bytes,
         "min_bucket_bytes": plan.batch.min_bytes,

@@ -125,6 +125,11 @@ class Replanner:
             self._next_replan = completed_steps + self.scheduling.replan_interval_steps
         return adopted
 
+    @property
+    def recent_steps(self) -> list[StepTimes]:
+        """The timings of the last steps observed (up to RECENT_STEPS)."""
+        return list(self._recent)
+
     def describe(self) -> str:
         """The plan in force and the link it was made for, for people."""
         plan = self.plan
