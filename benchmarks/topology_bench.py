@@ -23,8 +23,15 @@ TCP. Horovod's connections use the machine's default congestion control; the tra
 (`system`: the default, as Horovod's).
 
 The table gives, per testbed and size, each algorithm's median and min-max spread over the
-repeats, ring / multitree (a speedup above 1), the bound and multitree / bound. Logs and
-results.json go to runs/topology-bench-<time>/. Needs root; run it alone on the machine.
+repeats, ring / multitree (a speedup above 1), the bound and multitree / bound.
+
+--model PROFILE (an emulated profile: resnet50, vgg16, bert_base) then trains that model end to
+end on each testbed, through Keras `fit` and the public API as `make bench` does
+(`emulated_worker.py`), once per repeat and algorithm: Horovod's defaults, and Caramel with
+spec.caramel.allreduce ring, multitree and auto. The second table gives each one's median step.
+On the flat testbed `auto` has to choose ring and be no slower than it.
+
+Logs and results.json go to runs/topology-bench-<time>/. Needs root; run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -43,11 +50,22 @@ from caramel.topology.wire import to_json
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import EmulatedCluster, HarnessError, rack_of
+from benchmarks.profiles import NAMES as PROFILES
+from benchmarks.scheduling_bench import collect
+from benchmarks.workloads import make_workloads
 
 PREFIX = "crtp"
 SUBNET = "10.213.9.0/24"
 MEGABYTE = 2**20
 TESTBEDS = ("racks", "flat")
+# The model runs: (label, the worker's strategy, spec.caramel).
+MODEL_ALGORITHMS = (
+    ("horovod", "horovod", {}),
+    ("caramel ring", "caramel", {"allreduce": "ring"}),
+    ("caramel multitree", "caramel", {"allreduce": "multitree"}),
+    ("caramel auto", "caramel", {"allreduce": "auto"}),
+)
+MODEL_WARMUP_STEPS = 16  # as make bench: Caramel's first plans are adopted by then
 
 
 def testbed_topology(testbed: str, workers: int, rate_mbit: float, uplink_mbit: float) -> Topology:
@@ -69,13 +87,15 @@ def bound_seconds(testbed: str, workers: int, nbytes: float, rate_mbit: float, u
 
 
 def run_testbed(args: argparse.Namespace, testbed: str, directory: Path) -> list[dict]:
+    """The all-reduce runs on one testbed and, with --model, the model's training runs."""
     uplink = args.rate / args.uplink_ratio
     topology = testbed_topology(testbed, args.workers, args.rate, uplink)
+    env = {"CARAMEL_TOPOLOGY": to_json(topology)}
     command = [
         sys.executable, "-m", "benchmarks.topology_worker", "--sizes", args.sizes, "--repeats", str(args.repeats),
         "--piece-bytes", str(args.piece_kib * 1024), "--congestion-control", args.congestion_control,
     ]  # fmt: skip
-    job = bench_job(f"topology-{testbed}", command, args.workers, f"{PREFIX}-eth", env={"CARAMEL_TOPOLOGY": to_json(topology)})
+    job = bench_job(f"topology-{testbed}", command, args.workers, f"{PREFIX}-eth", env=env)
     # Generous: the ring at its bound on the uplink, twice over, for every run, plus start-up.
     total_bytes = sum(int(size) for size in args.sizes.split(",")) * MEGABYTE * (2 * args.repeats + 2)
     timeout = 180 + 4 * total_bytes / (uplink * 1e6 / 8)
@@ -88,6 +108,7 @@ def run_testbed(args: argparse.Namespace, testbed: str, directory: Path) -> list
               + (f", uplink {uplink:g} Mbit/s" if racks > 1 else ""), flush=True)
         result = run_job(cluster, job, timeout, directory / f"{testbed}.log", on_event=lambda event: print(
             f"    {json.dumps(event)}", flush=True))
+        model_events = run_model(args, testbed, cluster, env, uplink, directory) if args.model else []
     events = [{**event, "testbed": testbed} for event in result.events if event.get("event") in ("allreduce", "check")]
     sizes = len(args.sizes.split(","))
     if len(events) != sizes * (2 * args.repeats + 1):
@@ -98,6 +119,28 @@ def run_testbed(args: argparse.Namespace, testbed: str, directory: Path) -> list
             nbytes = event["megabytes"] * MEGABYTE
             event["auto"] = choose_allreduce(topology, nbytes)
             event["bound_seconds"] = bound_seconds(testbed, args.workers, nbytes, args.rate, uplink)
+    return events + model_events
+
+
+def run_model(
+    args: argparse.Namespace, testbed: str, cluster: EmulatedCluster, env: dict[str, str], uplink: float, directory: Path
+) -> list[dict]:
+    """--model trained end to end on the testbed by each of MODEL_ALGORITHMS, the repeats interleaved."""
+    (workload,) = make_workloads("emulated", [args.model])
+    # Generous: start-up and tracing, plus every step at ten times compute and a ring over the uplink.
+    step = workload.compute_seconds + 2 * workload.gradient_bytes / (uplink * 1e6 / 8)
+    timeout = 300 + 10 * (MODEL_WARMUP_STEPS + args.model_steps) * step
+    events = []
+    for repeat in range(args.repeats):
+        for label, strategy, caramel in MODEL_ALGORITHMS:
+            command = workload.command(strategy, args.model_steps, MODEL_WARMUP_STEPS, args.steps_per_execution)
+            job = bench_job(f"model-{testbed}", command, args.workers, f"{PREFIX}-eth", env, caramel)
+            log = directory / f"{testbed}-{args.model}-{label.replace(' ', '-')}-{repeat}.log"
+            print(f"--- {testbed}: {args.model} trained by {label} (run {repeat + 1})", flush=True)
+            run = collect(run_job(cluster, job, timeout, log).events)
+            print(f"    median step {run.step_seconds:.3f} s", flush=True)
+            events.append({"event": "model", "testbed": testbed, "algorithm": label, "seconds": run.step_seconds,
+                           "allreduce": run.details.get("allreduce")})  # fmt: skip
     return events
 
 
@@ -128,6 +171,26 @@ def table(events: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def model_table(events: list[dict], model: str) -> str:
+    rows = [
+        f"| testbed | {model}: step s (min-max) | " + " | ".join(label for label, _, _ in MODEL_ALGORITHMS[1:])
+        + " | horovod / multitree | ring / auto |",
+        "| --- | --- | " + " | ".join("---" for _ in MODEL_ALGORITHMS[1:]) + " | ---: | ---: |",
+    ]  # fmt: skip
+    runs = [e for e in events if e["event"] == "model"]
+    for testbed in dict.fromkeys(e["testbed"] for e in runs):
+        times = {label: [e["seconds"] for e in runs if (e["testbed"], e["algorithm"]) == (testbed, label)]
+                 for label, _, _ in MODEL_ALGORITHMS}  # fmt: skip
+        median = {label: statistics.median(seconds) for label, seconds in times.items()}
+        cells = [f"{median[label]:.3f} ({min(s):.3f}-{max(s):.3f})" for label, s in times.items()]
+        rows.append(
+            f"| {testbed} | horovod {cells[0]} | " + " | ".join(cells[1:])
+            + f" | {median['horovod'] / median['caramel multitree']:.2f}"
+            + f" | {median['caramel ring'] / median['caramel auto']:.2f} |"
+        )  # fmt: skip
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=8, help="workers (ranks), split evenly over the two racks")
@@ -142,12 +205,19 @@ def main(argv: list[str] | None = None) -> int:
         help="TCP congestion control of the transport's connections; 'system' keeps the machine's default, which "
         "Horovod's connections always use",
     )  # fmt: skip
+    parser.add_argument("--model", help="also train this emulated profile end to end on each testbed (resnet50, ...)")
+    parser.add_argument("--model-steps", type=int, default=16, help="measured steps of each model run")
+    parser.add_argument("--steps-per-execution", type=int, default=4, help="Keras' steps_per_execution of the model runs")
     args = parser.parse_args(argv)
     testbeds = args.testbeds.split(",")
     problems = [f"--testbeds: unknown testbed {name!r} (known: {', '.join(TESTBEDS)})" for name in testbeds
                 if name not in TESTBEDS]
     if args.workers < 2:
         problems.append(f"--workers: at least 2, got {args.workers}")
+    if args.model and args.model not in PROFILES:
+        problems.append(f"--model: unknown profile {args.model!r} (known: {', '.join(PROFILES)})")
+    if min(args.model_steps, args.steps_per_execution) < 1:
+        problems.append("--model-steps and --steps-per-execution must be at least 1")
     if min(args.rate, args.uplink_ratio, args.repeats, args.piece_kib) <= 0:
         problems.append("--rate, --uplink-ratio, --repeats and --piece-kib must be positive")
     try:
@@ -172,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.repeats} repeats, pieces of {args.piece_kib} KiB, transport congestion control "
           f"{args.congestion_control} (machine default {default_congestion_control()}); seconds are the slowest rank's\n")
     print(table(events))
+    if args.model:
+        print(f"\n{args.model} trained end to end (Keras fit), median step over {args.model_steps} steps, "
+              f"median (min-max) of {args.repeats} runs\n")
+        print(model_table(events, args.model))
     print(f"\nlogs and results.json in {directory}")
     return 0
 

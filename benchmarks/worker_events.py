@@ -80,10 +80,12 @@ def print_summary(strategy: str, times: StepLog, details: dict) -> None:
 
 def caramel_details() -> dict:
     """What Caramel's replanner reports about its plan and link at the end of a run."""
-    replanner = ctf.communicator().replanner
+    communicator = ctf.communicator()
+    replanner = communicator.replanner
     plan = replanner.plan
     recent = replanner.recent_steps
     return {
+        "allreduce": communicator.algorithm,
         "exposed_seconds_per_step": statistics.fmean(step.exposed_seconds for step in recent) if recent else None,
         "communication_seconds_per_step": statistics.fmean(step.communication_seconds for step in recent) if recent else None,
         "transfers_per_step": len(plan.transfers),

@@ -153,6 +153,29 @@ def test_free_resources_subtract_running_pods_and_skip_unusable_nodes():
     assert tolerated[0].position.rack == "z/node:a"  # no rack label of the default name
 
 
+def test_a_container_stating_only_limits_requests_them():
+    asked = pod_requests(pod("n", containers=[{"resources": {"limits": {"cpu": "2", "memory": "3Gi"}}},
+                                              {"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "4"}}}]))
+    assert asked == {"cpu": Decimal(3), "memory": 3 * GiB}
+
+
+def test_free_pod_slots_are_allocatable_pods_minus_the_pods_on_the_node():
+    nodes = [{**ready_node("a"), "status": {**ready_node("a")["status"], "allocatable": {"cpu": "4", "memory": "16Gi", "pods": "3"}}},
+             ready_node("b")]
+    pods = [pod("a", containers=[]), pod("a", containers=[]), pod("a", phase="Failed", containers=[])]
+    assert [(n.name, n.pods) for n in free_resources(nodes, pods)] == [("a", 1), ("b", float("inf"))]
+
+
+def test_a_node_out_of_pod_slots_takes_no_worker():
+    nodes = [NodeFree(Position("z", "z/r0", "full"), 64, 256 * GiB, pods=0), node("r0", "small", cpu=4, memory_gib=16),
+             NodeFree(Position("z", "z/r0", "two-slots"), 64, 256 * GiB, pods=2)]
+    gang = Gang(replicas=3, cpu=1, memory=4 * GiB)
+    for place in (rstorm, spread, random_placement):
+        assert Counter(place(nodes, gang).nodes) == {"two-slots": 2, "small": 1}
+    with pytest.raises(Unplaceable, match="pods: the nodes have room for 2 more pods"):
+        rstorm(nodes[::2], gang)
+
+
 def test_ranks_ordered_by_topology_keep_first_use_order():
     positions = {name: Position("z", f"z/{name[0]}", name) for name in ("a1", "a2", "b1", "c1")}
     assert ranked_by_topology(["b1", "a1", "c1", "a2", "b1", "a1"], positions) == ("b1", "b1", "a1", "a1", "a2", "c1")

@@ -3,12 +3,15 @@
 What placement reads (RBAC: list nodes, list pods): a node's free CPU and memory are its
 `status.allocatable` minus the requests of the pods bound to it (`spec.nodeName`) that have not
 finished, as the scheduler counts them: a pod requests the larger of its containers' sum and its
-largest init container, plus its overhead. Nodes the gang cannot use are left out: unschedulable
+largest init container, plus its overhead, and a container that states only a limit requests
+that limit (the API server's defaulting). Its free pod slots are its allocatable `pods` minus
+those pods. Nodes the gang cannot use are left out: unschedulable
 (cordoned), not Ready, or tainted NoSchedule/NoExecute without a matching toleration.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
@@ -28,8 +31,9 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
     spec = pod.get("spec", {})
 
     def requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
-        asked = container.get("resources", {}).get("requests", {})
-        return {name: parse_quantity(asked.get(name, 0)) for name in RESOURCES}
+        resources = container.get("resources", {})
+        asked, limits = resources.get("requests", {}), resources.get("limits", {})
+        return {name: parse_quantity(asked.get(name, limits.get(name, 0))) for name in RESOURCES}
 
     containers = [requests(c) for c in spec.get("containers", [])]
     inits = [requests(c) for c in spec.get("initContainers", [])]
@@ -73,9 +77,11 @@ def free_resources(
     should not be among them.
     """
     used: dict[str, dict[str, Decimal]] = defaultdict(lambda: {name: Decimal(0) for name in RESOURCES})
+    pods_on: dict[str, int] = defaultdict(int)
     for pod in pods:
         where = pod.get("spec", {}).get("nodeName")
         if where and pod.get("status", {}).get("phase") not in FINISHED_PHASES:
+            pods_on[where] += 1
             for name, amount in pod_requests(pod).items():
                 used[where][name] += amount
     free = []
@@ -89,6 +95,9 @@ def free_resources(
                 position=position(metadata["name"], metadata.get("labels", {}), rack_label),
                 cpu=float(left["cpu"]),
                 memory=float(left["memory"]),
+                pods=float(parse_quantity(allocatable["pods"])) - pods_on[metadata["name"]]
+                if "pods" in allocatable
+                else math.inf,
             )
         )
     return free

@@ -6,9 +6,10 @@ requests). It returns a node for each rank, or raises `Unplaceable` naming what 
 
 R-Storm (Peng et al., Middleware 2015), applied to a gang of identical workers that all talk to
 each other (a ring or trees over every rank):
-1. Memory is a hard constraint: a worker goes only on a node whose free memory holds its request.
-   If the nodes cannot hold the whole gang, `Unplaceable` says how many workers fit and which
-   resource is short, for "why is my job pending".
+1. Memory is a hard constraint: a worker goes only on a node whose free memory holds its request,
+   and which has a pod slot left (its allocatable `pods` less the pods on it). If the nodes
+   cannot hold the whole gang, `Unplaceable` says how many workers fit and which resource is
+   short, for "why is my job pending".
 2. CPU is a soft constraint, as in R-Storm: a node short of CPU is taken only when no node with
    the memory has the CPU too, and the placement lists it in `cpu_short`. (Kubernetes does
    enforce CPU requests: a worker sent there stays Pending until the CPU frees up.)
@@ -33,6 +34,7 @@ ranks in pod order); `random_placement` picks a feasible node at random for each
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +57,9 @@ class NodeFree:
 
     memory: float
     """Bytes free: allocatable minus the requests of the pods on the node."""
+
+    pods: float = math.inf
+    """Pods the node may still run: allocatable pods minus the pods on it (inf where not stated)."""
 
     @property
     def name(self) -> str:
@@ -106,13 +111,15 @@ class _Cluster:
         self.gang = gang
         self.cpu = np.array([node.cpu for node in self.nodes], dtype=np.float64)
         self.memory = np.array([node.memory for node in self.nodes], dtype=np.float64)
+        self.pods = np.array([node.pods for node in self.nodes], dtype=np.float64)
         self.rack = _codes([node.position.rack for node in self.nodes])
         self.zone = _codes([node.position.zone for node in self.nodes])
         self.scale_cpu = max(float(self.cpu.max(initial=0.0)), gang.cpu, 1e-9)
         self.scale_memory = max(float(self.memory.max(initial=0.0)), gang.memory, 1.0)
 
     def fits_memory(self) -> np.ndarray:
-        return self.memory >= self.gang.memory
+        """Where a worker's memory fits and a pod slot is left: the hard constraints."""
+        return (self.memory >= self.gang.memory) & (self.pods >= 1)
 
     def fits_cpu(self) -> np.ndarray:
         return self.cpu >= self.gang.cpu
@@ -124,6 +131,7 @@ class _Cluster:
     def take(self, node: int) -> None:
         self.cpu[node] -= self.gang.cpu
         self.memory[node] -= self.gang.memory
+        self.pods[node] -= 1
 
     def distances_from(self, node: int) -> np.ndarray:
         """netDist from `node` to every node."""
@@ -139,7 +147,8 @@ class _Cluster:
         gang = self.gang
         by_memory = np.floor(self.memory / gang.memory) if gang.memory > 0 else np.full(len(self.nodes), np.inf)
         by_cpu = np.floor(self.cpu / gang.cpu) if gang.cpu > 0 else np.full(len(self.nodes), np.inf)
-        room = np.minimum(by_memory, by_cpu) if cpu_hard else by_memory
+        by_pods = np.maximum(self.pods, 0)
+        room = np.minimum(np.minimum(by_memory, by_cpu) if cpu_hard else by_memory, by_pods)
         if room.sum(initial=0) >= gang.replicas:
             return
         wanted = f"{gang.replicas} workers (each {_cores(gang.cpu)} CPU, {_gib(gang.memory)} memory)"
@@ -157,6 +166,8 @@ class _Cluster:
             short.append(
                 f"cpu: free CPU holds {int(by_cpu.sum())} of them (most free: {_cores(self.cpu[best])} on {self.nodes[best].name})"
             )
+        if by_pods.sum() < gang.replicas:
+            short.append(f"pods: the nodes have room for {int(by_pods.sum())} more pods (allocatable pods)")
         if not short:  # each resource alone would do, but not on the same nodes
             short.append(f"cpu and memory: nodes with both free hold {int(room.sum())} of them")
         raise Unplaceable(f"cannot place {wanted}; short of {'; '.join(short)}")
