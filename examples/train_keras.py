@@ -20,7 +20,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=4, help="epochs (default 4)")
     parser.add_argument("--steps-per-epoch", type=int, default=50, help="steps per epoch (default 50)")
-    parser.add_argument("--steps-per-execution", type=int, default=8, help="steps run in one graph execution (default 8)")
+    parser.add_argument("--steps-per-execution", type=int, default=4, help="steps run in one graph execution (default 4)")
     parser.add_argument("--batch-size", type=int, default=64, help="examples per rank per step (default 64)")
     parser.add_argument("--hidden", type=int, default=256, help="width of the two hidden layers (default 256)")
     parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help="SGD learning rate (default 0.05)")

@@ -29,7 +29,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=256, help="width of the two hidden layers (default 256)")
     parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help="SGD learning rate (default 0.05)")
     parser.add_argument(
-        "--steps-per-execution", type=int, default=8, help="steps run in one graph execution (default 8)"
+        "--steps-per-execution", type=int, default=4, help="steps run in one graph execution (default 4)"
     )
     parser.add_argument(
         "--horovod-baseline", action="store_true", help="average gradients with Horovod's own tape (for benchmarks)"

@@ -1,7 +1,7 @@
 """Keras `model.fit` as a Caramel job: one callback does what the job needs.
 
     model.compile(optimizer=ctf.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), loss=...,
-                  steps_per_execution=8)
+                  steps_per_execution=4)
     caramel = TrainingCallback(model, steps_per_epoch=100, epochs=5, batch_size=64)
     model.fit(data, epochs=5, steps_per_epoch=100, initial_epoch=caramel.initial_epoch,
               callbacks=[caramel], verbose=0)
