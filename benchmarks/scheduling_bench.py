@@ -378,10 +378,12 @@ def bench_workload(bench: Bench, workload: Workload, rates: list[float]) -> tupl
 # -- reporting --------------------------------------------------------------------------------
 
 
-def print_table(workload: Workload, points: list[Point], operating: Point | None, strategies: tuple[str, ...]) -> None:
+def print_table(
+    workload: Workload, points: list[Point], operating: Point | None, strategies: tuple[str, ...], workers: int
+) -> None:
     """Per rate: each strategy's step (median and spread of the runs), C, M, the bound, TicTac's
     efficiency E of Caramel's step, each strategy's step over Horovod's, and peak RSS and CPU
-    seconds per step over Horovod's."""
+    seconds per step over Horovod's; then each one's CPU floor (see `cpu_floor_seconds`)."""
     about = f" ({workload.description})" if workload.description else ""
     print(f"\n{workload.name}{about}: {workload.parameters / 1e6:.3g} M parameters, {workload.gradient_bytes / 1e6:.3g} MB "
           f"of gradients, batch {workload.batch_size}; step seconds, median (min-max) of the runs")  # fmt: skip
@@ -411,7 +413,8 @@ def print_table(workload: Workload, points: list[Point], operating: Point | None
         caramel, horovod = point.cells.get("caramel", Cell()), point.cells.get("horovod", Cell())
         print(f"  at {point.rate_mbit:g} Mbit/s: CPU seconds per step and rank: caramel {caramel.cpu_seconds_per_step:.3f}, "
               f"horovod {horovod.cpu_seconds_per_step:.3f}; peak RSS MiB: caramel {caramel.peak_rss_bytes / 2**20:.0f}, "
-              f"horovod {horovod.peak_rss_bytes / 2**20:.0f}")  # fmt: skip
+              f"horovod {horovod.peak_rss_bytes / 2**20:.0f}; CPU floor: caramel "
+              f"{cpu_floor_seconds(caramel, workers):.3f} s, horovod {cpu_floor_seconds(horovod, workers):.3f} s")  # fmt: skip
         for run in point.cells.get("autotune", Cell()).runs:
             tuned = run.details.get("autotune", {})
             if tuned:
@@ -421,6 +424,13 @@ def print_table(workload: Workload, points: list[Point], operating: Point | None
                     f"{tuned['samples']} settings scored, {state}: cycle {last['cycle_time_ms']} ms, "
                     f"fusion {last['tensor_fusion_threshold']} MB" if last else "no setting scored"
                 ))  # fmt: skip
+
+
+def cpu_floor_seconds(cell: Cell, workers: int) -> float:
+    """The shortest step the machine's cores allow for a strategy's CPU work: every rank's CPU
+    seconds per step, over the cores they share. Where this exceeds max(C, M), the runs are
+    bound by this machine's CPU, not by the link or the emulated device."""
+    return workers * cell.cpu_seconds_per_step / (os.cpu_count() or 1)
 
 
 def device_column(device_tflops: float | None) -> str:
@@ -640,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scheduling_bench: {error}", file=sys.stderr)
         return 2
     for workload in workloads:
-        print_table(workload, *results[workload.name], args.strategy_names)
+        print_table(workload, *results[workload.name], args.strategy_names, args.workers)
     plot(results, args.strategy_names, output / "step_time_vs_bandwidth.png")
     print(f"\nplot: {output / 'step_time_vs_bandwidth.png'}; results: {output / 'results.json'}; logs in {output}\n")
     for workload in workloads:

@@ -158,7 +158,7 @@ def test_table_with_failed_and_left_out_strategies(capsys: pytest.CaptureFixture
     ran = bench.Cell([bench.Run(steps=[0.1, 0.2, 0.3], peak_rss_bytes=2**30)])
     point = bench.Point(1000, None, {"horovod": bench.Cell([bench.Run(error="timed out")]), "caramel": ran,
                                      "compute-only": ran, "comm-only": ran})  # fmt: skip
-    bench.print_table(workload, [point], point, bench.SWEEP_STRATEGIES)
+    bench.print_table(workload, [point], point, bench.SWEEP_STRATEGIES, workers=4)
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("   1000"))
     assert row.startswith("   1000    real |") and row.endswith("<- operating point")
     assert row.count("failed") == 1 and row.count("not run") == 1
