@@ -134,7 +134,8 @@ def run_model(
     for repeat in range(args.repeats):
         for label, strategy, caramel in MODEL_ALGORITHMS:
             command = workload.command(strategy, args.model_steps, MODEL_WARMUP_STEPS, args.steps_per_execution)
-            job = bench_job(f"model-{testbed}", command, args.workers, f"{PREFIX}-eth", env, caramel)
+            # The cluster maps the hostnames of the all-reduce job: the model jobs take its name.
+            job = bench_job(f"topology-{testbed}", command, args.workers, f"{PREFIX}-eth", env, caramel)
             log = directory / f"{testbed}-{args.model}-{label.replace(' ', '-')}-{repeat}.log"
             print(f"--- {testbed}: {args.model} trained by {label} (run {repeat + 1})", flush=True)
             run = collect(run_job(cluster, job, timeout, log).events)
