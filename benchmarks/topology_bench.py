@@ -175,8 +175,8 @@ def table(events: list[dict]) -> str:
 def model_table(events: list[dict], model: str) -> str:
     rows = [
         f"| testbed | {model}: step s (min-max) | " + " | ".join(label for label, _, _ in MODEL_ALGORITHMS[1:])
-        + " | horovod / multitree | ring / auto |",
-        "| --- | --- | " + " | ".join("---" for _ in MODEL_ALGORITHMS[1:]) + " | ---: | ---: |",
+        + " | horovod / multitree | ring / auto | auto chose |",
+        "| --- | --- | " + " | ".join("---" for _ in MODEL_ALGORITHMS[1:]) + " | ---: | ---: | --- |",
     ]  # fmt: skip
     runs = [e for e in events if e["event"] == "model"]
     for testbed in dict.fromkeys(e["testbed"] for e in runs):
@@ -187,7 +187,8 @@ def model_table(events: list[dict], model: str) -> str:
         rows.append(
             f"| {testbed} | horovod {cells[0]} | " + " | ".join(cells[1:])
             + f" | {median['horovod'] / median['caramel multitree']:.2f}"
-            + f" | {median['caramel ring'] / median['caramel auto']:.2f} |"
+            + f" | {median['caramel ring'] / median['caramel auto']:.2f}"
+            + f" | {', '.join(sorted({str(e['allreduce']) for e in runs if (e['testbed'], e['algorithm']) == (testbed, 'caramel auto')}))} |"
         )  # fmt: skip
     return "\n".join(rows)
 

@@ -96,6 +96,20 @@ def test_table_gives_medians_spreads_ratios_and_bounds():
     )
 
 
+def test_model_table_gives_each_algorithms_step_and_what_auto_chose():
+    steps = {"horovod": (1.5, 1.7), "caramel ring": (1.4, 1.4), "caramel multitree": (1.0, 1.1), "caramel auto": (1.0, 1.2)}
+    events = [
+        {"event": "model", "testbed": "racks", "algorithm": label, "seconds": seconds,
+         "allreduce": {"caramel ring": "ring", "horovod": None}.get(label, "multitree")}
+        for label, times in steps.items() for seconds in times
+    ]  # fmt: skip
+    row = topology_bench.model_table(events, "resnet50").splitlines()[-1]
+    assert row == (
+        "| racks | horovod 1.600 (1.500-1.700) | 1.400 (1.400-1.400) | 1.050 (1.000-1.100) | 1.100 (1.000-1.200) "
+        "| 1.52 | 1.27 | multitree |"
+    )
+
+
 @pytest.mark.e2e
 def test_two_racks_are_built_shaped_and_removed():
     if os.geteuid() != 0:
