@@ -117,7 +117,7 @@ class _Cluster:
         self.scale_cpu = max(float(self.cpu.max(initial=0.0)), gang.cpu, 1e-9)
         self.scale_memory = max(float(self.memory.max(initial=0.0)), gang.memory, 1.0)
 
-    def fits_memory(self) -> np.ndarray:
+    def fits_memory_and_pod_slot(self) -> np.ndarray:
         """Where a worker's memory fits and a pod slot is left: the hard constraints."""
         return (self.memory >= self.gang.memory) & (self.pods >= 1)
 
@@ -180,7 +180,7 @@ def rstorm(nodes: Sequence[NodeFree], gang: Gang, weights: Weights = Weights()) 
     chosen: list[int] = []
     distance_sum = np.zeros(len(cluster.nodes))
     for placed in range(gang.replicas):
-        candidates = cluster.fits_memory()
+        candidates = cluster.fits_memory_and_pod_slot()
         if (candidates & cluster.fits_cpu()).any():
             candidates &= cluster.fits_cpu()
         if placed == 0:
@@ -233,7 +233,7 @@ def spread(nodes: Sequence[NodeFree], gang: Gang) -> Placement:
     cluster.require(cpu_hard=True)
     chosen = []
     for _ in range(gang.replicas):
-        feasible = cluster.fits_memory() & cluster.fits_cpu()
+        feasible = cluster.fits_memory_and_pod_slot() & cluster.fits_cpu()
         node = int(np.argmax(np.where(feasible, cluster.free_resources(), -np.inf)))
         cluster.take(node)
         chosen.append(node)
@@ -247,7 +247,7 @@ def random_placement(nodes: Sequence[NodeFree], gang: Gang, seed: int = 0) -> Pl
     generator = np.random.default_rng(seed)
     chosen = []
     for _ in range(gang.replicas):
-        node = int(generator.choice(np.flatnonzero(cluster.fits_memory() & cluster.fits_cpu())))
+        node = int(generator.choice(np.flatnonzero(cluster.fits_memory_and_pod_slot() & cluster.fits_cpu())))
         cluster.take(node)
         chosen.append(node)
     return Placement(nodes=tuple(cluster.nodes[node].name for node in chosen))
