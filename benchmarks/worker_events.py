@@ -14,9 +14,10 @@ import statistics
 import time
 from collections.abc import Sequence
 
-import caramel.tensorflow as ctf
 import horovod.tensorflow as hvd
 import tensorflow as tf
+
+import caramel.tensorflow as ctf
 
 
 def cpu_seconds() -> float:
