@@ -172,3 +172,9 @@ def test_anchor_strategies_are_caramel_runs_with_valid_settings(capsys: pytest.C
         Scheduling.model_validate(strategy.caramel)  # what the job's spec.caramel will say
         assert strategy.worker in WORKER_STRATEGIES and strategy.description, name
     assert "--steps-per-execution: must be at least 1" in parse_error(capsys, "--steps-per-execution", "0")
+
+
+def test_cpu_floor_is_every_ranks_cpu_over_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    cell = bench.Cell([bench.Run(steps=[1.0], cpu_seconds_per_step=0.3), bench.Run(steps=[1.0], cpu_seconds_per_step=0.4)])
+    assert bench.cpu_floor_seconds(cell, workers=4) == pytest.approx(4 * 0.35 / 2)
