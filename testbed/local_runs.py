@@ -55,6 +55,17 @@ class BackgroundRun:
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.process.pid).children(recursive=True)
 
+    def gang(self) -> list[psutil.Process]:
+        """The entrypoints and training processes: rank 0's plan searches, which come and go, left out."""
+        members = []
+        for process in self.descendants():
+            try:
+                if "caramel.planner.search" not in process.cmdline():
+                    members.append(process)
+            except psutil.NoSuchProcess:
+                continue
+        return members
+
     def training_process(self, rank: int) -> psutil.Process:
         for process in self.descendants():
             try:

@@ -63,7 +63,7 @@ def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
     run = BackgroundRun(long_job(tmp_path, runPolicy={"backoffLimit": 0}))
     run.wait_for("caramel-progress")
     everything = run.descendants()
-    assert len(everything) == 4  # two entrypoints, two training processes
+    assert len(run.gang()) == 4  # two entrypoints, two training processes
     run.training_process(1).send_signal(signal.SIGKILL)
     assert run.finish() == 1
     assert "Failed test-job: worker 1 exited with code 137" in run.output
