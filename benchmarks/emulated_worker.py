@@ -33,6 +33,7 @@ from benchmarks.profiles import load_profile, scaled
 from benchmarks.workloads import WORKER_STRATEGIES
 from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, caramel_details, print_summary
 from caramel.tensorflow.keras import TrainingCallback
+from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION
 
 # Updates that leave the weights (and so the gradients) practically unchanged; they still cost
 # what a real update costs.
@@ -45,7 +46,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
     parser.add_argument("--steps", type=int, default=32, help="measured steps (default 32)")
     parser.add_argument("--warmup", type=int, default=16, help="steps run before measuring (default 16)")
-    parser.add_argument("--steps-per-execution", type=int, default=8, help="Keras' steps_per_execution (default 8)")
+    parser.add_argument(
+        "--steps-per-execution", type=int, default=DEFAULT_STEPS_PER_EXECUTION,
+        help=f"Keras' steps_per_execution (default {DEFAULT_STEPS_PER_EXECUTION}, Caramel's)",
+    )
     parser.add_argument("--device-tflops", type=float, help="emulated device rate; default: the profile's")
     return parser.parse_args()
 

@@ -38,6 +38,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 import caramel.tensorflow as ctf  # noqa: E402
 from benchmarks.worker_events import StepLog, allreduce_all_at_once, caramel_details, print_summary  # noqa: E402
 from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, RealModel  # noqa: E402
+from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION  # noqa: E402
 from examples import train_resnet50, train_small  # noqa: E402
 
 LEARNING_RATE = 0.01
@@ -86,7 +87,6 @@ TAPES = {
     "caramel": ctf.DistributedGradientTape,
     "compute-only": lambda tape: tape,
 }
-DEFAULT_STEPS_PER_EXECUTION = 4
 
 
 def parse_args() -> argparse.Namespace:
