@@ -98,7 +98,9 @@ class GradientCommunicator:
             )
         if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(self.contract.topology, nbytes) == "multitree"):
             self.algorithm = "multitree"
-            self._reduce = TreeReduce(self.contract, hvd.rank())
+            tree_reduce = TreeReduce(self.contract, hvd.rank())
+            self._reduce = tree_reduce
+            self.replanner.probe_allreduce = tree_reduce.allreduce_now  # the plans are for the trees' link
         else:
             self.algorithm = "ring"
         if hvd.rank() == 0:

@@ -42,6 +42,13 @@ class TreeReduce:
 
         return average_per_dtype(pieces, name, average)
 
+    def allreduce_now(self, tensor: tf.Tensor) -> object:
+        """The average of `tensor` over the ranks, eagerly, between graph executions (the
+        replanner's probes): numbered by the same counter as the graph's calls, so every rank
+        still makes the same calls in the same order."""
+        sequence = int(self._calls.assign_add(1, read_value=True).numpy()) - 1
+        return self._connected().allreduce(tensor.numpy(), sequence)
+
     def _connected(self) -> TreeAllreduce:
         if self._transport is None:
             contract = self._contract

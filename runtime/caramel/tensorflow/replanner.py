@@ -2,8 +2,9 @@
 
 The first plan is made from what every rank knows before any step: the gradients' sizes. It
 sends them in Horovod's order, in buckets (`initial_plan`). At execution boundaries (between
-graph executions, never inside a step) every rank probes the link together; rank 0 fits alpha
-and beta from the probes and its timed transfers, takes the measured release times (TicTac's
+graph executions, never inside a step) every rank probes the link together, with the all-reduce
+that moves the step's transfers (Horovod's ring or MULTITREE's trees, whose costs differ); rank 0
+fits alpha and beta from the probes and its timed transfers, takes the measured release times (TicTac's
 TAC), and searches for a plan in a process of its own (`caramel.planner.search`) while training
 goes on. At the first boundary `PLAN_LAG_STEPS` steps later, rank 0 broadcasts its decision,
 the plan and its link model, so every rank runs the same plan from the same step; a plan is
@@ -18,7 +19,7 @@ import dataclasses
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import horovod.tensorflow as hvd
@@ -46,6 +47,13 @@ FORWARD_SHARE_OF_BACKWARD = 0.5
 # Probe collectives at every re-plan: (elements, repeats). A one-element allreduce costs alpha;
 # a 4 MiB one adds bandwidth.
 PROBES = ((1, 3), (1024 * 1024, 2))
+
+ProbeAllreduce = Callable[[tf.Tensor], object]
+"""Averages a float32 tensor over all ranks eagerly, and returns once it is done."""
+
+
+def horovod_probe(tensor: tf.Tensor) -> object:
+    return hvd.allreduce(tensor, op=hvd.Average, name="caramel_probe").numpy()
 
 
 def measured_costs(tensors: Sequence[TensorCost], backward_seconds: Sequence[float]) -> list[TensorCost]:
@@ -81,6 +89,8 @@ class Replanner:
         self._recent: deque[StepTimes] = deque(maxlen=RECENT_STEPS)
         self._next_replan = EARLY_REPLAN_STEP
         self._pending: _PendingSearch | None = None
+        self.probe_allreduce: ProbeAllreduce = horovod_probe
+        """What the probes time: the all-reduce the plan's transfers go through."""
 
     @property
     def gradients(self) -> int:
@@ -175,7 +185,7 @@ class Replanner:
             probe = tf.ones([elements], dtype=tf.float32)
             for _ in range(repeats + 1):
                 started = time.perf_counter()
-                hvd.allreduce(probe, op=hvd.Average, name="caramel_probe").numpy()
+                self.probe_allreduce(probe)
                 self._observer.observe_probe(elements * 4, time.perf_counter() - started)
 
 
