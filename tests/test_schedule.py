@@ -12,6 +12,7 @@ from caramel.planner.search import Search
 from caramel.planner.timing import backward_seconds_from_releases
 from caramel.planner.transfers import decode, encode
 from caramel.planner.schedule import (
+    PAYBACK_STEPS,
     Batch,
     TensorCost,
     best_schedule,
@@ -20,6 +21,7 @@ from caramel.planner.schedule import (
     deadlines,
     initial_plan,
     release_times,
+    repays_retrace,
     simulate,
 )
 
@@ -215,3 +217,13 @@ def test_the_search_process_finds_the_plan_this_process_would():
     tensors = costs([random.Random(11).randint(1, 10**6) * 4 for _ in range(40)], 0.1, 0.2)
     scheduling = Scheduling(maxBucketBytes=8 * MiB)
     assert Search(tensors, LINK, scheduling).result() == best_schedule(tensors, LINK, scheduling)
+
+
+def test_a_new_plan_must_repay_its_retrace_within_the_steps_left():
+    assert repays_retrace(0.001, None, 1)  # no re-trace measured yet: nothing to weigh
+    assert repays_retrace(0.2, 60.0, 1000)  # saves 200 s, costs 60
+    assert not repays_retrace(0.2, 60.0, 100)  # saves 20 s, costs 60
+    assert not repays_retrace(0.5, 60.0, 0)
+    # Steps left unknown: the gain is counted over PAYBACK_STEPS.
+    assert repays_retrace(61.0 / PAYBACK_STEPS, 60.0, None)
+    assert not repays_retrace(59.0 / PAYBACK_STEPS, 60.0, None)

@@ -41,6 +41,9 @@ CANDIDATE_SPANS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, math.inf)
 INITIAL_BUCKET_BYTES = 25 * MiB
 # Iterations simulated to reach the steady state (the first has no waits).
 SIMULATED_ITERATIONS = 4
+# Where the steps left are unknown (a custom loop that gave no total), a new plan must repay its
+# re-trace within this many steps.
+PAYBACK_STEPS = 500
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,14 @@ def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link:
                 if left[piece.tensor] == 0:
                     updated[piece.tensor] = link_free
     return backward_ends[-1] - backward_ends[-2]
+
+
+def repays_retrace(gain_seconds_per_step: float, retrace_seconds: float | None, steps_left: int | None) -> bool:
+    """Whether a plan that saves this much per step repays the re-trace that adopting it costs
+    within the steps left (PAYBACK_STEPS where unknown); True while no re-trace was measured."""
+    if retrace_seconds is None:
+        return True
+    return gain_seconds_per_step * (PAYBACK_STEPS if steps_left is None else steps_left) > retrace_seconds
 
 
 def initial_plan(tensors: Sequence[TensorCost], scheduling: Scheduling) -> Plan:

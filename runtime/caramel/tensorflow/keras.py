@@ -50,7 +50,10 @@ class TrainingCallback(tf.keras.callbacks.Callback):
         self._execution: tuple[float, list[Any]] = (0.0, [])
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._steps = StepFunction(self._keras_step, int(self.model._steps_per_execution.numpy()), unpack=False)
+        self._steps = StepFunction(
+            self._keras_step, int(self.model._steps_per_execution.numpy()), unpack=False,
+            total_steps=self.ledger.total_steps - self.ledger.completed_steps,
+        )  # fmt: skip
         self.model.train_function = self._train_function
 
     def _keras_step(self, data: Any) -> Any:

@@ -7,10 +7,12 @@ that moves the step's transfers (Horovod's ring or MULTITREE's trees, whose cost
 fits alpha and beta from the probes and its timed transfers, takes the measured release times (TicTac's
 TAC), and searches for a plan in a process of its own (`caramel.planner.search`) while training
 goes on. At the first boundary `PLAN_LAG_STEPS` steps later, rank 0 broadcasts its decision,
-the plan and its link model, so every rank runs the same plan from the same step; a plan is
-adopted only if it is predicted to be clearly faster than the plan in force, since adopting one
-re-traces the step, which costs seconds. The first measured plan is searched at the first
-boundary after a measured step and adopted there, whatever its gain.
+the plan and its link model, so every rank runs the same plan from the same step. Adopting a
+plan re-traces the step, which costs seconds to minutes (a several-step graph of a large model),
+so a plan is adopted only if it is predicted to be clearly faster than the plan in force, and
+only if that gain repays the re-trace, as last measured, within the steps left (or
+`PAYBACK_STEPS` where nobody said how many are left). The first measured plan is searched at the
+first boundary after a measured step and adopted there, whatever its gain.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import tensorflow as tf
 
 from caramel.job.api import Scheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
-from caramel.planner.schedule import Plan, TensorCost, initial_plan, simulate
+from caramel.planner.schedule import PAYBACK_STEPS, Plan, TensorCost, initial_plan, repays_retrace, simulate
 from caramel.planner.search import Search, plan_document, plan_from
 from caramel.planner.timing import StepTimes, typical_backward_seconds
 
@@ -91,6 +93,9 @@ class Replanner:
         self._pending: _PendingSearch | None = None
         self.probe_allreduce: ProbeAllreduce = horovod_probe
         """What the probes time: the all-reduce the plan's transfers go through."""
+        self.retrace_seconds: float | None = None
+        """What adopting the last plan cost: its first execution's time beyond an ordinary one's."""
+        self._steps_left: int | None = None
 
     @property
     def gradients(self) -> int:
@@ -117,10 +122,11 @@ class Replanner:
             for transfer in step.transfers:
                 self._observer.observe_transfer(transfer.nbytes, transfer.seconds)
 
-    def at_boundary(self, completed_steps: int) -> bool:
+    def at_boundary(self, completed_steps: int, steps_left: int | None = None) -> bool:
         """Between executions, on every rank at the same step count: adopt a plan that is due,
         start a search that is due. True if a new plan is now in force (stale graphs must be
-        re-traced)."""
+        re-traced). `steps_left`, where known, is how many steps the training still runs."""
+        self._steps_left = steps_left
         if not self.measured:
             if typical_backward_seconds(self._recent) is None:
                 return False
@@ -168,7 +174,7 @@ class Replanner:
             else:
                 current = simulate(pending.tensors, self.plan.transfers, pending.link)
                 if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - required_gain):
-                    chosen = found
+                    chosen = found if required_gain == 0 else self._worth_retracing(found, current)
         self._tensors = pending.tensors
         self.link, chosen = _share_decision(pending.link, chosen)
         if chosen is None:
@@ -177,6 +183,19 @@ class Replanner:
         self.version += 1
         self.plan_changes += 1
         return True
+
+    def _worth_retracing(self, found: Plan, current_seconds: float) -> Plan | None:
+        """The plan found, unless its gain would not repay the re-trace (said on rank 0's log)."""
+        gain = current_seconds - found.predicted_step_seconds
+        if repays_retrace(gain, self.retrace_seconds, self._steps_left):
+            return found
+        steps = f"the {self._steps_left} steps left" if self._steps_left is not None else f"{PAYBACK_STEPS} steps"
+        print(
+            f"caramel: keeping the plan in force: a plan predicted {gain * 1e3:.3g} ms faster per step would not repay "
+            f"its re-trace ({self.retrace_seconds:.3g} s, as last measured) within {steps}",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        return None
 
     def _probe(self) -> None:
         """Time a few back-to-back collectives; the first of each size also lines the ranks up."""

@@ -63,7 +63,7 @@ class TrainingRun:
         if not isinstance(batches, tf.data.Dataset):
             batches = tf.data.Dataset.range(first, self.total_steps + 1).map(batches)
         iterator = iter(batches)
-        steps = StepFunction(step, steps_per_execution)
+        steps = StepFunction(step, steps_per_execution, total_steps=self.total_steps - self.completed_steps)
         while self.completed_steps < self.total_steps:
             count = min(steps_per_execution, self.total_steps - self.completed_steps)
             started = time.perf_counter()
