@@ -53,8 +53,10 @@ class RunOutcome:
     """Whole-gang restarts after a worker failed."""
 
 
-class _Stopped(Exception):
-    """SIGTERM reached the launcher."""
+# Why a signal stops a gang, by signal: the handlers only note it, and the loop that watches the
+# workers acts on it. An exception raised by the handler could land inside the queue the output
+# pumps share (its lock taken and never released) and hang the clean-up that drains it.
+STOP_REASONS = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}
 
 
 def check_can_start(job: CaramelJob, cwd: Path) -> None:
@@ -140,10 +142,10 @@ class LocalRun:
         workers: list[subprocess.Popen[bytes]] = []
         pumps = []
 
-        def stop_on_sigterm(signum, frame):
-            raise _Stopped()
-
-        previous_sigterm = signal.signal(signal.SIGTERM, stop_on_sigterm)
+        stops: list[str] = []
+        previous_handlers = {
+            signum: signal.signal(signum, lambda signum, _: stops.append(STOP_REASONS[signum])) for signum in STOP_REASONS
+        }
         try:
             for index in range(replicas):
                 env = {**os.environ, **worker_env(self.job, index, peers, topology=self.topology)}
@@ -151,7 +153,7 @@ class LocalRun:
                 workers.append(worker)
                 pumps.append(pump_lines(worker.stdout, lambda line, index=index: lines.put((index, line))))
             running = set(range(replicas))
-            while running:
+            while running and not stops:
                 self._relay(lines, last_lines, outcome, timeout=0.2)
                 for index in sorted(running):
                     returncode = workers[index].poll()
@@ -166,14 +168,13 @@ class LocalRun:
                 if deadline and running and time.monotonic() - started > deadline:
                     outcome.reason = f"spec.runPolicy.activeDeadlineSeconds ({deadline} s) exceeded"
                     break
-            else:
+            if stops:
+                outcome.reason = stops[0]
+            elif not running:
                 outcome.succeeded = outcome.failed_worker is None
-        except KeyboardInterrupt:
-            outcome.reason = "interrupted"
-        except _Stopped:
-            outcome.reason = "stopped by SIGTERM"
         finally:
-            signal.signal(signal.SIGTERM, previous_sigterm)
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
             stop_groups(workers)
             for pump in pumps:
                 pump.join(timeout=5)
