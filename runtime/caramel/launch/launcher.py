@@ -168,8 +168,8 @@ class LocalRun:
                 if deadline and running and time.monotonic() - started > deadline:
                     outcome.reason = f"spec.runPolicy.activeDeadlineSeconds ({deadline} s) exceeded"
                     break
-            if stops:
-                outcome.reason = stops[0]
+            if stops:  # a stop wins over a failure seen at the same time: no restart follows
+                outcome.reason, outcome.failed_worker = stops[0], None
             elif not running:
                 outcome.succeeded = outcome.failed_worker is None
         finally:
