@@ -94,8 +94,8 @@ class Replanner:
         self.probe_allreduce: ProbeAllreduce = horovod_probe
         """What the probes time: the all-reduce the plan's transfers go through."""
         self.retrace_seconds: float | None = None
-        """What adopting the last plan cost: its first execution's time beyond an ordinary one's."""
-        self._steps_left: int | None = None
+        """What adopting the last plan cost: its first execution's time beyond an ordinary one's
+        (None until a plan was adopted, so the first measured plan is not weighed against it)."""
 
     @property
     def gradients(self) -> int:
@@ -126,15 +126,14 @@ class Replanner:
         """Between executions, on every rank at the same step count: adopt a plan that is due,
         start a search that is due. True if a new plan is now in force (stale graphs must be
         re-traced). `steps_left`, where known, is how many steps the training still runs."""
-        self._steps_left = steps_left
         if not self.measured:
             if typical_backward_seconds(self._recent) is None:
                 return False
             self.measured = True
-            return self._adopt(self._start_search(completed_steps), required_gain=0.0)
+            return self._adopt(self._start_search(completed_steps), steps_left, required_gain=0.0)
         adopted = False
         if self._pending is not None and completed_steps >= self._pending.adopt_at:
-            adopted = self._adopt(self._pending)
+            adopted = self._adopt(self._pending, steps_left)
             self._pending = None
         if self.plan is not None and self._pending is None and completed_steps >= self._next_replan:
             self._pending = self._start_search(completed_steps)
@@ -163,7 +162,7 @@ class Replanner:
         search = Search(tensors, link, self.scheduling) if hvd.rank() == 0 else None
         return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
 
-    def _adopt(self, pending: _PendingSearch, required_gain: float = MIN_GAIN) -> bool:
+    def _adopt(self, pending: _PendingSearch, steps_left: int | None, required_gain: float = MIN_GAIN) -> bool:
         """Rank 0 decides from its search and its measurements; every rank takes its decision."""
         chosen = None
         if pending.search is not None:
@@ -174,7 +173,7 @@ class Replanner:
             else:
                 current = simulate(pending.tensors, self.plan.transfers, pending.link)
                 if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - required_gain):
-                    chosen = found if required_gain == 0 else self._worth_retracing(found, current)
+                    chosen = self._worth_retracing(found, current, steps_left)
         self._tensors = pending.tensors
         self.link, chosen = _share_decision(pending.link, chosen)
         if chosen is None:
@@ -184,12 +183,12 @@ class Replanner:
         self.plan_changes += 1
         return True
 
-    def _worth_retracing(self, found: Plan, current_seconds: float) -> Plan | None:
+    def _worth_retracing(self, found: Plan, current_seconds: float, steps_left: int | None) -> Plan | None:
         """The plan found, unless its gain would not repay the re-trace (said on rank 0's log)."""
         gain = current_seconds - found.predicted_step_seconds
-        if repays_retrace(gain, self.retrace_seconds, self._steps_left):
+        if repays_retrace(gain, self.retrace_seconds, steps_left):
             return found
-        steps = f"the {self._steps_left} steps left" if self._steps_left is not None else f"{PAYBACK_STEPS} steps"
+        steps = f"the {steps_left} steps left" if steps_left is not None else f"{PAYBACK_STEPS} steps"
         print(
             f"caramel: keeping the plan in force: a plan predicted {gain * 1e3:.3g} ms faster per step would not repay "
             f"its re-trace ({self.retrace_seconds:.3g} s, as last measured) within {steps}",
