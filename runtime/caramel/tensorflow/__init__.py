@@ -83,6 +83,10 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer) -> tf.keras.o
     def apply_gradients(self: Any, grads_and_vars: Iterable[tuple[Any, tf.Variable]], *args: Any, **kwargs: Any) -> Any:
         pairs = list(grads_and_vars)
         averaged = allreduce_gradients([gradient for gradient, _ in pairs])
+        # The ranks' gradients are averaged already. Keras' own aggregation, an identity
+        # without a tf.distribute strategy, goes through tf.custom_gradient, which registers a
+        # gradient function globally on every trace and so keeps every traced step graph alive.
+        kwargs.setdefault("experimental_aggregate_gradients", False)
         return base.apply_gradients(self, zip(averaged, [variable for _, variable in pairs]), *args, **kwargs)
 
     distributed = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "_caramel_distributed": True})

@@ -1,0 +1,22 @@
+"""A re-plan re-traces the step: the graphs traced for the old plan must be freed, or every
+re-plan keeps a whole step graph in memory for the rest of the job (testbed/retrace_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import job_manifest, run_caramel, write_manifest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_step_graphs_traced_through_caramel_are_freed_when_dropped(tmp_path):
+    manifest = job_manifest(script=None, command=[sys.executable, "-m", "testbed.retrace_worker"], args=[])
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode == 0, result.stderr
+    reports = [json.loads(line.split("| ", 1)[1]) for line in result.stderr.splitlines() if '"alive"' in line]
+    assert len(reports) == 2, result.stderr
+    assert all(report == {"traced": 3, "alive": 0} for report in reports), reports
