@@ -77,6 +77,12 @@ from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_j
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
 from benchmarks.workloads import COMPUTE_MODES, Workload, device_label, make_workloads
 
+# Unmeasured steps of every run. With 4 steps per execution Caramel runs steps 1-4 one at a time,
+# adopts its first measured plan for step 5, re-plans early at the boundary after step 12 and
+# adopts that plan (if it gains enough) at the next one: steps 17-20 then re-trace the graph,
+# seconds for a large model. From step 21 on, the steps are the ones training runs with.
+WARMUP_STEPS = 20
+
 JOB_NAME = "bench"
 OPERATING_POINT_TOLERANCE = 1.25
 CELL_WIDTH = 22  # "12.345 (12.000-13.000)"
@@ -552,9 +558,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and rate (default 3)")
     parser.add_argument("--steps", type=int, default=24, help="measured steps per run (default 24)")
     parser.add_argument(
-        "--warmup", type=int, default=16,
-        help="unmeasured steps first (default 16: Caramel runs its first execution a step at a time, plans from "
-        "what it measured, re-plans early at step 10 and adopts that plan at the next execution boundary)",
+        "--warmup", type=int, default=WARMUP_STEPS,
+        help=f"unmeasured steps first (default {WARMUP_STEPS}: Caramel's plans have settled by then)",
     )  # fmt: skip
     parser.add_argument(
         "--steps-per-execution", type=int, default=4,

@@ -51,7 +51,7 @@ from caramel.topology.wire import to_json
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import EmulatedCluster, HarnessError, rack_of
 from benchmarks.profiles import NAMES as PROFILES
-from benchmarks.scheduling_bench import collect
+from benchmarks.scheduling_bench import WARMUP_STEPS, collect
 from benchmarks.workloads import make_workloads
 
 PREFIX = "crtp"
@@ -65,7 +65,6 @@ MODEL_ALGORITHMS = (
     ("caramel multitree", "caramel", {"allreduce": "multitree"}),
     ("caramel auto", "caramel", {"allreduce": "auto"}),
 )
-MODEL_WARMUP_STEPS = 16  # as make bench: Caramel's first plans are adopted by then
 
 
 def testbed_topology(testbed: str, workers: int, rate_mbit: float, uplink_mbit: float) -> Topology:
@@ -129,11 +128,11 @@ def run_model(
     (workload,) = make_workloads("emulated", [args.model])
     # Generous: start-up and tracing, plus every step at ten times compute and a ring over the uplink.
     step = workload.compute_seconds + 2 * workload.gradient_bytes / (uplink * 1e6 / 8)
-    timeout = 300 + 10 * (MODEL_WARMUP_STEPS + args.model_steps) * step
+    timeout = 300 + 10 * (WARMUP_STEPS + args.model_steps) * step
     events = []
     for repeat in range(args.repeats):
         for label, strategy, caramel in MODEL_ALGORITHMS:
-            command = workload.command(strategy, args.model_steps, MODEL_WARMUP_STEPS, args.steps_per_execution)
+            command = workload.command(strategy, args.model_steps, WARMUP_STEPS, args.steps_per_execution)
             # The cluster maps the hostnames of the all-reduce job: the model jobs take its name.
             job = bench_job(f"topology-{testbed}", command, args.workers, f"{PREFIX}-eth", env, caramel)
             log = directory / f"{testbed}-{args.model}-{label.replace(' ', '-')}-{repeat}.log"

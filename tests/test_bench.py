@@ -178,3 +178,16 @@ def test_cpu_floor_is_every_ranks_cpu_over_the_cores(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
     cell = bench.Cell([bench.Run(steps=[1.0], cpu_seconds_per_step=0.3), bench.Run(steps=[1.0], cpu_seconds_per_step=0.4)])
     assert bench.cpu_floor_seconds(cell, workers=4) == pytest.approx(4 * 0.35 / 2)
+
+
+def test_warmup_covers_caramels_early_replan() -> None:
+    """The default warm-up ends after the execution that adopts the early re-plan (and re-traces)."""
+    from caramel.tensorflow.replanner import EARLY_REPLAN_STEP, PLAN_LAG_STEPS
+    from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION as per_execution
+
+    def boundary_at_or_after(step: int) -> int:
+        return -(-step // per_execution) * per_execution
+
+    search_at = boundary_at_or_after(EARLY_REPLAN_STEP)
+    retraced_until = boundary_at_or_after(search_at + PLAN_LAG_STEPS) + per_execution
+    assert bench.parse_args([]).warmup >= retraced_until
