@@ -7,7 +7,7 @@ import random
 import pytest
 
 from caramel.job.api import Batching, Ordering, Scheduling
-from caramel.planner.linkmodel import LinkModel, LinkObserver
+from caramel.planner.linkmodel import OBSERVATION_WINDOW, UNOBSERVED, LinkModel, LinkObserver
 from caramel.planner.search import Search
 from caramel.planner.timing import backward_seconds_from_releases
 from caramel.planner.transfers import decode, encode
@@ -195,6 +195,22 @@ def test_observer_forgets_old_transfers():
     for size in [MiB, 4 * MiB] * 5:
         observer.observe_transfer(size, 1e-4 + size * 4e-8)  # the link got four times slower
     assert observer.model(previous=LINK).beta == pytest.approx(4e-8, rel=0.05)
+
+
+def test_the_link_is_fitted_to_the_timings_the_ranks_agreed_on():
+    truth = LinkModel(alpha=3e-3, beta=1 / 100e6)
+    sizes = [64 * 1024, 2 * MiB, 8 * MiB, 32 * MiB] * 5
+    # This rank came first to every transfer: its timings hold its wait for the others.
+    observer = observer_with([(4, 1e-3)], [(size, truth.seconds(size) + 0.2) for size in sizes])
+    seconds = observer.transfer_seconds()
+    assert seconds.shape == (OBSERVATION_WINDOW,) and list(seconds[len(sizes) :]) == [UNOBSERVED] * (OBSERVATION_WINDOW - len(sizes))
+    assert observer.model(previous=LINK).alpha > 0.15
+    agreed = seconds.copy()
+    agreed[: len(sizes)] = [truth.seconds(size) for size in sizes]  # the last rank's timings
+    agreed[:4] = UNOBSERVED  # a transfer some rank did not time
+    model = observer.model(previous=LINK, transfer_seconds=agreed)
+    assert model.alpha == pytest.approx(truth.alpha, rel=1e-3)
+    assert model.bytes_per_second == pytest.approx(100e6, rel=1e-3)
 
 
 def test_the_first_plan_sends_in_backpropagations_order_in_buckets():

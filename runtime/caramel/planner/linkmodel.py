@@ -18,6 +18,8 @@ import numpy as np
 OBSERVATION_WINDOW = 256
 # A size group of real transfers speaks once it has this many.
 MIN_GROUP_SAMPLES = 3
+# Marks the slots of `LinkObserver.transfer_seconds` beyond the transfers remembered.
+UNOBSERVED = -1.0
 # No collective costs less than this here (Python, TensorFlow and Horovod's negotiation): a
 # lower alpha, from noise, would plan thousands of tiny transfers.
 ALPHA_FLOOR_SECONDS = 1e-4
@@ -56,9 +58,14 @@ class LinkObserver:
     first model before any real transfer. Real transfers carry every cost a plan pays (the
     runtime's own handling included): they are grouped by size (powers of two), each group's
     median stands for it, and a least-squares line through those gives alpha and beta. The
-    median, not a best case: a collective also waits for the slowest rank, and a plan pays
-    those waits every step, so a plan made from best cases is too tight to keep. The probes'
-    alpha is the floor.
+    median, not a best case: a plan pays a slow collective as often as it comes, so a plan
+    made from best cases is too tight to keep. The probes' alpha is the floor.
+
+    One process's timing of a transfer also holds its wait for the last rank to get there,
+    which is compute skew, not the link: a plan cannot shorten it by sending other sizes, and
+    it differs between ranks and runs (on a busy machine, alpha from 3 to 100 ms and 76 to 1890
+    MB/s on one link). So the model is fitted to the timings all ranks agreed on
+    (`transfer_seconds`, least over ranks: the last rank to arrive did not wait).
     """
 
     def __init__(self, window: int = OBSERVATION_WINDOW) -> None:
@@ -75,11 +82,24 @@ class LinkObserver:
     def observe_transfer(self, nbytes: int, seconds: float) -> None:
         self._transfers.append((nbytes, seconds))
 
-    def model(self, previous: LinkModel) -> LinkModel:
-        """The link as last seen; what could not be measured is taken from `previous`."""
+    def transfer_seconds(self) -> np.ndarray:
+        """The durations of the transfers remembered, oldest first, padded with UNOBSERVED to
+        the window's length: the same shape on every rank, so that ranks agree on them in one
+        collective."""
+        durations = np.full(self._transfers.maxlen, UNOBSERVED, dtype=np.float64)
+        durations[: len(self._transfers)] = [seconds for _, seconds in self._transfers]
+        return durations
+
+    def model(self, previous: LinkModel, transfer_seconds: np.ndarray | None = None) -> LinkModel:
+        """The link as last seen; what could not be measured is taken from `previous`.
+        `transfer_seconds`, shaped as `transfer_seconds()`, replaces this process's durations of
+        the transfers remembered (UNOBSERVED drops one)."""
         probed = self._probed(previous)
+        durations = self.transfer_seconds() if transfer_seconds is None else transfer_seconds
         groups: dict[int, list[tuple[int, float]]] = {}
-        for nbytes, seconds in self._transfers:
+        for (nbytes, _), seconds in zip(self._transfers, durations):
+            if seconds == UNOBSERVED:
+                continue
             groups.setdefault(int(nbytes).bit_length(), []).append((nbytes, seconds))
         points = []
         for members in groups.values():

@@ -1,18 +1,18 @@
 """Re-planning: which transfer plan is in force, and when every rank switches to a new one.
 
-The first plan is made from what every rank knows before any step: the gradients' sizes. It
-sends them in Horovod's order, in buckets (`initial_plan`). At execution boundaries (between
-graph executions, never inside a step) every rank probes the link together, with the all-reduce
-that moves the step's transfers (Horovod's ring or MULTITREE's trees, whose costs differ); rank 0
-fits alpha and beta from the probes and its timed transfers, takes the measured release times (TicTac's
-TAC), and searches for a plan in a process of its own (`caramel.planner.search`) while training
-goes on. At the first boundary `PLAN_LAG_STEPS` steps later, rank 0 broadcasts its decision,
-the plan and its link model, so every rank runs the same plan from the same step. Adopting a
-plan re-traces the step, which costs seconds to minutes (a several-step graph of a large model),
-so a plan is adopted only if it is predicted to be clearly faster than the plan in force, and
-only if that gain repays the re-trace, as last measured, within the steps left (or
-`PAYBACK_STEPS` where nobody said how many are left). The first measured plan is searched at the
-first boundary after a measured step and adopted there, whatever its gain.
+The first plan is made from what every rank knows before any step: the gradients' sizes. It sends
+them in Horovod's order, in buckets (`initial_plan`). At execution boundaries (between graph
+executions, never inside a step) every rank probes the link together, with the all-reduce that moves
+the step's transfers (Horovod's ring or MULTITREE's trees, whose costs differ); rank 0 fits alpha
+and beta from the probes and the timed transfers (each at its least over ranks), takes the measured
+release times (TicTac's TAC), and searches for a plan in a process of its own
+(`caramel.planner.search`) while training goes on. At the first boundary `PLAN_LAG_STEPS` steps
+later, rank 0 broadcasts its decision, the plan and its link model, so every rank runs the same plan
+from the same step. Adopting a plan re-traces the step, which costs seconds to minutes (a
+several-step graph of a large model), so a plan is adopted only if it is predicted to be clearly
+faster than the plan in force, and only if that gain repays the re-trace, as last measured, within
+the steps left (or `PAYBACK_STEPS` where nobody said how many are left). The first measured plan is
+searched at the first boundary after a measured step and adopted there, whatever its gain.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from caramel.job.api import Scheduling
@@ -56,6 +57,11 @@ ProbeAllreduce = Callable[[tf.Tensor], object]
 
 def horovod_probe(tensor: tf.Tensor) -> object:
     return hvd.allreduce(tensor, op=hvd.Average, name="caramel_probe").numpy()
+
+
+def least_over_ranks(values: np.ndarray) -> np.ndarray:
+    """Each element's least value over all ranks."""
+    return hvd.allreduce(tf.constant(values), op=hvd.Min, name="caramel_least").numpy()
 
 
 def measured_costs(tensors: Sequence[TensorCost], backward_seconds: Sequence[float]) -> list[TensorCost]:
@@ -156,7 +162,8 @@ class Replanner:
 
     def _start_search(self, completed_steps: int) -> _PendingSearch:
         self._probe()
-        link = self._observer.model(previous=self.link)
+        # A transfer starts once the last rank is there; that rank's timing is the link's.
+        link = self._observer.model(previous=self.link, transfer_seconds=least_over_ranks(self._observer.transfer_seconds()))
         measured = typical_backward_seconds(self._recent)
         tensors = measured_costs(self._tensors, measured) if measured else self._tensors
         search = Search(tensors, link, self.scheduling) if hvd.rank() == 0 else None
