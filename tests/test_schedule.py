@@ -13,6 +13,7 @@ from caramel.planner.timing import backward_seconds_from_releases
 from caramel.planner.transfers import decode, encode
 from caramel.planner.schedule import (
     PAYBACK_STEPS,
+    REPLAN_BUDGET,
     Batch,
     TensorCost,
     best_schedule,
@@ -21,6 +22,7 @@ from caramel.planner.schedule import (
     deadlines,
     initial_plan,
     release_times,
+    replan_interval,
     repays_retrace,
     simulate,
 )
@@ -243,3 +245,11 @@ def test_a_new_plan_must_repay_its_retrace_within_the_steps_left():
     # Steps left unknown: the gain is counted over PAYBACK_STEPS.
     assert repays_retrace(61.0 / PAYBACK_STEPS, 60.0, None)
     assert not repays_retrace(59.0 / PAYBACK_STEPS, 60.0, None)
+
+
+def test_short_steps_replan_less_often():
+    assert replan_interval(20, replan_seconds=0.05, seconds_per_step=1.0) == 20  # 0.25% of the steps' time
+    # 50 ms of re-planning against 10 ms steps: at most REPLAN_BUDGET of the time between re-plans.
+    interval = replan_interval(20, replan_seconds=0.05, seconds_per_step=0.01)
+    assert interval == 250 and 0.05 / (interval * 0.01) <= REPLAN_BUDGET
+    assert replan_interval(20, replan_seconds=0.05, seconds_per_step=None) == 20  # no step timed yet

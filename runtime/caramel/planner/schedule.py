@@ -44,6 +44,10 @@ SIMULATED_ITERATIONS = 4
 # Where the steps left are unknown (a custom loop that gave no total), a new plan must repay its
 # re-trace within this many steps.
 PAYBACK_STEPS = 500
+# Re-planning may take at most this share of the training time: its probes and its decision are
+# collectives every rank waits for, at a boundary the step's time includes. On a step of a few
+# milliseconds, a re-plan every replanIntervalSteps would take a tenth of it.
+REPLAN_BUDGET = 0.02
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,14 @@ def repays_retrace(gain_seconds_per_step: float, retrace_seconds: float | None, 
     if retrace_seconds is None:
         return True
     return gain_seconds_per_step * (PAYBACK_STEPS if steps_left is None else steps_left) > retrace_seconds
+
+
+def replan_interval(interval_steps: int, replan_seconds: float, seconds_per_step: float | None) -> int:
+    """Steps from one re-plan to the next: `interval_steps`, or more where a re-plan, as measured,
+    would take more than REPLAN_BUDGET of the steps between."""
+    if not seconds_per_step:
+        return interval_steps
+    return max(interval_steps, math.ceil(replan_seconds / (REPLAN_BUDGET * seconds_per_step)))
 
 
 def initial_plan(tensors: Sequence[TensorCost], scheduling: Scheduling) -> Plan:

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from caramel.job.api import Scheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
-from caramel.planner.schedule import PAYBACK_STEPS, Plan, TensorCost, initial_plan, repays_retrace, simulate
+from caramel.planner.schedule import PAYBACK_STEPS, Plan, TensorCost, initial_plan, replan_interval, repays_retrace, simulate
 from caramel.planner.search import Search, plan_document, plan_from
 from caramel.planner.timing import StepTimes, typical_backward_seconds
 
@@ -99,6 +99,14 @@ class Replanner:
         self._pending: _PendingSearch | None = None
         self.probe_allreduce: ProbeAllreduce = horovod_probe
         """What the probes time: the all-reduce the plan's transfers go through."""
+        self.seconds_per_step: float | None = None
+        """Of the last execution that traced nothing (None until one ran)."""
+        self._interval_steps = scheduling.replan_interval_steps
+        """Steps between re-plans, as rank 0 last decided (`replan_interval`)."""
+        self._search_start_seconds = 0.0
+        """What starting the last search cost this process (probes, link fit, the search's process)."""
+        self._decision_seconds = 0.0
+        """What sharing the last decision cost this process."""
         self.retrace_seconds: float | None = None
         """What adopting the last plan cost: its first execution's time beyond an ordinary one's
         (None until a plan was adopted, so the first measured plan is not weighed against it)."""
@@ -143,7 +151,7 @@ class Replanner:
             self._pending = None
         if self.plan is not None and self._pending is None and completed_steps >= self._next_replan:
             self._pending = self._start_search(completed_steps)
-            self._next_replan = completed_steps + self.scheduling.replan_interval_steps
+            self._next_replan = completed_steps + self._interval_steps
         return adopted
 
     @property
@@ -161,16 +169,19 @@ class Replanner:
         )
 
     def _start_search(self, completed_steps: int) -> _PendingSearch:
+        started = time.perf_counter()
         self._probe()
         # A transfer starts once the last rank is there; that rank's timing is the link's.
         link = self._observer.model(previous=self.link, transfer_seconds=least_over_ranks(self._observer.transfer_seconds()))
         measured = typical_backward_seconds(self._recent)
         tensors = measured_costs(self._tensors, measured) if measured else self._tensors
         search = Search(tensors, link, self.scheduling) if hvd.rank() == 0 else None
+        self._search_start_seconds = time.perf_counter() - started
         return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
 
     def _adopt(self, pending: _PendingSearch, steps_left: int | None, required_gain: float = MIN_GAIN) -> bool:
         """Rank 0 decides from its search and its measurements; every rank takes its decision."""
+        started = time.perf_counter()
         chosen = None
         if pending.search is not None:
             try:
@@ -182,7 +193,10 @@ class Replanner:
                 if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - required_gain):
                     chosen = self._worth_retracing(found, current, steps_left)
         self._tensors = pending.tensors
-        self.link, chosen = _share_decision(pending.link, chosen)
+        replan_seconds = self._search_start_seconds + self._decision_seconds  # this decision's, as the last one cost
+        interval = replan_interval(self.scheduling.replan_interval_steps, replan_seconds, self.seconds_per_step)
+        self.link, chosen, self._interval_steps = _share_decision(pending.link, chosen, interval)
+        self._decision_seconds = time.perf_counter() - started
         if chosen is None:
             return False
         self.plan = chosen
@@ -214,16 +228,16 @@ class Replanner:
                 self._observer.observe_probe(elements * 4, time.perf_counter() - started)
 
 
-def _share_decision(link: LinkModel, plan: Plan | None) -> tuple[LinkModel, Plan | None]:
-    """Rank 0's link model and chosen plan (or None), on every rank."""
+def _share_decision(link: LinkModel, plan: Plan | None, interval_steps: int) -> tuple[LinkModel, Plan | None, int]:
+    """Rank 0's link model, chosen plan (or None) and steps to the next re-plan, on every rank."""
     document = plan_document(plan) if plan else None
     transfers = document["transfers"] if document else []
     batch = document["batch"] if document else {"min_bytes": 0, "max_bytes": 0, "chunk_bytes": 0, "deadline_span_seconds": 0.0}
-    header = [link.alpha, link.beta, float(plan is not None), document["predicted"] if document else 0.0, len(transfers), *batch.values()]
+    header = [link.alpha, link.beta, float(plan is not None), document["predicted"] if document else 0.0, len(transfers), interval_steps, *batch.values()]
     header = hvd.broadcast(tf.constant(header, tf.float64), root_rank=0, name="caramel_plan_header").numpy()
-    shared_link = LinkModel(alpha=float(header[0]), beta=float(header[1]))
+    shared_link, shared_interval = LinkModel(alpha=float(header[0]), beta=float(header[1])), int(header[5])
     if not header[2]:
-        return shared_link, None
+        return shared_link, None, shared_interval
     values = hvd.broadcast(tf.constant(transfers or [0] * int(header[4]), tf.int64), root_rank=0, name="caramel_plan").numpy()
-    batch = dict(zip(batch, (int(header[5]), int(header[6]), int(header[7]), float(header[8]))))
-    return shared_link, plan_from({"transfers": values.tolist(), "batch": batch, "predicted": float(header[3])})
+    batch = dict(zip(batch, (int(header[6]), int(header[7]), int(header[8]), float(header[9]))))
+    return shared_link, plan_from({"transfers": values.tolist(), "batch": batch, "predicted": float(header[3])}), shared_interval

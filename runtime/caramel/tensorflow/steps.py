@@ -93,7 +93,7 @@ class StepFunction:
             self.last_times = times
         seconds = time.perf_counter() - started
         if len(self._graphs) == graphs:
-            self._seconds_per_step = seconds / count
+            self._seconds_per_step = replanner.seconds_per_step = seconds / count
         elif replanned and self._seconds_per_step is not None:
             replanner.retrace_seconds = max(0.0, seconds - count * self._seconds_per_step)
         return outputs
