@@ -195,8 +195,15 @@ class Replanner:
         self._tensors = pending.tensors
         replan_seconds = self._search_start_seconds + self._decision_seconds  # this decision's, as the last one cost
         interval = replan_interval(self.scheduling.replan_interval_steps, replan_seconds, self.seconds_per_step)
+        previous_interval = self._interval_steps
         self.link, chosen, self._interval_steps = _share_decision(pending.link, chosen, interval)
         self._decision_seconds = time.perf_counter() - started
+        if self._interval_steps != previous_interval and hvd.rank() == 0:
+            print(
+                f"caramel: re-planning every {self._interval_steps} steps (a re-plan costs {replan_seconds * 1e3:.3g} ms at "
+                f"steps of {self.seconds_per_step * 1e3:.3g} ms; spec.caramel.replanIntervalSteps is the least)",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
         if chosen is None:
             return False
         self.plan = chosen
