@@ -200,8 +200,8 @@ class Replanner:
         self._decision_seconds = time.perf_counter() - started
         if self._interval_steps != previous_interval and hvd.rank() == 0:
             print(
-                f"caramel: re-planning every {self._interval_steps} steps (a re-plan costs {replan_seconds * 1e3:.3g} ms at "
-                f"steps of {self.seconds_per_step * 1e3:.3g} ms; spec.caramel.replanIntervalSteps is the least)",
+                f"caramel: re-planning every {self._interval_steps} steps (a re-plan costs {replan_seconds * 1e3:.4g} ms at "
+                f"steps of {self.seconds_per_step * 1e3:.4g} ms; spec.caramel.replanIntervalSteps is the least)",
                 file=sys.stderr, flush=True,
             )  # fmt: skip
         if chosen is None:
