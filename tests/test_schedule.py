@@ -253,3 +253,5 @@ def test_short_steps_replan_less_often():
     interval = replan_interval(20, replan_seconds=0.05, seconds_per_step=0.01)
     assert interval == 250 and 0.05 / (interval * 0.01) <= REPLAN_BUDGET
     assert replan_interval(20, replan_seconds=0.05, seconds_per_step=None) == 20  # no step timed yet
+    # The API (which imports nothing of the planner) states the budget to users: it must stay true.
+    assert f"{REPLAN_BUDGET:.0%} of the training time" in Scheduling.model_fields["replan_interval_steps"].description
