@@ -114,16 +114,30 @@ class GradientCommunicator:
             graph._caramel_trace = _Trace()
         return graph._caramel_trace
 
+    def prepare(self, steps: int) -> None:
+        """Before a graph of `steps` steps is traced for the plan in force: make the variables
+        its stamps go to now, so that tracing makes none (tf.function would trace the graph
+        twice, tens of seconds for a few unrolled steps of a large model)."""
+        plan = self.replanner.plan
+        if plan is not None:
+            for slot in range(steps):
+                self._stamps.reserve(slot, self._stamps_per_step(slot, len(plan.transfers)))
+
+    def _stamps_per_step(self, slot: int, transfers: int) -> int:
+        """The execution's start, each transfer's readiness and end, and in the execution's
+        first step each gradient's release."""
+        return 1 + 2 * transfers + (self.replanner.gradients if slot == 0 else 0)
+
     def measure(self, steps: int) -> list[StepTimes]:
         """The timings of the steps of the execution just run (`steps` of them, graph steps
         only: none after an eager step), and hands them to the replanner."""
         plan = self.replanner.plan
         if plan is None:
             return []
-        transfers, gradients = len(plan.transfers), self.replanner.gradients
+        transfers = len(plan.transfers)
         stamps = []
         for slot in range(steps):
-            values = self._stamps.read(slot, 1 + 2 * transfers + (gradients if slot == 0 else 0))
+            values = self._stamps.read(slot, self._stamps_per_step(slot, transfers))
             if values is None:
                 return []
             stamps.append(

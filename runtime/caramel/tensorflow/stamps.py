@@ -9,7 +9,9 @@ here is a call of a small function that reads an anchor variable: an op with a r
 and nobody writes it. The timestamp inside runs as soon as its dependencies exist.
 
 Each step's stamps go into a variable of their own, written once at the end of the step, and
-read from Python after the execution (`read`).
+read from Python after the execution (`read`). The variables are best made before the graph is
+traced (`reserve`): a variable made while tracing makes tf.function trace the whole function
+twice, once to make it and once more without making it.
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ class StampBook:
 
     def write(self, slot: int, stamps: Sequence[tf.Tensor]) -> None:
         """In a graph: keep one step's stamps in slot `slot` (the step's index in its execution)."""
-        store = self._store(slot, len(stamps))
-        store.assign(tf.stack(list(stamps)))
+        self.reserve(slot, len(stamps)).assign(tf.stack(list(stamps)))
 
     def read(self, slot: int, length: int) -> np.ndarray | None:
         """The stamps last written to `slot` by a step with `length` stamps; None if none was."""
@@ -54,7 +55,8 @@ class StampBook:
             return None
         return store.numpy()
 
-    def _store(self, slot: int, length: int) -> tf.Variable:
+    def reserve(self, slot: int, length: int) -> tf.Variable:
+        """The variable of slot `slot` for steps of `length` stamps, made if there is none yet."""
         store = self._stores.get(slot)
         if store is None or store.shape[0] != length:
             with tf.init_scope():

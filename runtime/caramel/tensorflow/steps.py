@@ -100,6 +100,7 @@ class StepFunction:
 
     def _execute(self, iterator: Iterator[Any], count: int) -> list[Any]:
         if count not in self._graphs:
+            communicator().prepare(count)
             self._graphs[count] = tf.function(functools.partial(self._steps, count))
         try:
             outputs = self._graphs[count](iterator)
