@@ -2,8 +2,8 @@
 of several steps. Prints, for each graph the step was traced into, how many steps it holds.
 
 A variable made while tf.function traces makes it trace the whole function a second time; the
-stamps' variables once were, so every new plan traced its multi-step graph twice (for four
-unrolled steps of an emulated ResNet-50, about 30 s more at each adoption).
+stamps' variables once were, so every new plan traced its multi-step graph twice (four unrolled
+steps of an emulated ResNet-50, 4 workers on 2 cores: the adopting execution took 75 s, now 49 s).
 """
 
 from __future__ import annotations
