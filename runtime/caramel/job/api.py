@@ -247,7 +247,9 @@ class Scheduling(ApiModel):
     are handed over together is the fewest buckets of up to maxBucketBytes."""
 
     min_bucket_bytes: int = Field(64 * 1024, ge=1)
-    """Smallest transfer the batching planner may choose, in bytes."""
+    """Smallest bucket size the batching planner tries, in bytes. It is not a floor on every
+    transfer: the planner may also send what is ready rather than wait for more, cut a bucket
+    where its gradients are needed far apart in the next forward pass, and send what is left."""
 
     max_bucket_bytes: int = Field(64 * MiB, ge=1)
     """Largest transfer, in bytes: bigger buckets are not formed and bigger tensors are pipelined
