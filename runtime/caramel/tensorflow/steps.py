@@ -61,8 +61,6 @@ class StepFunction:
         """How many steps this function will run in all, where known: the steps left weigh a new
         plan's gain against its re-trace."""
         self.completed_steps = 0
-        self._seconds_per_step: float | None = None
-        """Of the last execution that traced nothing."""
         self.last_times: list[StepTimes] = []
         """Timings of the steps of the last call (empty when the step communicated eagerly)."""
         self._graphs: dict[int, Callable[[Iterator[Any]], list[Any]]] = {}
@@ -93,9 +91,9 @@ class StepFunction:
             self.last_times = times
         seconds = time.perf_counter() - started
         if len(self._graphs) == graphs:
-            self._seconds_per_step = replanner.seconds_per_step = seconds / count
-        elif replanned and self._seconds_per_step is not None:
-            replanner.retrace_seconds = max(0.0, seconds - count * self._seconds_per_step)
+            replanner.seconds_per_step = seconds / count
+        elif replanned and replanner.seconds_per_step is not None:
+            replanner.retrace_seconds = max(0.0, seconds - count * replanner.seconds_per_step)
         return outputs
 
     def _execute(self, iterator: Iterator[Any], count: int) -> list[Any]:
