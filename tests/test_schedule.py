@@ -13,6 +13,7 @@ from caramel.planner.timing import backward_seconds_from_releases
 from caramel.planner.transfers import decode, encode
 from caramel.planner.schedule import (
     PAYBACK_STEPS,
+    PREDICTION_TOLERANCE,
     REPLAN_BUDGET,
     Batch,
     TensorCost,
@@ -136,6 +137,21 @@ def test_planner_batches_harder_when_transfers_are_expensive():
     costly = best_schedule(tensors, LinkModel(alpha=1e-2, beta=1e-9), Scheduling())
     assert len(costly.transfers) <= len(cheap.transfers)
     assert len(costly.transfers) == 1
+
+
+def test_planner_takes_the_fewest_transfers_among_plans_about_as_fast():
+    tensors = costs([MiB] * 64, forward=0.2, backward=0.4)
+    link = LinkModel(alpha=2e-3, beta=1 / 100e6)
+    plans = []
+    for batch in candidate_batches(tensors, Scheduling()):
+        transfers = build_schedule(tensors, link, batch, Ordering.TIC, Batching.AUTO)
+        plans.append((simulate(tensors, transfers, link), len(transfers)))
+    fastest = min(plans)
+    chosen = best_schedule(tensors, link, Scheduling())
+    # The case this test is for: the fastest prediction has more transfers than a plan nearly as fast.
+    assert min(n for seconds, n in plans if seconds <= fastest[0] * (1 + PREDICTION_TOLERANCE)) < fastest[1]
+    assert chosen.predicted_step_seconds <= fastest[0] * (1 + PREDICTION_TOLERANCE)
+    assert len(chosen.transfers) == min(n for seconds, n in plans if seconds <= fastest[0] * (1 + PREDICTION_TOLERANCE))
 
 
 def test_fixed_batching_uses_max_bucket_bytes():
