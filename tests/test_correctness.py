@@ -48,19 +48,26 @@ def expected() -> list[np.ndarray]:
 
 def trained_weights(tmp_path, api: str, caramel: dict, steps_per_execution: int = 4) -> list[np.ndarray]:
     """Rank 0's weights after training through `api` with these spec.caramel settings."""
+    return train(tmp_path, api, caramel, steps_per_execution)[0]
+
+
+def train(tmp_path, api: str, caramel: dict, steps_per_execution: int, env: dict | None = None) -> tuple[list[np.ndarray], str]:
+    """Rank 0's weights after training through `api` with these spec.caramel settings and
+    extra environment variables, and the job's standard error."""
     output = tmp_path / "weights.npz"
     command = [
         sys.executable, "-m", "testbed.sgd_worker", "--api", api, "--steps", str(STEPS), "--batch-size", str(BATCH),
         "--hidden", str(HIDDEN), "--steps-per-execution", str(steps_per_execution), "--output", str(output),
     ]  # fmt: skip
-    manifest = job_manifest(script=None, command=command, args=[], caramel=caramel, workers={"replicas": RANKS})
+    extra_env = [{"name": name, "value": value} for name, value in (env or {}).items()]
+    manifest = job_manifest(script=None, command=command, args=[], caramel=caramel, workers={"replicas": RANKS}, env=extra_env)
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode == 0, result.stderr
     if api != "eager":
         algorithm = "multitree" if caramel.get("allreduce") == "multitree" else "ring"
         assert f"gradients all-reduced by {algorithm}" in result.stderr
     saved = np.load(output)
-    return [saved[f"arr_{index}"] for index in range(len(saved.files))]
+    return [saved[f"arr_{index}"] for index in range(len(saved.files))], result.stderr
 
 
 def assert_same_weights(actual: list[np.ndarray], expected: list[np.ndarray]) -> None:
@@ -78,3 +85,12 @@ def test_every_public_path_matches_synchronous_sgd(tmp_path, expected, api):
 def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode):
     # Several steps per graph, with a step count that leaves a shorter last execution.
     assert_same_weights(trained_weights(tmp_path, "tape-fit", MODES[mode], steps_per_execution=4), expected)
+
+
+def test_transfers_beyond_horovods_response_cache_match_synchronous_sgd(tmp_path, expected):
+    # The pieces of 4 unrolled steps of 4 KiB chunks are more tensors than a cache of 8 holds:
+    # after the first transfers, grouped, the rest are joined into one buffer each.
+    small_chunks = MODES["small-chunks"]
+    weights, errors = train(tmp_path, "tape-fit", small_chunks, steps_per_execution=4, env={"HOROVOD_CACHE_CAPACITY": "8"})
+    assert "more tensors than its response cache holds (HOROVOD_CACHE_CAPACITY 8)" in errors
+    assert_same_weights(weights, expected)

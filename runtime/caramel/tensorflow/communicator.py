@@ -22,7 +22,7 @@ from caramel.job.api import Allreduce, Collective, Tuning
 from caramel.job.contract import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
-from caramel.tensorflow.collectives import Chain, Reduce, horovod_average, run_split_transfers, run_transfers
+from caramel.tensorflow.collectives import Chain, HorovodAverage, Reduce, run_split_transfers, run_transfers
 from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
 from caramel.tensorflow.stamps import StampBook
@@ -46,6 +46,8 @@ class _Trace:
 
     chain: Chain = field(default_factory=Chain)
     steps: int = 0
+    horovod_average: HorovodAverage = field(default_factory=HorovodAverage)
+    """Horovod's all-reduce, which counts the tensors the graph hands it."""
 
 
 class GradientCommunicator:
@@ -58,7 +60,8 @@ class GradientCommunicator:
         self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning))
         self.algorithm: str | None = None
         """ring or multitree, chosen when the first graph's gradients are seen."""
-        self._reduce: Reduce = horovod_average
+        self._tree_reduce: Reduce | None = None
+        """MULTITREE's trees, where chosen; else each graph's `HorovodAverage`."""
         self._stamps = StampBook()
 
     def allreduce(self, gradients: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -74,7 +77,7 @@ class GradientCommunicator:
         if self.scheduling.collective is Collective.SPLIT:
             averaged, issued = run_split_transfers(gradients, plan.transfers, trace.chain)
         else:
-            averaged, issued = run_transfers(gradients, plan.transfers, trace.chain, self._reduce)
+            averaged, issued = run_transfers(gradients, plan.transfers, trace.chain, self._tree_reduce or trace.horovod_average)
         stamps += [self._stamps.stamp(transfer.ready) for transfer in issued]
         stamps += [self._stamps.stamp(transfer.done) for transfer in issued]
         if trace.steps == 0:
@@ -97,7 +100,7 @@ class GradientCommunicator:
         if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(self.contract.topology, nbytes) == "multitree"):
             self.algorithm = "multitree"
             tree_reduce = TreeReduce(self.contract, hvd.rank())
-            self._reduce = tree_reduce
+            self._tree_reduce = tree_reduce
             self.replanner.probe_allreduce = tree_reduce.allreduce_now  # the plans are for the trees' link
         else:
             self.algorithm = "ring"
