@@ -48,9 +48,10 @@ PAYBACK_STEPS = 500
 # Plans predicted within this share of the fastest count as equally fast, and the one with the
 # fewest transfers among them is chosen. The simulation counts a transfer's fixed cost on the
 # link (alpha) but not the CPU it costs every rank (Horovod's negotiation, Gloo's ring steps, the
-# copies): about 4.7 ms per transfer and rank on the emulated BERT-base bench, where 38 transfers
-# took 1.13x the CPU per step of 4. Where the CPU binds, that stretches the step; and 2% is about
-# the spread of repeated measurements, so a smaller predicted gain is not worth a transfer.
+# copies): about 5 ms per transfer and rank on the emulated BERT-base bench, where a plan of 38
+# transfers took 1.13x the CPU per step of one of 4. Where the CPU binds, that stretches the step;
+# and 2% is about the spread of repeated measurements, so a smaller predicted gain is not worth
+# more transfers.
 PREDICTION_TOLERANCE = 0.02
 # Re-planning may take at most this share of the training time: its probes and its decision are
 # collectives every rank waits for, at a boundary the step's time includes. On a step of a few
