@@ -94,3 +94,11 @@ def test_transfers_beyond_horovods_response_cache_match_synchronous_sgd(tmp_path
     weights, errors = train(tmp_path, "tape-fit", small_chunks, steps_per_execution=4, env={"HOROVOD_CACHE_CAPACITY": "8"})
     assert "more tensors than its response cache holds (HOROVOD_CACHE_CAPACITY 8)" in errors
     assert_same_weights(weights, expected)
+
+
+def test_a_transfer_of_gradients_of_two_dtypes_averages_each(tmp_path):
+    manifest = job_manifest(script=None, command=[sys.executable, "-m", "testbed.mixed_dtype_worker"], args=[], workers={"replicas": RANKS})
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode == 0, result.stderr
+    reports = [line.split("| ", 1)[1] for line in result.stderr.splitlines() if "exact_averages" in line]
+    assert reports == ['{"exact_averages": ["float32", "float16"]}'] * RANKS, result.stderr

@@ -33,18 +33,27 @@ Reduce = Callable[[list[tf.Tensor], str], list[tf.Tensor]]
 """Averages a transfer's pieces over all ranks in the graph: (pieces, name) -> averages."""
 
 
-def average_per_dtype(pieces: list[tf.Tensor], name: str, average_flat: Callable[[tf.Tensor, str], tf.Tensor]) -> list[tf.Tensor]:
-    """The pieces joined into one flat buffer per dtype, each averaged by `average_flat`, and
-    cut back into the pieces' shapes."""
+def per_dtype(pieces: list[tf.Tensor], name: str, average_group: Reduce) -> list[tf.Tensor]:
+    """The pieces averaged by `average_group`, one call per dtype: a collective moves one dtype."""
     outputs: list[tf.Tensor | None] = [None] * len(pieces)
     for dtype in dict.fromkeys(piece.dtype for piece in pieces):
         members = [i for i, piece in enumerate(pieces) if piece.dtype == dtype]
-        flat = [tf.reshape(pieces[i], [-1]) for i in members]
-        averaged = average_flat(flat[0] if len(flat) == 1 else tf.concat(flat, axis=0), f"{name}_{dtype.name}")
-        parts = [averaged] if len(members) == 1 else tf.split(averaged, [pieces[i].shape.num_elements() for i in members])
-        for i, part in zip(members, parts):
-            outputs[i] = tf.reshape(part, pieces[i].shape)
+        for i, averaged in zip(members, average_group([pieces[i] for i in members], f"{name}_{dtype.name}")):
+            outputs[i] = averaged
     return outputs
+
+
+def average_per_dtype(pieces: list[tf.Tensor], name: str, average_flat: Callable[[tf.Tensor, str], tf.Tensor]) -> list[tf.Tensor]:
+    """The pieces joined into one flat buffer per dtype, each averaged by `average_flat`, and
+    cut back into the pieces' shapes."""
+
+    def joined(group: list[tf.Tensor], group_name: str) -> list[tf.Tensor]:
+        flat = [tf.reshape(piece, [-1]) for piece in group]
+        averaged = average_flat(flat[0] if len(flat) == 1 else tf.concat(flat, axis=0), group_name)
+        parts = [averaged] if len(group) == 1 else tf.split(averaged, [piece.shape.num_elements() for piece in group])
+        return [tf.reshape(part, piece.shape) for part, piece in zip(parts, group)]
+
+    return per_dtype(pieces, name, joined)
 
 
 def response_cache_capacity() -> int:
@@ -66,8 +75,8 @@ class HorovodAverage:
     a large model reach, each step's tensors would evict the last step's and every one would be
     negotiated in full, each step."""
 
-    def __init__(self, cache_capacity: int | None = None) -> None:
-        self.cache_capacity = response_cache_capacity() if cache_capacity is None else cache_capacity
+    def __init__(self) -> None:
+        self.cache_capacity = response_cache_capacity()
         self.tensors_handed = 0
         """Tensors this graph hands Horovod so far."""
         self.joining = False
@@ -77,7 +86,7 @@ class HorovodAverage:
         cache_full = self.cache_capacity > 0 and self.tensors_handed + len(pieces) > self.cache_capacity
         if not (self.joining or cache_full):
             self.tensors_handed += len(pieces)
-            return list(hvd.grouped_allreduce(pieces, op=hvd.Average, name=name))
+            return per_dtype(pieces, name, lambda group, group_name: list(hvd.grouped_allreduce(group, op=hvd.Average, name=group_name)))
         if not self.joining and hvd.rank() == 0:
             print(
                 f"caramel: this step's graph hands Horovod more tensors than its response cache holds (HOROVOD_CACHE_CAPACITY "
