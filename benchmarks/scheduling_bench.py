@@ -55,7 +55,8 @@ links drop to TO live once rank 0 reports step AT_STEP; it prints the step times
 drop and how many steps Caramel needed to come back within 10% of the fresh run at TO.
 
 Everything goes to runs/bench-<time>/ (the workers' logs, Horovod's autotune logs, results.json,
-step_time_vs_bandwidth.png). Every run has a timeout; whatever ends the benchmark (the end,
+step_time_vs_bandwidth.png). results.json is rewritten after every run, and Ctrl-C prints the
+tables of the runs that finished. Every run has a timeout; whatever ends the benchmark (the end,
 an error, Ctrl-C, SIGTERM), the namespaces, links, iptables rule and processes are removed.
 """
 
@@ -306,10 +307,15 @@ def read_autotune(csv_path: Path, log_path: Path) -> dict:
 # -- the sweep and the operating point --------------------------------------------------------
 
 
-def measure_point(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], point: Point) -> None:
+def measure_point(
+    bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], point: Point, measured: Callable[[], None]
+) -> None:
+    """Every strategy's runs at one point, repeats interleaved; `measured` is called after each run."""
     for repeat in range(bench.args.repeats):
         for strategy in strategies:
-            point.cells.setdefault(strategy, Cell()).runs.append(bench.run(workload, strategy, rate, repeat))
+            run = bench.run(workload, strategy, rate, repeat)
+            point.cells.setdefault(strategy, Cell()).runs.append(run)
+            measured()
 
 
 def compute_cell(bench: Bench, workload: Workload, rate: float) -> Cell:
@@ -345,14 +351,19 @@ def choose_operating_point(
     return fastest, compute / measured[fastest]
 
 
-def bench_workload(bench: Bench, workload: Workload, rates: list[float]) -> tuple[list[Point], Point | None]:
+Checkpoint = Callable[[list[Point], "Point | None"], None]
+"""Told the points measured so far after every run (the last point may be partly measured),
+and the operating point once it is chosen, so that an interrupted sweep keeps what it measured."""
+
+
+def bench_workload(bench: Bench, workload: Workload, rates: list[float], checkpoint: Checkpoint) -> tuple[list[Point], Point | None]:
     """The sweep's points and the operating point (one of them, or a device-scaled extra one)."""
     compute = compute_cell(bench, workload, rates[0])
-    points = []
+    points: list[Point] = []
     for rate in rates:
         point = Point(rate, workload.device_tflops, {"compute-only": compute})
-        measure_point(bench, workload, rate, ("comm-only", *bench.args.strategy_names), point)
         points.append(point)
+        measure_point(bench, workload, rate, ("comm-only", *bench.args.strategy_names), point, lambda: checkpoint(points, None))
     comm_by_rate = {p.rate_mbit: p.median("comm-only") for p in points}
     chosen = choose_operating_point(compute.median, comm_by_rate, workload.scalable)
     if chosen is None:
@@ -369,6 +380,7 @@ def bench_workload(bench: Bench, workload: Workload, rates: list[float]) -> tupl
                 f"{workload.name}: no swept rate balances C and M within a factor {OPERATING_POINT_TOLERANCE:g} and "
                 f"{workload.device} cannot be scaled; operating point {rate:g} Mbit/s, where M is closest to C ({balance})"
             )
+        checkpoint(points, at_rate)
         return points, at_rate
     device = workload.scaled(workload.device_tflops * scale)
     bench.say(
@@ -377,7 +389,7 @@ def bench_workload(bench: Bench, workload: Workload, rates: list[float]) -> tupl
     )
     operating = Point(rate, device.device_tflops, {"compute-only": compute_cell(bench, device, rate)})
     operating.cells["comm-only"] = at_rate.cells["comm-only"]  # M does not depend on the device
-    measure_point(bench, device, rate, bench.args.strategy_names, operating)
+    measure_point(bench, device, rate, bench.args.strategy_names, operating, lambda: checkpoint(points, operating))
     return points, operating
 
 
@@ -430,6 +442,13 @@ def print_table(
                     f"{tuned['samples']} settings scored, {state}: cycle {last['cycle_time_ms']} ms, "
                     f"fusion {last['tensor_fusion_threshold']} MB" if last else "no setting scored"
                 ))  # fmt: skip
+
+
+def print_tables(workloads: list[Workload], results: dict[str, tuple[list[Point], Point | None]], args: argparse.Namespace) -> None:
+    """The table of every workload measured (in part, if interrupted)."""
+    for workload in workloads:
+        if workload.name in results:
+            print_table(workload, *results[workload.name], args.strategy_names, args.workers)
 
 
 def cpu_floor_seconds(cell: Cell, workers: int) -> float:
@@ -638,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
     if load > 0.5:
         print(f"warning: load average {load:.1f}: other processes compete for the CPU that Gloo and the workers need", flush=True)
     workloads = make_workloads(args.compute, args.profile_names, args.device_tflops, args.worker)
+    results: dict[str, tuple[list[Point], Point | None]] = {}
     names = hostnames(bench_job(JOB_NAME, ["true"], args.workers, None))  # depend on the job's name and size only
     try:
         with EmulatedCluster(args.workers, args.rate_list[0], args.cluster_prefix, args.cluster_subnet, names) as cluster:
@@ -647,15 +667,21 @@ def main(argv: list[str] | None = None) -> int:
                 for workload in workloads:
                     rate_drop(bench, workload, args.drop)
                 return 0
-            results = {}
             for workload in workloads:
-                results[workload.name] = bench_workload(bench, workload, args.rate_list)
-                save_results(output / "results.json", results)
+
+                def checkpoint(points: list[Point], operating: Point | None, name: str = workload.name) -> None:
+                    results[name] = (points, operating)
+                    save_results(output / "results.json", results)
+
+                bench_workload(bench, workload, args.rate_list, checkpoint)
     except HarnessError as error:
         print(f"scheduling_bench: {error}", file=sys.stderr)
         return 2
-    for workload in workloads:
-        print_table(workload, *results[workload.name], args.strategy_names, args.workers)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the tables below hold the runs that finished (also in {output / 'results.json'})", flush=True)
+        print_tables(workloads, results, args)
+        return 130
+    print_tables(workloads, results, args)
     plot(results, args.strategy_names, output / "step_time_vs_bandwidth.png")
     print(f"\nplot: {output / 'step_time_vs_bandwidth.png'}; results: {output / 'results.json'}; logs in {output}\n")
     for workload in workloads:

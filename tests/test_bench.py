@@ -191,3 +191,37 @@ def test_warmup_covers_caramels_early_replan() -> None:
     search_at = boundary_at_or_after(EARLY_REPLAN_STEP)
     retraced_until = boundary_at_or_after(search_at + PLAN_LAG_STEPS) + per_execution
     assert bench.parse_args([]).warmup >= retraced_until
+
+
+class InterruptedBench:
+    """Stands in for `Bench`, whose runs need root's emulated cluster and minutes of workers:
+    each run takes 1 s a step, and the user presses Ctrl-C during the `interrupt_at`-th run."""
+
+    def __init__(self, interrupt_at: int) -> None:
+        self.args = bench.parse_args(["--rates", "1000,2000", "--strategies", "horovod,caramel", "--repeats", "2"])
+        self.runs = []
+        self.interrupt_at = interrupt_at
+
+    def run(self, workload: object, strategy: str, rate: float, repeat: int) -> bench.Run:
+        self.runs.append((strategy, rate, repeat))
+        if len(self.runs) == self.interrupt_at:
+            raise KeyboardInterrupt
+        return bench.Run(steps=[1.0])
+
+    def say(self, message: str) -> None:
+        pass
+
+
+def test_an_interrupted_sweep_keeps_every_finished_run() -> None:
+    workload, = make_workloads("emulated", ["resnet50"])
+    # 2 compute-only runs, then per rate 2 repeats of comm-only, horovod, caramel: interrupted at
+    # the second rate's first caramel run.
+    interrupted = InterruptedBench(interrupt_at=2 + 6 + 3)
+    saved = []
+    with pytest.raises(KeyboardInterrupt):
+        bench.bench_workload(interrupted, workload, interrupted.args.rate_list, lambda points, operating: saved.append((list(points), operating)))
+    points, operating = saved[-1]
+    assert operating is None and [point.rate_mbit for point in points] == [1000, 2000]
+    assert {name: len(cell.runs) for name, cell in points[0].cells.items()} == {"compute-only": 2, "comm-only": 2, "horovod": 2, "caramel": 2}
+    assert {name: len(cell.runs) for name, cell in points[1].cells.items()} == {"compute-only": 2, "comm-only": 1, "horovod": 1}
+    assert len(saved) == 6 + 2  # after each run of the sweep that finished
