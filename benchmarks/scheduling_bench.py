@@ -149,6 +149,8 @@ class Run:
 
     steps: list[float] = field(default_factory=list)
     peak_rss_bytes: int = 0
+    rank_peak_rss_bytes: list[int] = field(default_factory=list)
+    """Each rank's peak RSS: one outlier rank sets `peak_rss_bytes`, and the median of these shows a typical worker."""
     cpu_seconds_per_step: float = math.nan
     """CPU time per measured step, mean over the ranks."""
     details: dict = field(default_factory=dict)
@@ -180,6 +182,12 @@ class Cell:
     @property
     def peak_rss_bytes(self) -> int:
         return max((run.peak_rss_bytes for run in self.runs), default=0)
+
+    @property
+    def median_rank_rss_bytes(self) -> float:
+        """The median of every rank's peak RSS over the runs."""
+        values = [value for run in self.runs for value in run.rank_peak_rss_bytes]
+        return statistics.median(values) if values else math.nan
 
     @property
     def cpu_seconds_per_step(self) -> float:
@@ -286,6 +294,7 @@ def collect(events: list[dict]) -> Run:
     return Run(
         steps=steps,
         peak_rss_bytes=max((s.get("peak_rss_bytes", 0) for s in summaries), default=0),
+        rank_peak_rss_bytes=[s["peak_rss_bytes"] for s in summaries if "peak_rss_bytes" in s],
         cpu_seconds_per_step=statistics.fmean(cpu) if cpu else math.nan,
         details=details,
     )
@@ -430,8 +439,9 @@ def print_table(
     for point in rows:
         caramel, horovod = point.cells.get("caramel", Cell()), point.cells.get("horovod", Cell())
         print(f"  at {point.rate_mbit:g} Mbit/s: CPU seconds per step and rank: caramel {caramel.cpu_seconds_per_step:.3f}, "
-              f"horovod {horovod.cpu_seconds_per_step:.3f}; peak RSS MiB: caramel {caramel.peak_rss_bytes / 2**20:.0f}, "
-              f"horovod {horovod.peak_rss_bytes / 2**20:.0f}; CPU floor: caramel "
+              f"horovod {horovod.cpu_seconds_per_step:.3f}; peak RSS MiB, largest (median) rank: caramel {caramel.peak_rss_bytes / 2**20:.0f} "
+              f"({caramel.median_rank_rss_bytes / 2**20:.0f}), horovod {horovod.peak_rss_bytes / 2**20:.0f} "
+              f"({horovod.median_rank_rss_bytes / 2**20:.0f}); CPU floor: caramel "
               f"{cpu_floor_seconds(caramel, workers):.3f} s, horovod {cpu_floor_seconds(horovod, workers):.3f} s")  # fmt: skip
         for run in point.cells.get("autotune", Cell()).runs:
             tuned = run.details.get("autotune", {})

@@ -133,6 +133,20 @@ def test_parse_event() -> None:
         assert parse_event(line) is None
 
 
+def test_peak_rss_of_the_largest_and_the_median_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*rss_mib: int) -> bench.Run:
+        summaries = [{"event": "summary", "rank": rank, "peak_rss_bytes": mib * 2**20, "cpu_seconds_per_step": 1.0} for rank, mib in enumerate(rss_mib)]
+        return bench.collect([{"event": "step", "rank": 0, "seconds": 1.0}, *summaries])
+
+    horovod = bench.Cell([run(3500, 3600, 4700, 3550), run(3400, 3500, 3600, 3700)])
+    caramel = bench.Cell([run(4400, 4500, 4600, 4450)])
+    assert horovod.peak_rss_bytes == 4700 * 2**20 and horovod.median_rank_rss_bytes == 3575 * 2**20
+    workload, = make_workloads("emulated", ["vgg16"])
+    point = bench.Point(4000, 1.25, {"horovod": horovod, "caramel": caramel, "compute-only": caramel, "comm-only": caramel})
+    bench.print_table(workload, [point], point, ("horovod", "caramel"), workers=4)
+    assert "peak RSS MiB, largest (median) rank: caramel 4600 (4475), horovod 4700 (3575)" in capsys.readouterr().out
+
+
 def test_workloads_of_each_mode() -> None:
     emulated, = make_workloads("emulated", ["resnet50"], device_tflops=2.5)
     assert emulated.scalable and emulated.device_tflops == 2.5 and emulated.device == "2.5 TFLOP/s"
