@@ -76,13 +76,8 @@ from pathlib import Path
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
-from benchmarks.workloads import COMPUTE_MODES, Workload, device_label, make_workloads
+from benchmarks.workloads import COMPUTE_MODES, WARMUP_STEPS, Workload, device_label, make_workloads
 
-# Unmeasured steps of every run. With 4 steps per execution Caramel runs steps 1-4 one at a time,
-# adopts its first measured plan for step 5, re-plans early at the boundary after step 12 and
-# adopts that plan (if it gains enough) at the next one: steps 17-20 then re-trace the graph,
-# seconds for a large model. From step 21 on, the steps are the ones training runs with.
-WARMUP_STEPS = 20
 
 JOB_NAME = "bench"
 OPERATING_POINT_TOLERANCE = 1.25

@@ -51,8 +51,8 @@ from caramel.topology.wire import to_json
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import EmulatedCluster, HarnessError, rack_of
 from benchmarks.profiles import NAMES as PROFILES
-from benchmarks.scheduling_bench import WARMUP_STEPS, collect
-from benchmarks.workloads import make_workloads
+from benchmarks.scheduling_bench import collect
+from benchmarks.workloads import WARMUP_STEPS, make_workloads
 
 PREFIX = "crtp"
 SUBNET = "10.213.9.0/24"

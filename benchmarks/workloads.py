@@ -21,6 +21,13 @@ EMULATED_WORKER = "benchmarks.emulated_worker"
 REAL_WORKER = "benchmarks.real_worker"
 
 
+# Unmeasured steps of every run. With 4 steps per execution Caramel runs steps 1-4 one at a time,
+# adopts its first measured plan for step 5, re-plans early at the boundary after step 12 and
+# adopts that plan (if it gains enough) at the next one: steps 17-20 then re-trace the graph,
+# seconds for a large model. From step 21 on, the steps are the ones training runs with.
+WARMUP_STEPS = 20
+
+
 @dataclass(frozen=True)
 class RealModel:
     """An example model at the size real_worker.py trains it."""
