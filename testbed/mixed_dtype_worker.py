@@ -23,7 +23,7 @@ def main() -> None:
     def averaged_gradients() -> list[tf.Tensor]:
         scale = float(ctf.rank() + 1)  # rank r's gradient of each weight is r + 1 everywhere
         with tf.GradientTape() as tape:
-            loss = scale * tf.reduce_sum(weights[0]) + tf.cast(scale * tf.reduce_sum(tf.cast(weights[1], tf.float32)), tf.float32)
+            loss = scale * tf.reduce_sum(weights[0]) + scale * tf.reduce_sum(tf.cast(weights[1], tf.float32))
         return ctf.DistributedGradientTape(tape).gradient(loss, weights)
 
     expected = np.mean(np.arange(1, ctf.size() + 1))
