@@ -12,6 +12,7 @@ from caramel.planner.search import Search
 from caramel.planner.timing import backward_seconds_from_releases
 from caramel.planner.transfers import decode, encode
 from caramel.planner.schedule import (
+    JOIN_SECONDS_PER_BYTE,
     PAYBACK_STEPS,
     PREDICTION_TOLERANCE,
     REPLAN_BUDGET,
@@ -129,6 +130,27 @@ def test_simulation_overlaps_communication_with_the_next_forward_pass():
     assert max(0.45, comm) <= plan.predicted_step_seconds < 0.45 + comm
     without_compute = simulate(costs([4 * MiB] * 20), plan.transfers, LINK)
     assert without_compute == pytest.approx(sum(LINK.seconds(t.nbytes) for t in plan.transfers))
+
+
+def test_a_chunked_tensor_pays_for_its_join_before_the_next_forward_pass_reads_it():
+    tensors = costs([256 * MiB, MiB], forward=0.2, backward=0.4)
+    link = LinkModel(alpha=1e-3, beta=1 / 500e6)
+    whole = build_schedule(tensors, link, Batch(0, 64 * MiB, 256 * MiB), Ordering.TIC, Batching.AUTO)
+    chunked = build_schedule(tensors, link, Batch(0, 64 * MiB, 64 * MiB), Ordering.TIC, Batching.AUTO)
+    assert len(chunked) > len(whole)
+    link_only = LinkModel(alpha=0.0, beta=link.beta)  # no alpha: chunks and the whole tensor cost the link alike
+    assert simulate(tensors, chunked, link_only) == pytest.approx(simulate(tensors, whole, link_only) + JOIN_SECONDS_PER_BYTE * 256 * MiB)
+
+
+def test_every_bucket_size_is_searched_with_tensors_kept_whole():
+    tensors = costs([392 * MiB, 4 * MiB, MiB], forward=0.2, backward=0.4)
+    batches = candidate_batches(tensors, Scheduling())
+    for max_bytes in {batch.max_bytes for batch in batches}:
+        assert {batch.chunk_bytes for batch in batches if batch.max_bytes == max_bytes} == {max_bytes, 392 * MiB}
+    # A tensor larger than the bucket travels alone, whole.
+    transfers = build_schedule(tensors, LINK, Batch(0, 64 * MiB, 392 * MiB), Ordering.TIC, Batching.AUTO)
+    assert_exact_cover(tensors, transfers)
+    assert [transfer.nbytes for transfer in transfers if any(p.tensor == 0 for p in transfer.pieces)] == [392 * MiB]
 
 
 def test_planner_batches_harder_when_transfers_are_expensive():

@@ -53,6 +53,11 @@ PAYBACK_STEPS = 500
 # and 2% is about the spread of repeated measurements, so a smaller predicted gain is not worth
 # more transfers.
 PREDICTION_TOLERANCE = 0.02
+# A tensor sent in chunks is joined again once its last chunk arrives: a copy of the whole
+# gradient (TensorFlow's concat, one core, about 5 GB/s here: VGG-16's 392 MB fc6 gradient in
+# 76 ms, about 6% of a rank's CPU in a perf profile of the emulated bench), during which the
+# next forward pass cannot read the parameter, and a second buffer of its size alive meanwhile.
+JOIN_SECONDS_PER_BYTE = 2e-10
 # Re-planning may take at most this share of the training time: its probes and its decision are
 # collectives every rank waits for, at a boundary the step's time includes. On a step of a few
 # milliseconds, a re-plan every replanIntervalSteps would take a tenth of it.
@@ -72,8 +77,8 @@ class TensorCost:
 @dataclass(frozen=True)
 class Batch:
     """How gradients are grouped: no transfer starts below `min_bytes` while more gradients are
-    still to come in the iteration; none exceeds `max_bytes`; tensors are cut into chunks of at
-    most `chunk_bytes`; the pieces of one transfer are needed by the next forward pass within
+    still to come in the iteration; none exceeds `max_bytes` unless it is one whole tensor;
+    tensors are cut into chunks of at most `chunk_bytes`; the pieces of one transfer are needed by the next forward pass within
     `deadline_span_seconds` of each other."""
 
     min_bytes: int
@@ -169,11 +174,12 @@ def build_schedule(
 
 def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link: LinkModel) -> float:
     """Predicted steady-state step time: the link runs the schedule, the next forward pass waits
-    for each parameter's update only where it reads it."""
+    for each parameter's update (and the join of a chunked one) only where it reads it."""
     pieces_left = [0] * len(tensors)
     for transfer in transfers:
         for piece in transfer.pieces:
             pieces_left[piece.tensor] += 1
+    join_seconds = [JOIN_SECONDS_PER_BYTE * tensor.nbytes if pieces > 1 else 0.0 for tensor, pieces in zip(tensors, pieces_left)]
     updated = [0.0] * len(tensors)
     clock = link_free = 0.0
     backward_ends = []
@@ -192,7 +198,7 @@ def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link:
             for piece in transfer.pieces:
                 left[piece.tensor] -= 1
                 if left[piece.tensor] == 0:
-                    updated[piece.tensor] = link_free
+                    updated[piece.tensor] = link_free + join_seconds[piece.tensor]
     return backward_ends[-1] - backward_ends[-2]
 
 
@@ -233,9 +239,12 @@ def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling) -> 
         return [Batch(min_bytes=0, max_bytes=high, chunk_bytes=high)]
     forward = sum(tensor.forward_seconds for tensor in tensors)
     spans = sorted({fraction * forward for fraction in CANDIDATE_SPANS}) if forward > 0 else [math.inf]
+    # Each bucket size also whole: a tensor larger than the bucket then travels alone and unjoined.
+    largest = max(tensor.nbytes for tensor in tensors)
     return [
-        Batch(min_bytes=min_bytes, max_bytes=max_bytes, chunk_bytes=max_bytes, deadline_span_seconds=span)
+        Batch(min_bytes=min_bytes, max_bytes=max_bytes, chunk_bytes=chunk_bytes, deadline_span_seconds=span)
         for max_bytes in sizes
+        for chunk_bytes in dict.fromkeys([max_bytes, max(max_bytes, largest)])
         for min_bytes in [0, *(size for size in sizes if size <= max_bytes)]
         for span in spans
     ]
