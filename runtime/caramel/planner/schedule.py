@@ -56,7 +56,8 @@ PREDICTION_TOLERANCE = 0.02
 # A tensor sent in chunks is joined again once its last chunk arrives: a copy of the whole
 # gradient (TensorFlow's concat, one core, about 5 GB/s here: VGG-16's 392 MB fc6 gradient in
 # 76 ms, about 6% of a rank's CPU in a perf profile of the emulated bench), during which the
-# next forward pass cannot read the parameter, and a second buffer of its size alive meanwhile.
+# next forward pass cannot read the parameter. The simulation counts that delay; the second
+# buffer of the tensor's size alive meanwhile is not weighed.
 JOIN_SECONDS_PER_BYTE = 2e-10
 # Re-planning may take at most this share of the training time: its probes and its decision are
 # collectives every rank waits for, at a boundary the step's time includes. On a step of a few
@@ -78,8 +79,8 @@ class TensorCost:
 class Batch:
     """How gradients are grouped: no transfer starts below `min_bytes` while more gradients are
     still to come in the iteration; none exceeds `max_bytes` unless it is one whole tensor;
-    tensors are cut into chunks of at most `chunk_bytes`; the pieces of one transfer are needed by the next forward pass within
-    `deadline_span_seconds` of each other."""
+    tensors are cut into chunks of at most `chunk_bytes`; the pieces of one transfer are needed
+    by the next forward pass within `deadline_span_seconds` of each other."""
 
     min_bytes: int
     max_bytes: int

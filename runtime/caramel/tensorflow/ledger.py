@@ -27,10 +27,9 @@ from caramel.tensorflow.process import communicator
 # Rank 0 logs progress at most this often (and always on the first and last step).
 PROGRESS_INTERVAL_SECONDS = 0.5
 CHECKPOINTS_KEPT = 3
-
-
 # Elements of a weight hashed at a time by `weights_digest` (16 MiB of float32).
 DIGEST_SLICE_ELEMENTS = 4 * 1024 * 1024
+
 
 class Ledger:
     """One process's record of a run. `counter` is the variable that counts the steps done (it is
