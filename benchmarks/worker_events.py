@@ -28,12 +28,15 @@ def cpu_seconds() -> float:
 
 class StepLog:
     """Counts steps; rank 0 prints every measured one as it ends. Steps of one graph execution
-    share its time equally. The CPU time of the measured steps is kept for the summary."""
+    share its time equally. The CPU time of the measured steps is kept for the summary: from the
+    end of the warm-up to the end of the last step, so what a strategy does once at the end of
+    training (Caramel's weights check hashes every weight) is not spread over the steps."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.count = 0
         self._cpu_at_warmup_end = cpu_seconds() if warmup == 0 else None
+        self._cpu_at_last_step: float | None = None
 
     def append(self, seconds: float, steps: int = 1) -> None:
         for _ in range(steps):
@@ -42,13 +45,16 @@ class StepLog:
                 print(json.dumps({"event": "step", "step": self.count - self.warmup, "seconds": seconds / steps}), flush=True)
         if self._cpu_at_warmup_end is None and self.count >= self.warmup:
             self._cpu_at_warmup_end = cpu_seconds()
+        elif self.count > self.warmup:
+            self._cpu_at_last_step = cpu_seconds()
 
     def cpu_seconds_per_step(self) -> float:
-        """CPU seconds per measured step (from the first execution that ended after the warm-up)."""
+        """CPU seconds per measured step (from the first execution that ended after the warm-up to
+        the end of the last)."""
         measured = self.count - self.warmup
-        if self._cpu_at_warmup_end is None or measured <= 0:
+        if self._cpu_at_warmup_end is None or self._cpu_at_last_step is None or measured <= 0:
             return float("nan")
-        return (cpu_seconds() - self._cpu_at_warmup_end) / measured
+        return (self._cpu_at_last_step - self._cpu_at_warmup_end) / measured
 
 
 class StepLogCallback(tf.keras.callbacks.Callback):

@@ -1,0 +1,37 @@
+"""What the benchmark's workers report of their CPU time (`benchmarks.worker_events`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import worker_events
+
+
+@pytest.fixture
+def cpu_clock(monkeypatch):
+    """The process's CPU seconds as the test sets them; rank 1, so that no step is printed."""
+    clock = {"seconds": 0.0}
+    monkeypatch.setattr(worker_events, "cpu_seconds", lambda: clock["seconds"])
+    monkeypatch.setattr(worker_events.hvd, "rank", lambda: 1)
+    return clock
+
+
+def test_cpu_per_step_counts_the_measured_steps_and_not_what_follows_them(cpu_clock):
+    times = worker_events.StepLog(warmup=4)
+    cpu_clock["seconds"] = 10.0  # the warm-up execution (tracing included)
+    times.append(1.0, steps=4)
+    for _ in range(3):
+        cpu_clock["seconds"] += 2.0  # 0.5 s per step
+        times.append(1.0, steps=4)
+    cpu_clock["seconds"] += 6.0  # once, after training: a checkpoint, the weights check
+    assert times.cpu_seconds_per_step() == pytest.approx(0.5)
+
+
+def test_cpu_per_step_is_unknown_until_a_step_was_measured(cpu_clock):
+    times = worker_events.StepLog(warmup=4)
+    times.append(1.0, steps=4)
+    assert times.cpu_seconds_per_step() != times.cpu_seconds_per_step()  # NaN
+    without_warmup = worker_events.StepLog(warmup=0)
+    cpu_clock["seconds"] = 3.0
+    without_warmup.append(1.0, steps=2)
+    assert without_warmup.cpu_seconds_per_step() == pytest.approx(1.5)
