@@ -103,6 +103,7 @@ def caramel_details() -> dict:
         "alpha_seconds": replanner.link.alpha,
         "bytes_per_second": replanner.link.bytes_per_second,
         "plan_changes": replanner.plan_changes,
+        "cycle_ms": communicator.cycle.cycle_ms,
     }
 
 

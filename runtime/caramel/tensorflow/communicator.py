@@ -23,6 +23,7 @@ from caramel.job.contract import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
 from caramel.tensorflow.collectives import Chain, HorovodAverage, Reduce, run_split_transfers, run_transfers
+from caramel.tensorflow.cycle import CycleTuner
 from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
 from caramel.tensorflow.stamps import StampBook
@@ -58,6 +59,7 @@ class GradientCommunicator:
         self.contract = contract
         self.scheduling = contract.scheduling
         self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning))
+        self.cycle = CycleTuner()
         self.algorithm: str | None = None
         """ring or multitree, chosen when the first graph's gradients are seen."""
         self._tree_reduce: Reduce | None = None
