@@ -56,7 +56,7 @@ drop and how many steps Caramel needed to come back within 10% of the fresh run 
 
 Everything goes to runs/bench-<time>/ (the workers' logs, Horovod's autotune logs, results.json,
 step_time_vs_bandwidth.png). results.json is rewritten after every run, and Ctrl-C prints the
-tables of the runs that finished. Every run has a timeout; whatever ends the benchmark (the end,
+tables and draws the plot of the runs that finished. Every run has a timeout; whatever ends the benchmark (the end,
 an error, Ctrl-C, SIGTERM), the namespaces, links, iptables rule and processes are removed.
 """
 
@@ -683,8 +683,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scheduling_bench: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the tables below hold the runs that finished (also in {output / 'results.json'})", flush=True)
+        print(f"\ninterrupted: the tables and plot hold the runs that finished (also in {output / 'results.json'})", flush=True)
         print_tables(workloads, results, args)
+        if results:
+            plot(results, args.strategy_names, output / "step_time_vs_bandwidth.png")
         return 130
     print_tables(workloads, results, args)
     plot(results, args.strategy_names, output / "step_time_vs_bandwidth.png")
