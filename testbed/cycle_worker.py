@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import caramel.tensorflow as ctf
 from caramel.tensorflow import cycle
-from examples.train_small import DEFAULT_LEARNING_RATE, LOSS, batch, build_model, build_optimizer
+from testbed.small_steps import train
 
 STEPS_PER_EXECUTION = 4
 EXECUTIONS = 5  # one-step executions until the first measured plan, then the restart, then more steps
@@ -23,23 +23,14 @@ EXECUTIONS = 5  # one-step executions until the first measured plan, then the re
 def main() -> None:
     cycle.CYCLE_SHARE_OF_STEP = 1e3  # any measured step asks for the longest cycle
     ctf.init()
-    model = build_model(8)
-    optimizer = ctf.DistributedOptimizer(build_optimizer(DEFAULT_LEARNING_RATE))
-    ctf.broadcast_variables(model.variables)
-
-    def step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            loss = LOSS(labels, model(features))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    steps = ctf.function(step, steps_per_execution=STEPS_PER_EXECUTION)
-    data = iter(tf.data.Dataset.range(STEPS_PER_EXECUTION * EXECUTIONS).map(lambda i: batch(i, ctf.rank(), 16)))
-    for _ in range(EXECUTIONS):
-        steps(data)
+    model = train(EXECUTIONS, STEPS_PER_EXECUTION)
     checksum = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64)) for v in model.trainable_variables])
     every_rank = hvd.allgather(tf.reshape(checksum, [1]), name="cycle_worker_checksum").numpy()
-    report = {"cycle_ms": ctf.communicator().cycle.cycle_ms, "environment": os.environ.get("HOROVOD_CYCLE_TIME"), "same_weights": len(set(every_rank.tolist())) == 1}
+    report = {
+        "cycle_ms": ctf.communicator().cycle.cycle_ms,
+        "environment": os.environ.get("HOROVOD_CYCLE_TIME"),
+        "same_weights": len(set(every_rank.tolist())) == 1,
+    }
     print(json.dumps(report), flush=True)
 
 

@@ -14,7 +14,7 @@ from collections import Counter
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from examples.train_small import DEFAULT_LEARNING_RATE, LOSS, batch, build_model, build_optimizer
+from testbed.small_steps import train
 
 STEPS_PER_EXECUTION = 4
 EXECUTIONS = 3  # the first runs its steps one by one; the first measured plan comes in with the second
@@ -22,21 +22,12 @@ EXECUTIONS = 3  # the first runs its steps one by one; the first measured plan c
 
 def main() -> None:
     ctf.init()
-    model = build_model(8)
-    optimizer = ctf.DistributedOptimizer(build_optimizer(DEFAULT_LEARNING_RATE))
     steps_per_graph: Counter[tf.Graph] = Counter()
 
-    def step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        steps_per_graph[tf.compat.v1.get_default_graph()] += 1  # Python runs only while tracing
-        with tf.GradientTape() as tape:
-            loss = LOSS(labels, model(features))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+    def count_trace() -> None:
+        steps_per_graph[tf.compat.v1.get_default_graph()] += 1
 
-    steps = ctf.function(step, steps_per_execution=STEPS_PER_EXECUTION)
-    data = iter(tf.data.Dataset.range(STEPS_PER_EXECUTION * EXECUTIONS).map(lambda i: batch(i, ctf.rank(), 16)))
-    for _ in range(EXECUTIONS):
-        steps(data)
+    train(EXECUTIONS, STEPS_PER_EXECUTION, on_trace=count_trace)
     print(json.dumps({"steps_per_traced_graph": sorted(steps_per_graph.values())}), flush=True)
 
 
