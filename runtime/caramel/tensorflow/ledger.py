@@ -129,10 +129,10 @@ class Ledger:
 
 
 def plan_record() -> PlanRecord:
-    """The plan in force and the link it was made for."""
+    """The plan in force, the link it was made for, and Horovod's cycle."""
     replanner = communicator().replanner
     bucket = replanner.plan.batch.max_bytes if replanner.plan else 0
-    return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes)
+    return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes, communicator().cycle.cycle_ms / 1e3)
 
 
 def weights_digest(model: tf.keras.Model) -> str:
