@@ -26,6 +26,13 @@ def test_a_cycle_the_job_set_is_kept(monkeypatch):
     assert tuner.done and tuner.cycle_ms == 3.0
 
 
+@pytest.mark.parametrize("value", ["fast", "0", "-1", "nan"])
+def test_a_cycle_that_is_not_a_positive_number_of_milliseconds_is_refused(monkeypatch, value):
+    monkeypatch.setenv(cycle.CYCLE_TIME_VARIABLE, value)
+    with pytest.raises(ValueError, match=r"HOROVOD_CYCLE_TIME \(spec.env\): expected milliseconds above 0, got"):
+        cycle.CycleTuner()
+
+
 @pytest.mark.e2e
 def test_horovod_restarted_with_a_longer_cycle_between_executions_trains_on(tmp_path):
     manifest = job_manifest(script=None, command=[sys.executable, "-m", "testbed.cycle_worker"], args=[])

