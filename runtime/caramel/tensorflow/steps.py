@@ -71,8 +71,9 @@ class StepFunction:
         count = self.steps_per_execution if steps is None else steps
         if not 1 <= count <= self.steps_per_execution:
             raise ValueError(f"steps must be between 1 and steps_per_execution ({self.steps_per_execution}), got {count}")
-        replanner = communicator().replanner
-        communicator().cycle.at_boundary(replanner.seconds_per_step)
+        gradient_communicator = communicator()
+        replanner = gradient_communicator.replanner
+        gradient_communicator.cycle.at_boundary(replanner.seconds_per_step)
         steps_left = None if self.total_steps is None else max(0, self.total_steps - self.completed_steps)
         replanned = replanner.at_boundary(self.completed_steps, steps_left)
         if replanned:
