@@ -146,6 +146,9 @@ class Run:
     peak_rss_bytes: int = 0
     rank_peak_rss_bytes: list[int] = field(default_factory=list)
     """Each rank's peak RSS: one outlier rank sets `peak_rss_bytes`, and the median of these shows a typical worker."""
+    tensor_peak_bytes: int = 0
+    """The largest peak, over the ranks, of the bytes in use in TensorFlow's CPU allocator: live tensors only. Its pools
+    are never returned, so RSS also counts their fragmentation, which varies from run to run and rank to rank."""
     cpu_seconds_per_step: float = math.nan
     """CPU time per measured step, mean over the ranks."""
     details: dict = field(default_factory=dict)
@@ -177,6 +180,10 @@ class Cell:
     @property
     def peak_rss_bytes(self) -> int:
         return max((run.peak_rss_bytes for run in self.runs), default=0)
+
+    @property
+    def tensor_peak_bytes(self) -> int:
+        return max((run.tensor_peak_bytes for run in self.runs), default=0)
 
     @property
     def median_rank_rss_bytes(self) -> float:
@@ -284,12 +291,13 @@ def collect(events: list[dict]) -> Run:
     steps = [event["seconds"] for event in events if event.get("event") == "step" and event.get("rank", 0) == 0]
     summaries = [event for event in events if event.get("event") == "summary"]
     rank0 = next((s for s in summaries if s.get("rank") == 0), {})
-    details = {key: value for key, value in rank0.items() if key not in ("event", "rank", "peak_rss_bytes", "cpu_seconds_per_step")}
+    details = {key: value for key, value in rank0.items() if key not in ("event", "rank", "peak_rss_bytes", "tensor_peak_bytes", "cpu_seconds_per_step")}
     cpu = [s["cpu_seconds_per_step"] for s in summaries if isinstance(s.get("cpu_seconds_per_step"), float)]
     return Run(
         steps=steps,
         peak_rss_bytes=max((s.get("peak_rss_bytes", 0) for s in summaries), default=0),
         rank_peak_rss_bytes=[s["peak_rss_bytes"] for s in summaries if "peak_rss_bytes" in s],
+        tensor_peak_bytes=max((s.get("tensor_peak_bytes", 0) for s in summaries), default=0),
         cpu_seconds_per_step=statistics.fmean(cpu) if cpu else math.nan,
         details=details,
     )
@@ -436,7 +444,8 @@ def print_table(
         print(f"  at {point.rate_mbit:g} Mbit/s: CPU seconds per step and rank: caramel {caramel.cpu_seconds_per_step:.3f}, "
               f"horovod {horovod.cpu_seconds_per_step:.3f}; peak RSS MiB, largest (median) rank: caramel {caramel.peak_rss_bytes / 2**20:.0f} "
               f"({caramel.median_rank_rss_bytes / 2**20:.0f}), horovod {horovod.peak_rss_bytes / 2**20:.0f} "
-              f"({horovod.median_rank_rss_bytes / 2**20:.0f}); CPU floor: caramel "
+              f"({horovod.median_rank_rss_bytes / 2**20:.0f}); peak MiB in tensors, largest rank: caramel "
+              f"{caramel.tensor_peak_bytes / 2**20:.0f}, horovod {horovod.tensor_peak_bytes / 2**20:.0f}; CPU floor: caramel "
               f"{cpu_floor_seconds(caramel, workers):.3f} s, horovod {cpu_floor_seconds(horovod, workers):.3f} s")  # fmt: skip
         for run in point.cells.get("autotune", Cell()).runs:
             tuned = run.details.get("autotune", {})

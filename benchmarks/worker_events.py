@@ -79,6 +79,7 @@ def print_summary(strategy: str, times: StepLog, details: dict) -> None:
         "rank": hvd.rank(),
         "strategy": strategy,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "tensor_peak_bytes": tf.config.experimental.get_memory_info("CPU:0")["peak"],
         "cpu_seconds_per_step": times.cpu_seconds_per_step(),
         **details,
     }

@@ -135,7 +135,10 @@ def test_parse_event() -> None:
 
 def test_peak_rss_of_the_largest_and_the_median_rank(capsys: pytest.CaptureFixture[str]) -> None:
     def run(*rss_mib: int) -> bench.Run:
-        summaries = [{"event": "summary", "rank": rank, "peak_rss_bytes": mib * 2**20, "cpu_seconds_per_step": 1.0} for rank, mib in enumerate(rss_mib)]
+        summaries = [
+            {"event": "summary", "rank": rank, "peak_rss_bytes": mib * 2**20, "tensor_peak_bytes": (mib - 1000) * 2**20, "cpu_seconds_per_step": 1.0}
+            for rank, mib in enumerate(rss_mib)
+        ]
         return bench.collect([{"event": "step", "rank": 0, "seconds": 1.0}, *summaries])
 
     horovod = bench.Cell([run(3500, 3600, 4700, 3550), run(3400, 3500, 3600, 3700)])
@@ -144,7 +147,10 @@ def test_peak_rss_of_the_largest_and_the_median_rank(capsys: pytest.CaptureFixtu
     workload, = make_workloads("emulated", ["vgg16"])
     point = bench.Point(4000, 1.25, {"horovod": horovod, "caramel": caramel, "compute-only": caramel, "comm-only": caramel})
     bench.print_table(workload, [point], point, ("horovod", "caramel"), workers=4)
-    assert "peak RSS MiB, largest (median) rank: caramel 4600 (4475), horovod 4700 (3575)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "peak RSS MiB, largest (median) rank: caramel 4600 (4475), horovod 4700 (3575)" in out
+    assert "peak MiB in tensors, largest rank: caramel 3600, horovod 3700" in out
+    assert "tensor_peak_bytes" not in caramel.runs[0].details
 
 
 def test_workloads_of_each_mode() -> None:
