@@ -146,9 +146,10 @@ class Run:
     peak_rss_bytes: int = 0
     rank_peak_rss_bytes: list[int] = field(default_factory=list)
     """Each rank's peak RSS: one outlier rank sets `peak_rss_bytes`, and the median of these shows a typical worker."""
-    tensor_peak_bytes: int = 0
+    tensor_peak_bytes: int | None = None
     """The largest peak, over the ranks, of the bytes in use in TensorFlow's CPU allocator: live tensors only. Its pools
-    are never returned, so RSS also counts their fragmentation, which varies from run to run and rank to rank."""
+    are never returned, so RSS also counts their fragmentation, which varies from run to run and rank to rank. None
+    where the allocator keeps no count."""
     cpu_seconds_per_step: float = math.nan
     """CPU time per measured step, mean over the ranks."""
     details: dict = field(default_factory=dict)
@@ -182,8 +183,8 @@ class Cell:
         return max((run.peak_rss_bytes for run in self.runs), default=0)
 
     @property
-    def tensor_peak_bytes(self) -> int:
-        return max((run.tensor_peak_bytes for run in self.runs), default=0)
+    def tensor_peak_bytes(self) -> int | None:
+        return max((run.tensor_peak_bytes for run in self.runs if run.tensor_peak_bytes is not None), default=None)
 
     @property
     def median_rank_rss_bytes(self) -> float:
@@ -297,7 +298,7 @@ def collect(events: list[dict]) -> Run:
         steps=steps,
         peak_rss_bytes=max((s.get("peak_rss_bytes", 0) for s in summaries), default=0),
         rank_peak_rss_bytes=[s["peak_rss_bytes"] for s in summaries if "peak_rss_bytes" in s],
-        tensor_peak_bytes=max((s.get("tensor_peak_bytes", 0) for s in summaries), default=0),
+        tensor_peak_bytes=max((s["tensor_peak_bytes"] for s in summaries if s.get("tensor_peak_bytes") is not None), default=None),
         cpu_seconds_per_step=statistics.fmean(cpu) if cpu else math.nan,
         details=details,
     )
@@ -408,6 +409,10 @@ def bench_workload(bench: Bench, workload: Workload, rates: list[float], checkpo
 # -- reporting --------------------------------------------------------------------------------
 
 
+def mebibytes(nbytes: int | None) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / 2**20:.0f}"
+
+
 def print_table(
     workload: Workload, points: list[Point], operating: Point | None, strategies: tuple[str, ...], workers: int
 ) -> None:
@@ -445,7 +450,7 @@ def print_table(
               f"horovod {horovod.cpu_seconds_per_step:.3f}; peak RSS MiB, largest (median) rank: caramel {caramel.peak_rss_bytes / 2**20:.0f} "
               f"({caramel.median_rank_rss_bytes / 2**20:.0f}), horovod {horovod.peak_rss_bytes / 2**20:.0f} "
               f"({horovod.median_rank_rss_bytes / 2**20:.0f}); peak MiB in tensors, largest rank: caramel "
-              f"{caramel.tensor_peak_bytes / 2**20:.0f}, horovod {horovod.tensor_peak_bytes / 2**20:.0f}; CPU floor: caramel "
+              f"{mebibytes(caramel.tensor_peak_bytes)}, horovod {mebibytes(horovod.tensor_peak_bytes)}; CPU floor: caramel "
               f"{cpu_floor_seconds(caramel, workers):.3f} s, horovod {cpu_floor_seconds(horovod, workers):.3f} s")  # fmt: skip
         for run in point.cells.get("autotune", Cell()).runs:
             tuned = run.details.get("autotune", {})

@@ -151,6 +151,10 @@ def test_peak_rss_of_the_largest_and_the_median_rank(capsys: pytest.CaptureFixtu
     assert "peak RSS MiB, largest (median) rank: caramel 4600 (4475), horovod 4700 (3575)" in out
     assert "peak MiB in tensors, largest rank: caramel 3600, horovod 3700" in out
     assert "tensor_peak_bytes" not in caramel.runs[0].details
+    # With oneDNN off, TensorFlow's allocator keeps no count: the workers say null.
+    uncounted = bench.collect([{"event": "summary", "rank": 0, "peak_rss_bytes": 2**30, "tensor_peak_bytes": None}])
+    assert uncounted.tensor_peak_bytes is None and bench.Cell([uncounted]).tensor_peak_bytes is None
+    assert bench.mebibytes(None) == "n/a" and bench.mebibytes(3 * 2**20) == "3"
 
 
 def test_workloads_of_each_mode() -> None:

@@ -35,3 +35,15 @@ def test_cpu_per_step_is_unknown_until_a_step_was_measured(cpu_clock):
     cpu_clock["seconds"] = 3.0
     without_warmup.append(1.0, steps=2)
     assert without_warmup.cpu_seconds_per_step() == pytest.approx(1.5)
+
+
+def test_the_tensor_peak_is_tensorflows_count_of_live_bytes():
+    """Real TensorFlow, in this process: oneDNN's allocator (the default here) counts; a 4 MiB
+    tensor alive at once shows in the peak."""
+    import tensorflow as tf
+
+    held = tf.ones([1024, 1024])
+    peak = worker_events.tensor_peak_bytes()
+    if peak is None:
+        pytest.skip("this TensorFlow's CPU allocator keeps no count (oneDNN off)")
+    assert peak >= held.shape.num_elements() * 4
