@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import tensorflow as tf
 
 from benchmarks import worker_events
 
@@ -40,8 +41,6 @@ def test_cpu_per_step_is_unknown_until_a_step_was_measured(cpu_clock):
 def test_the_tensor_peak_is_tensorflows_count_of_live_bytes():
     """Real TensorFlow, in this process: oneDNN's allocator (the default here) counts; a 4 MiB
     tensor alive at once shows in the peak."""
-    import tensorflow as tf
-
     held = tf.ones([1024, 1024])
     peak = worker_events.tensor_peak_bytes()
     if peak is None:
