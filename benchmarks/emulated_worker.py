@@ -30,7 +30,7 @@ import tensorflow as tf
 import caramel.tensorflow as ctf
 from benchmarks import emulated_model
 from benchmarks.profiles import load_profile, scaled
-from benchmarks.workloads import WARMUP_STEPS, WORKER_STRATEGIES
+from benchmarks.workloads import WORKER_STRATEGIES, warmup_steps
 from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, caramel_details, print_summary
 from caramel.tensorflow.keras import TrainingCallback
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION
@@ -45,13 +45,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile", required=True, help="resnet50, vgg16 or bert_base")
     parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
     parser.add_argument("--steps", type=int, default=32, help="measured steps (default 32)")
-    parser.add_argument("--warmup", type=int, default=WARMUP_STEPS, help=f"steps run before measuring (default {WARMUP_STEPS}, as the benchmark's)")
+    parser.add_argument("--warmup", type=int, help="steps run before measuring (default: the benchmark's for --steps-per-execution)")
     parser.add_argument(
         "--steps-per-execution", type=int, default=DEFAULT_STEPS_PER_EXECUTION,
         help=f"Keras' steps_per_execution (default {DEFAULT_STEPS_PER_EXECUTION}, Caramel's)",
     )
     parser.add_argument("--device-tflops", type=float, help="emulated device rate; default: the profile's")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.warmup is None:
+        args.warmup = warmup_steps(args.steps_per_execution)
+    return args
 
 
 def main() -> None:

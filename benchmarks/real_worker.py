@@ -37,7 +37,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import caramel.tensorflow as ctf  # noqa: E402
 from benchmarks.worker_events import StepLog, allreduce_all_at_once, caramel_details, print_summary  # noqa: E402
-from benchmarks.workloads import REAL_MODELS, WARMUP_STEPS, WORKER_STRATEGIES, RealModel  # noqa: E402
+from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, RealModel, warmup_steps  # noqa: E402
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION  # noqa: E402
 from examples import train_resnet50, train_small  # noqa: E402
 
@@ -94,12 +94,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", required=True, choices=sorted(REAL_MODELS))
     parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
     parser.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
-    parser.add_argument("--warmup", type=int, default=WARMUP_STEPS, help=f"steps run before measuring (default {WARMUP_STEPS}, as the benchmark's)")
+    parser.add_argument("--warmup", type=int, help="steps run before measuring (default: the benchmark's for --steps-per-execution)")
     parser.add_argument(
         "--steps-per-execution", type=int, default=DEFAULT_STEPS_PER_EXECUTION,
         help=f"Caramel's steps per graph (default {DEFAULT_STEPS_PER_EXECUTION})",
     )  # fmt: skip
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.warmup is None:
+        args.warmup = warmup_steps(args.steps_per_execution)
+    return args
 
 
 def main() -> None:

@@ -76,7 +76,7 @@ from pathlib import Path
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
-from benchmarks.workloads import COMPUTE_MODES, WARMUP_STEPS, Workload, device_label, make_workloads
+from benchmarks.workloads import COMPUTE_MODES, Workload, device_label, make_workloads, warmup_steps
 
 
 JOB_NAME = "bench"
@@ -118,6 +118,10 @@ STRATEGIES = {
     ),  # fmt: skip
 }
 SWEEP_STRATEGIES = ("horovod", "autotune", "caramel")
+# A run's step time is the median over its measured executions (each step of one execution
+# takes the execution's time over its steps): with at least three, one odd execution (the
+# re-trace of an adopted plan, a stall) does not decide it.
+MEASURED_EXECUTIONS = 3
 # Horovod's autotuner scores a setting by the median of 5 samples of STEPS_PER_SAMPLE steps
 # each, ignores its first WARMUP_SAMPLES settings, and tries MAX_SAMPLES + 1 settings of fusion
 # threshold and cycle time (Bayesian optimisation) for every combination of its categorical
@@ -596,8 +600,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and rate (default 3)")
     parser.add_argument("--steps", type=int, default=24, help="measured steps per run (default 24)")
     parser.add_argument(
-        "--warmup", type=int, default=WARMUP_STEPS,
-        help=f"unmeasured steps first (default {WARMUP_STEPS}: Caramel's plans have settled by then)",
+        "--warmup", type=int,
+        help="unmeasured steps first (default: until Caramel's early re-plan was adopted and re-traced, 20 steps at 4 steps "
+        "per execution; no fewer where a Caramel strategy runs)",
     )  # fmt: skip
     parser.add_argument(
         "--steps-per-execution", type=int, default=4,
@@ -652,6 +657,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(STRATEGIES)})")
     if args.steps_per_execution < 1:
         parser.error(f"--steps-per-execution: must be at least 1, got {args.steps_per_execution}")
+    if args.steps < MEASURED_EXECUTIONS * args.steps_per_execution:
+        parser.error(
+            f"--steps: {args.steps} steps are fewer than {MEASURED_EXECUTIONS} executions of --steps-per-execution "
+            f"{args.steps_per_execution}; a run's median step would then be decided by one execution, such as one that re-traces"
+        )
+    settled = warmup_steps(args.steps_per_execution)
+    if args.warmup is None:
+        args.warmup = settled
+    elif args.warmup < settled and any(STRATEGIES[name].worker == "caramel" for name in args.strategy_names):
+        parser.error(
+            f"--warmup: {args.warmup} steps end before Caramel's early re-plan was adopted and re-traced at "
+            f"{args.steps_per_execution} steps per execution (by step {settled}); use at least {settled}"
+        )
     try:
         args.rate_list = sorted(float(rate) for rate in args.rates.split(","))
     except ValueError:

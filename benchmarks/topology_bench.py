@@ -52,7 +52,7 @@ from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_j
 from benchmarks.netem import EmulatedCluster, HarnessError, rack_of
 from benchmarks.profiles import NAMES as PROFILES
 from benchmarks.scheduling_bench import collect
-from benchmarks.workloads import WARMUP_STEPS, make_workloads
+from benchmarks.workloads import make_workloads, warmup_steps
 
 PREFIX = "crtp"
 SUBNET = "10.213.9.0/24"
@@ -128,11 +128,12 @@ def run_model(
     (workload,) = make_workloads("emulated", [args.model])
     # Generous: start-up and tracing, plus every step at ten times compute and a ring over the uplink.
     step = workload.compute_seconds + 2 * workload.gradient_bytes / (uplink * 1e6 / 8)
-    timeout = 300 + 10 * (WARMUP_STEPS + args.model_steps) * step
+    warmup = warmup_steps(args.steps_per_execution)
+    timeout = 300 + 10 * (warmup + args.model_steps) * step
     events = []
     for repeat in range(args.repeats):
         for label, strategy, caramel in MODEL_ALGORITHMS:
-            command = workload.command(strategy, args.model_steps, WARMUP_STEPS, args.steps_per_execution)
+            command = workload.command(strategy, args.model_steps, warmup, args.steps_per_execution)
             # The cluster maps the hostnames of the all-reduce job: the model jobs take its name.
             job = bench_job(f"topology-{testbed}", command, args.workers, f"{PREFIX}-eth", env, caramel)
             log = directory / f"{testbed}-{args.model}-{label.replace(' ', '-')}-{repeat}.log"

@@ -76,11 +76,13 @@ class StepLogCallback(tf.keras.callbacks.Callback):
 def tensor_peak_bytes() -> int | None:
     """The most bytes TensorFlow's CPU allocator held at once (live tensors), where it keeps
     count: its oneDNN allocator, TensorFlow's default on x86, does; the plain one
-    (TF_ENABLE_ONEDNN_OPTS=0) does not."""
+    (TF_ENABLE_ONEDNN_OPTS=0) raises, and oneDNN's with TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1 says 0
+    (a worker that trained has held tensors)."""
     try:
-        return tf.config.experimental.get_memory_info("CPU:0")["peak"]
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
     except ValueError:
         return None
+    return peak or None
 
 
 def print_summary(strategy: str, times: StepLog, details: dict) -> None:

@@ -16,16 +16,21 @@ import sys
 from dataclasses import dataclass
 
 from benchmarks.profiles import BYTES_PER_PARAMETER, NAMES, Profile, load_profile, scaled
+from caramel.planner.schedule import early_replan_settled_step
 
 EMULATED_WORKER = "benchmarks.emulated_worker"
 REAL_WORKER = "benchmarks.real_worker"
 
 
-# Unmeasured steps of every run. With 4 steps per execution Caramel runs steps 1-4 one at a time,
-# adopts its first measured plan for step 5, re-plans early at the boundary after step 12 and
-# adopts that plan (if it gains enough) at the next one: steps 17-20 then re-trace the graph,
-# seconds for a large model. From step 21 on, the steps are the ones training runs with.
-WARMUP_STEPS = 20
+def warmup_steps(steps_per_execution: int) -> int:
+    """Unmeasured steps of every run: until Caramel's early re-plan was adopted and re-traced.
+
+    With 4 steps per execution Caramel runs steps 1-4 one at a time, adopts its first measured
+    plan for step 5, re-plans early at the boundary after step 12 and adopts that plan (if it
+    gains enough) at the next one: steps 17-20 then re-trace the graph, seconds for a large
+    model (70 s for BERT-base's 8-step graph), and from step 21 on the steps are the ones
+    training runs with. With 8 steps per execution that is step 33 on."""
+    return early_replan_settled_step(steps_per_execution)
 
 
 @dataclass(frozen=True)

@@ -205,16 +205,22 @@ def test_cpu_floor_is_every_ranks_cpu_over_the_cores(monkeypatch: pytest.MonkeyP
 
 
 def test_warmup_covers_caramels_early_replan() -> None:
-    """The default warm-up ends after the execution that adopts the early re-plan (and re-traces)."""
-    from caramel.tensorflow.replanner import EARLY_REPLAN_STEP, PLAN_LAG_STEPS
-    from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION as per_execution
+    """The default warm-up ends with the execution that adopts the early re-plan, and re-traces."""
+    assert bench.parse_args([]).warmup == 20  # steps 1-4 one at a time, searched after 12, adopted for 17-20
+    assert bench.parse_args(["--steps-per-execution", "8"]).warmup == 32  # adopted for 25-32, as a BERT-base run showed
+    assert bench.parse_args(["--steps-per-execution", "1", "--steps", "3"]).warmup == 12
 
-    def boundary_at_or_after(step: int) -> int:
-        return -(-step // per_execution) * per_execution
 
-    search_at = boundary_at_or_after(EARLY_REPLAN_STEP)
-    retraced_until = boundary_at_or_after(search_at + PLAN_LAG_STEPS) + per_execution
-    assert bench.parse_args([]).warmup >= retraced_until
+def test_warmup_short_of_caramels_replan(capsys: pytest.CaptureFixture[str]) -> None:
+    message = parse_error(capsys, "--steps-per-execution", "8", "--warmup", "24")
+    assert "--warmup: 24 steps end before Caramel's early re-plan was adopted and re-traced at 8 steps per execution" in message
+    assert "use at least 32" in message
+    assert bench.parse_args(["--strategies", "horovod", "--warmup", "3"]).warmup == 3  # Horovod alone does not re-plan
+
+
+def test_steps_cover_three_executions(capsys: pytest.CaptureFixture[str]) -> None:
+    message = parse_error(capsys, "--steps", "16", "--steps-per-execution", "8")
+    assert "--steps: 16 steps are fewer than 3 executions of --steps-per-execution 8" in message
 
 
 class InterruptedBench:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import tensorflow as tf
 
 from benchmarks import worker_events
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -46,3 +53,12 @@ def test_the_tensor_peak_is_tensorflows_count_of_live_bytes():
     if peak is None:
         pytest.skip("this TensorFlow's CPU allocator keeps no count (oneDNN off)")
     assert peak >= held.shape.num_elements() * 4
+
+
+def test_no_tensor_peak_where_the_allocator_keeps_no_count():
+    """oneDNN's allocator handing every buffer to the system allocator counts nothing: the peak
+    is unknown, not 0. Its own process, because TensorFlow reads the setting once."""
+    probe = "import tensorflow as tf; from benchmarks import worker_events; held = tf.ones([1024, 1024]); print(worker_events.tensor_peak_bytes())"
+    env = {**os.environ, "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=True, cwd=REPOSITORY)
+    assert result.stdout.strip().splitlines()[-1] == "None"

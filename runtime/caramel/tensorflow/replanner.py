@@ -30,16 +30,20 @@ import tensorflow as tf
 
 from caramel.job.api import Scheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
-from caramel.planner.schedule import PAYBACK_STEPS, Plan, TensorCost, initial_plan, replan_interval, repays_retrace, simulate
+from caramel.planner.schedule import (
+    EARLY_REPLAN_STEP,
+    PAYBACK_STEPS,
+    PLAN_LAG_STEPS,
+    Plan,
+    TensorCost,
+    initial_plan,
+    replan_interval,
+    repays_retrace,
+    simulate,
+)
 from caramel.planner.search import Search, plan_document, plan_from
 from caramel.planner.timing import StepTimes, typical_backward_seconds
 
-# After the first measured plan: one early re-plan once the link was timed on more real
-# transfers, then one every replanIntervalSteps.
-EARLY_REPLAN_STEP = 10
-# A plan searched for at one boundary is adopted at the first boundary this many steps later,
-# on every rank, so that the search never stalls a step.
-PLAN_LAG_STEPS = 1
 # Steps whose timings the replanner remembers for release times.
 RECENT_STEPS = 16
 # A new plan must be predicted this much faster than the measured one in force (re-tracing costs
