@@ -260,10 +260,10 @@ class Bench:
         self.cluster.set_rate(rate_mbit)
         steps = steps or self.args.steps
         tag = f"{workload.name}-{rate_mbit:g}mbit-{workload.device_tag}-{strategy}-{repeat}"
-        warmup, env = self.args.warmup, {}
+        warmup, env = self.args.warmup, dict(self.args.worker_env)
         if strategy == "autotune":
             warmup = self.args.autotune_warmup
-            env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
+            env |= {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
         chosen = STRATEGIES.get(strategy, Strategy(strategy))  # compute-only and comm-only run as they are named
         command = workload.command(chosen.worker, steps, warmup, self.args.steps_per_execution)
         job = bench_job(JOB_NAME, command, self.args.workers, self.cluster.interface, env, chosen.caramel)
@@ -584,6 +584,13 @@ def parse_rate_drop(spec: str) -> tuple[float, float, int]:
 # -- main -------------------------------------------------------------------------------------
 
 
+def parse_worker_env(setting: str) -> tuple[str, str]:
+    name, equals, value = setting.partition("=")
+    if not equals or not name.isidentifier():
+        raise ValueError(f"expected NAME=VALUE such as TF_ENABLE_ONEDNN_OPTS=0, got {setting!r}")
+    return name, value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the method.")
     parser.add_argument(
@@ -635,6 +642,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cluster-subnet", default=DEFAULT_SUBNET,
         help=f"the cluster's private /24 (default {DEFAULT_SUBNET}); another cluster running at the same time needs its own, such as 10.213.8.0/24",
     )  # fmt: skip
+    parser.add_argument(
+        "--worker-env", metavar="NAME=VALUE", action="append", default=[],
+        help="an environment variable for every worker of every strategy (the job's spec.env), such as an allocator "
+        "setting to compare under the same conditions; repeatable",
+    )  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a worker module; default: the compute mode's worker
     parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/bench-<time>)")
     args = parser.parse_args(argv)
@@ -676,6 +688,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--rates: expected comma-separated Mbit/s such as 1000,4000, got {args.rates!r}")
     if any(rate <= 0 for rate in args.rate_list):
         parser.error(f"--rates: rates must be positive, got {args.rates!r}")
+    try:
+        args.worker_env = [parse_worker_env(setting) for setting in args.worker_env]
+    except ValueError as error:
+        parser.error(f"--worker-env: {error}")
     try:
         args.drop = parse_rate_drop(args.rate_drop) if args.rate_drop else None
     except ValueError:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 import benchmarks.scheduling_bench as bench
 from benchmarks.jobrun import parse_event
 from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, make_workloads
-from caramel.job.api import Scheduling
+from caramel.job.api import CaramelJob, Scheduling
 
 
 def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -62,6 +63,45 @@ def test_bad_strategies(capsys: pytest.CaptureFixture[str], strategies: str, mes
 @pytest.mark.parametrize("spec", ["4000:1000", "4000:1000:x", "fast:1000:20", "1:2:3:4"])
 def test_bad_rate_drop(capsys: pytest.CaptureFixture[str], spec: str) -> None:
     assert "--rate-drop: expected FROM:TO:AT_STEP" in parse_error(capsys, "--rate-drop", spec)
+
+
+def test_worker_env() -> None:
+    args = bench.parse_args(["--worker-env", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", "--worker-env", "LD_PRELOAD=/lib/a.so=b"])
+    assert args.worker_env == [("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", "1"), ("LD_PRELOAD", "/lib/a.so=b")]
+    assert bench.parse_args([]).worker_env == []
+
+
+class ShapedLinks:
+    """Stands in for root's emulated cluster (network namespaces, tc): only what a run asks of it."""
+
+    interface = "crml-eth"
+
+    def set_rate(self, rate_mbit: float) -> None:
+        self.rate_mbit = rate_mbit
+
+
+def test_worker_env_reaches_every_strategys_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    jobs = []
+
+    def run_job(cluster: object, job: CaramelJob, timeout: float, log: Path, on_event: object) -> None:
+        jobs.append(job)
+        raise bench.RunFailed("not started: the test only reads the job")
+
+    monkeypatch.setattr(bench, "run_job", run_job)
+    args = bench.parse_args(["--worker-env", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", "--strategies", "horovod,autotune,caramel"])
+    runner = bench.Bench(args, ShapedLinks(), tmp_path)
+    workload, = make_workloads("emulated", ["resnet50"])
+    for strategy in ("horovod", "autotune", "caramel"):
+        assert runner.run(workload, strategy, 1000, 0).error
+    for job in jobs:
+        env = {variable.name: variable.value for variable in job.spec.env}
+        assert env["TF_ONEDNN_USE_SYSTEM_ALLOCATOR"] == "1"
+    assert "HOROVOD_AUTOTUNE" in {variable.name for variable in jobs[1].spec.env}
+
+
+@pytest.mark.parametrize("setting", ["TF_ENABLE_ONEDNN_OPTS", "=0", "1X=0"])
+def test_bad_worker_env(capsys: pytest.CaptureFixture[str], setting: str) -> None:
+    assert f"--worker-env: expected NAME=VALUE such as TF_ENABLE_ONEDNN_OPTS=0, got {setting!r}" in parse_error(capsys, "--worker-env", setting)
 
 
 def test_rate_drop() -> None:
