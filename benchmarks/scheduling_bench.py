@@ -677,7 +677,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     settled = warmup_steps(args.steps_per_execution)
     if args.warmup is None:
         args.warmup = settled
-    elif args.warmup < settled and any(STRATEGIES[name].worker == "caramel" for name in args.strategy_names):
+    elif args.warmup < settled and (args.rate_drop or any(STRATEGIES[name].worker == "caramel" for name in args.strategy_names)):
         parser.error(
             f"--warmup: {args.warmup} steps end before Caramel's early re-plan was adopted and re-traced at "
             f"{args.steps_per_execution} steps per execution (by step {settled}); use at least {settled}"

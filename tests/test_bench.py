@@ -256,6 +256,7 @@ def test_warmup_short_of_caramels_replan(capsys: pytest.CaptureFixture[str]) -> 
     assert "--warmup: 24 steps end before Caramel's early re-plan was adopted and re-traced at 8 steps per execution" in message
     assert "use at least 32" in message
     assert bench.parse_args(["--strategies", "horovod", "--warmup", "3"]).warmup == 3  # Horovod alone does not re-plan
+    assert "--warmup: 3 steps end before" in parse_error(capsys, "--strategies", "horovod", "--warmup", "3", "--rate-drop", "4000:1000:20")
 
 
 def test_steps_cover_three_executions(capsys: pytest.CaptureFixture[str]) -> None:
