@@ -675,6 +675,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"{args.steps_per_execution}; a run's median step would then be decided by one execution, such as one that re-traces"
         )
     settled = warmup_steps(args.steps_per_execution)
+    if args.warmup is not None and args.warmup < 0:
+        parser.error(f"--warmup: must be 0 or more steps, got {args.warmup}")
     if args.warmup is None:
         args.warmup = settled
     elif args.warmup < settled and (args.rate_drop or any(STRATEGIES[name].worker == "caramel" for name in args.strategy_names)):

@@ -259,6 +259,10 @@ def test_warmup_short_of_caramels_replan(capsys: pytest.CaptureFixture[str]) -> 
     assert "--warmup: 3 steps end before" in parse_error(capsys, "--strategies", "horovod", "--warmup", "3", "--rate-drop", "4000:1000:20")
 
 
+def test_negative_warmup(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--warmup: must be 0 or more steps, got -1" in parse_error(capsys, "--strategies", "horovod", "--warmup", "-1")
+
+
 def test_steps_cover_three_executions(capsys: pytest.CaptureFixture[str]) -> None:
     message = parse_error(capsys, "--steps", "16", "--steps-per-execution", "8")
     assert "--steps: 16 steps are fewer than 3 executions of --steps-per-execution 8" in message
