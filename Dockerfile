@@ -52,6 +52,9 @@ COPY operator /src/operator
 RUN pip wheel --no-deps --no-cache-dir --wheel-dir /wheels /src
 
 FROM base AS runtime
+# tcmalloc, which the entrypoint preloads into training processes (spec.workers.memoryAllocator).
+RUN apt-get update && apt-get install -y --no-install-recommends libtcmalloc-minimal4 \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --uid 10001 --create-home --home-dir /home/caramel caramel
 ENV VIRTUAL_ENV=/opt/caramel/venv
 # `python` is the venv's python: worker commands are `python -m caramel.launch.entrypoint ...`.

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caramel.job.api import CaramelJob
+from caramel.job.api import CaramelJob, MemoryAllocator
 from caramel.job.contract import worker_command, worker_env, worker_name
 from caramel.job.jobfile import parse_job
 from caramel.launch.processes import describe_exit, pump_lines
@@ -49,6 +49,7 @@ def bench_job(
     interface: str | None,
     env: dict[str, str] | None = None,
     caramel: dict | None = None,
+    memory_allocator: MemoryAllocator = MemoryAllocator.TCMALLOC,
 ) -> CaramelJob:
     """The CaramelJob of one benchmark run: `workers` single-slot workers running `command`.
 
@@ -63,7 +64,7 @@ def bench_job(
             "metadata": {"name": name},
             "spec": {
                 "command": list(command),
-                "workers": {"replicas": workers},
+                "workers": {"replicas": workers, "memoryAllocator": memory_allocator.value},
                 "rendezvous": rendezvous,
                 "metrics": {"enabled": False},
                 "caramel": caramel or {},

@@ -74,6 +74,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from caramel.job.api import MemoryAllocator
+
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
 from benchmarks.workloads import COMPUTE_MODES, Workload, device_label, make_workloads, warmup_steps
@@ -266,7 +268,9 @@ class Bench:
             env |= {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
         chosen = STRATEGIES.get(strategy, Strategy(strategy))  # compute-only and comm-only run as they are named
         command = workload.command(chosen.worker, steps, warmup, self.args.steps_per_execution)
-        job = bench_job(JOB_NAME, command, self.args.workers, self.cluster.interface, env, chosen.caramel)
+        job = bench_job(
+            JOB_NAME, command, self.args.workers, self.cluster.interface, env, chosen.caramel, MemoryAllocator(self.args.memory_allocator)
+        )
         self.say(f"{workload.name} at {rate_mbit:g} Mbit/s, {workload.device}: {strategy} (run {repeat + 1})")
         timeout = self.timeout(workload, rate_mbit, warmup + steps)
         try:
@@ -646,6 +650,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--worker-env", metavar="NAME=VALUE", action="append", default=[],
         help="an environment variable for every worker of every strategy (the job's spec.env), such as an allocator "
         "setting to compare under the same conditions; repeatable",
+    )  # fmt: skip
+    parser.add_argument(
+        "--memory-allocator", choices=[choice.value for choice in MemoryAllocator], default=MemoryAllocator.TCMALLOC.value,
+        help="every strategy's spec.workers.memoryAllocator (default tcmalloc, as in a job; tensorflow: oneDNN's own pool)",
     )  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a worker module; default: the compute mode's worker
     parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/bench-<time>)")

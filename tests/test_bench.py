@@ -10,7 +10,7 @@ import pytest
 import benchmarks.scheduling_bench as bench
 from benchmarks.jobrun import parse_event
 from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, make_workloads
-from caramel.job.api import CaramelJob, Scheduling
+from caramel.job.api import CaramelJob, MemoryAllocator, Scheduling
 
 
 def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -80,7 +80,7 @@ class ShapedLinks:
         self.rate_mbit = rate_mbit
 
 
-def test_worker_env_reaches_every_strategys_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_worker_env_and_allocator_reach_every_strategys_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     jobs = []
 
     def run_job(cluster: object, job: CaramelJob, timeout: float, log: Path, on_event: object) -> None:
@@ -88,7 +88,9 @@ def test_worker_env_reaches_every_strategys_job(monkeypatch: pytest.MonkeyPatch,
         raise bench.RunFailed("not started: the test only reads the job")
 
     monkeypatch.setattr(bench, "run_job", run_job)
-    args = bench.parse_args(["--worker-env", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", "--strategies", "horovod,autotune,caramel"])
+    args = bench.parse_args(
+        ["--worker-env", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", "--memory-allocator", "tensorflow", "--strategies", "horovod,autotune,caramel"]
+    )
     runner = bench.Bench(args, ShapedLinks(), tmp_path)
     workload, = make_workloads("emulated", ["resnet50"])
     for strategy in ("horovod", "autotune", "caramel"):
@@ -96,7 +98,13 @@ def test_worker_env_reaches_every_strategys_job(monkeypatch: pytest.MonkeyPatch,
     for job in jobs:
         env = {variable.name: variable.value for variable in job.spec.env}
         assert env["TF_ONEDNN_USE_SYSTEM_ALLOCATOR"] == "1"
+        assert job.spec.workers.memory_allocator == MemoryAllocator.TENSORFLOW
     assert "HOROVOD_AUTOTUNE" in {variable.name for variable in jobs[1].spec.env}
+
+
+def test_memory_allocator(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.parse_args([]).memory_allocator == "tcmalloc"
+    assert "--memory-allocator: invalid choice: 'jemalloc'" in parse_error(capsys, "--memory-allocator", "jemalloc")
 
 
 @pytest.mark.parametrize("setting", ["TF_ENABLE_ONEDNN_OPTS", "=0", "1X=0"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
+from caramel.job.api import MemoryAllocator
 from caramel.job.contract import WorkerContract, slot_env, worker_command, worker_env, worker_name
 from caramel.job.jobfile import parse_job
 from caramel.topology.simulate import choose_allreduce
@@ -79,6 +80,15 @@ def test_contract_round_trips_scheduling_and_checkpoint():
     assert contract.worker_index == 1
     assert contract.slots_per_worker == 2
     assert contract.rendezvous_addr == CLUSTER_PEERS[0]
+
+
+def test_the_memory_allocator_reaches_the_worker_and_a_bad_one_is_named():
+    default = WorkerContract.from_env(worker_env(job(), 0, CLUSTER_PEERS))
+    assert default.memory_allocator == MemoryAllocator.TCMALLOC
+    chosen = worker_env(job(workers={"replicas": 3, "memoryAllocator": "tensorflow"}), 0, CLUSTER_PEERS)
+    assert WorkerContract.from_env(chosen).memory_allocator == MemoryAllocator.TENSORFLOW
+    with pytest.raises(RuntimeError, match="CARAMEL_MEMORY_ALLOCATOR is 'jemalloc'; it must be one of tcmalloc, tensorflow"):
+        WorkerContract.from_env({**chosen, "CARAMEL_MEMORY_ALLOCATOR": "jemalloc"})
 
 
 def test_user_env_is_added_and_may_override_defaults():

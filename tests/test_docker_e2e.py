@@ -137,6 +137,8 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox, tmp_path:
     outputs = [logs(name) for name in names]
     everything = "\n".join(f"=== {name}\n{output}" for name, output in zip(names, outputs))
     assert exit_codes == [0] * len(names), everything
+    # The image carries the allocator the entrypoint preloads (spec.workers.memoryAllocator).
+    assert all("training processes: memory from tcmalloc" in output for output in outputs), everything
 
     digests = dict(re.findall(r"rank (\d+) \| caramel: weights digest (\w+)", everything))
     assert sorted(digests) == ["0", "1"], everything

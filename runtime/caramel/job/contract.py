@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from caramel.job.api import Allreduce, CaramelJob, Checkpoint, Scheduling, Tuning
+from caramel.job.api import Allreduce, CaramelJob, Checkpoint, MemoryAllocator, Scheduling, Tuning
 from caramel.topology.model import Topology
 from caramel.topology.synthetic import racks
 from caramel.topology.wire import from_json, to_json
@@ -102,6 +102,7 @@ def worker_env(
         "CARAMEL_WORKER_INDEX": str(worker_index),
         "CARAMEL_HOSTS": ",".join(f"{worker_name(job, i)}:{slots}" for i in range(replicas)),
         "CARAMEL_SCHEDULING": spec.caramel.model_dump_json(by_alias=True),
+        "CARAMEL_MEMORY_ALLOCATOR": spec.workers.memory_allocator.value,
         "CARAMEL_METRICS_PORT": str(spec.metrics.port + processes_before_on_same_machine) if spec.metrics.enabled else "",
     }
     if spec.rendezvous.network_interface:
@@ -151,6 +152,7 @@ class WorkerContract:
     rendezvous_addr: str
     rendezvous_port: int
     scheduling: Scheduling
+    memory_allocator: MemoryAllocator
     checkpoint: Checkpoint | None
     tuning: Tuning | None
     metrics_port: int | None
@@ -188,6 +190,7 @@ class WorkerContract:
             rendezvous_addr=environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
             scheduling=Scheduling.model_validate_json(environ.get("CARAMEL_SCHEDULING", "{}")),
+            memory_allocator=_memory_allocator(environ.get("CARAMEL_MEMORY_ALLOCATOR")),
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             tuning=Tuning.model_validate_json(tuning) if tuning else None,
             metrics_port=int(environ["CARAMEL_METRICS_PORT"]) if environ.get("CARAMEL_METRICS_PORT") else None,
@@ -195,6 +198,16 @@ class WorkerContract:
             peers=tuple(environ["CARAMEL_PEERS"].split(",")) if environ.get("CARAMEL_PEERS") else (),
             topology=_topology(environ.get("CARAMEL_TOPOLOGY"), world_size),
         )
+
+
+def _memory_allocator(text: str | None) -> MemoryAllocator:
+    if not text:
+        return MemoryAllocator.TCMALLOC
+    try:
+        return MemoryAllocator(text)
+    except ValueError:
+        choices = ", ".join(choice.value for choice in MemoryAllocator)
+        raise RuntimeError(f"CARAMEL_MEMORY_ALLOCATOR is {text!r}; it must be one of {choices}") from None
 
 
 def _topology(text: str | None, world_size: int) -> Topology:

@@ -1,11 +1,12 @@
 """The worker entrypoint: `python -m caramel.launch.entrypoint -- TRAINING COMMAND...`.
 
 It reads the environment contract, serves (worker 0) or awaits (the others) the rendezvous,
-then runs one training process per slot with that slot's ranks. Every output line is prefixed
-with its rank. If any training process fails, the others are stopped and the worker exits
-with the failed process's status, so the whole gang can be restarted together. When the job
-succeeds, worker 0 writes rank 0's last progress report to CARAMEL_TERMINATION_MESSAGE_PATH (a
-pod's termination message), from which the operator records the step the job ended at.
+then runs one training process per slot with that slot's ranks and the job's memory allocator.
+Every output line is prefixed with its rank. If any training process fails, the others are
+stopped and the worker exits with the failed process's status, so the whole gang can be
+restarted together. When the job succeeds, worker 0 writes rank 0's last progress report to
+CARAMEL_TERMINATION_MESSAGE_PATH (a pod's termination message), from which the operator
+records the step the job ended at.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 from caramel.job.contract import WorkerContract, slot_env
 from caramel.job.progress import ProgressReport, format_report, parse_report
+from caramel.launch.allocator import allocator_setup
 from caramel.launch.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
 from caramel.launch.rendezvous import RendezvousServer, wait_for_rendezvous
 
@@ -73,8 +75,10 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
         report = parse_report(line) if rank == 0 else None
         if report:
             reports[:] = [report]
+    allocator = allocator_setup(contract.memory_allocator, os.environ)
+    say(f"training processes: {allocator.description}")
     for slot in range(contract.slots_per_worker):
-        env = {**os.environ, **slot_env(os.environ, slot)}
+        env = {**os.environ, **slot_env(os.environ, slot), **allocator.env}
         rank = int(env["HOROVOD_RANK"])
         try:
             process = spawn(argv, env)
