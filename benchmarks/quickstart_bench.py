@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from caramel.job.api import MemoryAllocator
 from caramel.job.progress import parse_report
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -49,17 +50,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=4, help="workers (default 4)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each variant (default 5)")
+    parser.add_argument(
+        "--memory-allocator", choices=[choice.value for choice in MemoryAllocator],
+        help="both variants' spec.workers.memoryAllocator (default: the quickstart's own, tcmalloc)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.workers < 1 or args.repeats < 1:
         parser.error("--workers and --repeats must be at least 1")
     job = yaml.safe_load(QUICKSTART.read_text())
+    if args.memory_allocator:
+        spec = job["spec"]
+        spec["workers"] = {**spec.get("workers", {}), "memoryAllocator": args.memory_allocator}
     steps: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as directory:
         for repeat in range(args.repeats):
             for name, extra in VARIANTS.items():
                 steps[name].append(run_once(job, extra, args.workers, Path(directory)))
                 print(f"run {repeat + 1}/{args.repeats} {name}: median step {steps[name][-1] * 1e3:.1f} ms", flush=True)
-    print(f"\nquickstart ({QUICKSTART.relative_to(REPOSITORY)}), {args.workers} workers, {args.repeats} runs each")
+    allocator = job["spec"].get("workers", {}).get("memoryAllocator", MemoryAllocator.TCMALLOC.value)
+    print(
+        f"\nquickstart ({QUICKSTART.relative_to(REPOSITORY)}), {args.workers} workers, {args.repeats} runs each, "
+        f"memory allocator {allocator}"
+    )
     print("| variant | median step (ms) | min | max |")
     print("| --- | --- | --- | --- |")
     for name, values in steps.items():

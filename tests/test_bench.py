@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import benchmarks.quickstart_bench as quickstart_bench
 import benchmarks.scheduling_bench as bench
 from benchmarks.jobrun import parse_event
 from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, make_workloads
@@ -105,6 +106,12 @@ def test_worker_env_and_allocator_reach_every_strategys_job(monkeypatch: pytest.
 def test_memory_allocator(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.parse_args([]).memory_allocator == "tcmalloc"
     assert "--memory-allocator: invalid choice: 'jemalloc'" in parse_error(capsys, "--memory-allocator", "jemalloc")
+
+
+def test_quickstart_bench_refuses_an_unknown_allocator(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        quickstart_bench.main(["--memory-allocator", "jemalloc"])
+    assert "--memory-allocator: invalid choice: 'jemalloc'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("setting", ["TF_ENABLE_ONEDNN_OPTS", "=0", "1X=0"])
