@@ -33,6 +33,10 @@ runs, shown with the min-max spread of the runs.
 
 Lower bound on a step: max(C, M). TicTac's scheduling efficiency of Caramel's step T:
 E = (C + M - T) / (C + M - max(C, M)): 0 is no overlap at all, 1 is perfect overlap.
+With emulated compute, each point also gets the tighter bounds of the layers' release and read
+order (step_bounds.py): one for any schedule, one for a schedule whose step waits for its
+transfers (Horovod's), each strategy's step over its own, and how long Caramel's transfers held
+the link inside its steps against M.
 
 The operating point, where scheduling matters most, is where compute and communication take
 about equally long. It is found in one of three ways:
@@ -78,6 +82,7 @@ from caramel.job.api import MemoryAllocator
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
+from benchmarks.step_bounds import ordered_bounds
 from benchmarks.workloads import COMPUTE_MODES, Workload, device_label, make_workloads, warmup_steps
 
 
@@ -202,6 +207,11 @@ class Cell:
     def cpu_seconds_per_step(self) -> float:
         values = [run.cpu_seconds_per_step for run in self.runs if not math.isnan(run.cpu_seconds_per_step)]
         return statistics.median(values) if values else math.nan
+
+    def detail_spread(self, key: str) -> tuple[float, float] | None:
+        """The min and max over the runs of what the workers reported as `key`; None if none did."""
+        values = [run.details[key] for run in self.runs if run.details.get(key) is not None]
+        return (min(values), max(values)) if values else None
 
     def describe(self) -> str:
         low, high = self.spread
@@ -460,6 +470,9 @@ def print_table(
               f"({horovod.median_rank_rss_bytes / 2**20:.0f}); peak MiB in tensors, largest rank: caramel "
               f"{mebibytes(caramel.tensor_peak_bytes)}, horovod {mebibytes(horovod.tensor_peak_bytes)}; CPU floor: caramel "
               f"{cpu_floor_seconds(caramel, workers):.3f} s, horovod {cpu_floor_seconds(horovod, workers):.3f} s")  # fmt: skip
+        ordered = ordered_bounds_line(workload, point)
+        if ordered:
+            print(ordered)
         for run in point.cells.get("autotune", Cell()).runs:
             tuned = run.details.get("autotune", {})
             if tuned:
@@ -476,6 +489,30 @@ def print_tables(workloads: list[Workload], results: dict[str, tuple[list[Point]
     for workload in workloads:
         if workload.name in results:
             print_table(workload, *results[workload.name], args.strategy_names, args.workers)
+
+
+def ordered_bounds_line(workload: Workload, point: Point) -> str | None:
+    """What the layers' release and read order allow at this point (see step_bounds.py), each
+    strategy's step over the bound that applies to it, and how long Caramel's transfers held the
+    link inside its steps against comm-only's M; None without a profile (real compute)."""
+    compute, comm = point.median("compute-only"), point.median("comm-only")
+    if workload.profile is None or math.isnan(compute) or math.isnan(comm):
+        return None
+    bounds = ordered_bounds(workload.profile, compute, comm)
+    line = (
+        f"  at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}: the release and read order allow steps of "
+        f"{bounds.any_schedule:.3f} s to any schedule and {bounds.step_barrier:.3f} s to one whose step waits for its transfers "
+        f"(Horovod's); caramel {point.median('caramel') / bounds.any_schedule:.2f}x the first, horovod "
+        f"{point.median('horovod') / bounds.step_barrier:.2f}x the second"
+    )
+    caramel = point.cells.get("caramel", Cell())
+    busy, exposed = caramel.detail_spread("communication_seconds_per_step"), caramel.detail_spread("exposed_seconds_per_step")
+    if busy and exposed:
+        line += (
+            f"; caramel's transfers held the link {busy[0]:.3f}-{busy[1]:.3f} s a step (M {comm:.3f} s), "
+            f"its steps waited {exposed[0]:.3f}-{exposed[1]:.3f} s for them"
+        )
+    return line
 
 
 def cpu_floor_seconds(cell: Cell, workers: int) -> float:

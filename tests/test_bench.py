@@ -10,6 +10,7 @@ import pytest
 import benchmarks.quickstart_bench as quickstart_bench
 import benchmarks.scheduling_bench as bench
 from benchmarks.jobrun import parse_event
+from benchmarks.step_bounds import ordered_bounds
 from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, make_workloads
 from caramel.job.api import CaramelJob, MemoryAllocator, Scheduling
 
@@ -315,3 +316,25 @@ def test_an_interrupted_sweep_keeps_every_finished_run() -> None:
     assert {name: len(cell.runs) for name, cell in points[0].cells.items()} == {"compute-only": 2, "comm-only": 2, "horovod": 2, "caramel": 2}
     assert {name: len(cell.runs) for name, cell in points[1].cells.items()} == {"compute-only": 2, "comm-only": 1, "horovod": 1}
     assert len(saved) == 6 + 2  # after each run of the sweep that finished
+
+
+def test_table_gives_the_ordered_bounds_and_caramels_link_time_for_emulated_compute(capsys: pytest.CaptureFixture[str]) -> None:
+    def cell(seconds: float, **details: float) -> bench.Cell:
+        return bench.Cell([bench.Run(steps=[seconds], details=details)])
+
+    workload, = make_workloads("emulated", ["bert_base"])
+    point = bench.Point(4000, 1.0, {
+        "horovod": cell(3.15), "compute-only": cell(2.272), "comm-only": cell(1.873),
+        "caramel": bench.Cell([bench.Run(steps=[3.19], details={"communication_seconds_per_step": 2.5, "exposed_seconds_per_step": 0.9}),
+                               bench.Run(steps=[3.2], details={"communication_seconds_per_step": 2.7, "exposed_seconds_per_step": 1.0})]),
+    })  # fmt: skip
+    bench.print_table(workload, [point], point, ("horovod", "caramel"), workers=4)
+    line = next(line for line in capsys.readouterr().out.splitlines() if "release and read order" in line)
+    bounds = ordered_bounds(workload.profile, 2.272, 1.873)
+    assert f"steps of {bounds.any_schedule:.3f} s to any schedule and {bounds.step_barrier:.3f} s to one whose step waits" in line
+    assert f"caramel {3.195 / bounds.any_schedule:.2f}x the first, horovod {3.15 / bounds.step_barrier:.2f}x the second" in line
+    assert "held the link 2.500-2.700 s a step (M 1.873 s), its steps waited 0.900-1.000 s for them" in line
+    # Real compute has no per-layer times to bound with.
+    real, = make_workloads("real", ["small"])
+    bench.print_table(real, [point], point, ("horovod", "caramel"), workers=4)
+    assert "release and read order" not in capsys.readouterr().out
