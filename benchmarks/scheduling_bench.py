@@ -499,11 +499,14 @@ def ordered_bounds_line(workload: Workload, point: Point) -> str | None:
     if workload.profile is None or math.isnan(compute) or math.isnan(comm):
         return None
     bounds = ordered_bounds(workload.profile, compute, comm)
+    # Caramel's steps need not wait for their transfers; Horovod's, autotuned or not, do.
+    own_bound = {"caramel": (bounds.any_schedule, "the first"), "horovod": (bounds.step_barrier, "the second"),
+                 "autotune": (bounds.step_barrier, "the second")}  # fmt: skip
+    ratios = [f"{name} {point.median(name) / bound:.2f}x {which}" for name, (bound, which) in own_bound.items() if name in point.cells]
     line = (
         f"  at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}: the release and read order allow steps of "
         f"{bounds.any_schedule:.3f} s to any schedule and {bounds.step_barrier:.3f} s to one whose step waits for its transfers "
-        f"(Horovod's); caramel {point.median('caramel') / bounds.any_schedule:.2f}x the first, horovod "
-        f"{point.median('horovod') / bounds.step_barrier:.2f}x the second"
+        f"(Horovod's)" + (f"; {', '.join(ratios)}" if ratios else "")
     )
     caramel = point.cells.get("caramel", Cell())
     busy, exposed = caramel.detail_spread("communication_seconds_per_step"), caramel.detail_spread("exposed_seconds_per_step")
