@@ -17,8 +17,9 @@ that moves gradient bytes at the rate comm-only measured (M over all the gradien
                       pass starts after the last one, no earlier than max over i of
                       S_i / rate - R_i.
 Both ignore each transfer's fixed cost and any slowing of the link beside compute, so no run
-can beat them; where they are equal, no order of transfers can gain over Horovod's, and
-whatever Caramel gains there comes from how the transfers run, not from when.
+should beat them by more than the spread of the measured C and M; where they are equal, no
+order of transfers can gain over Horovod's, and whatever Caramel gains there comes from how the
+transfers run, not from when.
 """
 
 from __future__ import annotations
