@@ -41,8 +41,6 @@ def ordered_bounds(profile: Profile, compute_seconds: float, comm_seconds: float
     """The bounds for `profile` with a measured compute time C and communication time M."""
     compute_scale = compute_seconds / profile.compute_seconds
     seconds_per_byte = comm_seconds / profile.gradient_bytes
-    forward = sum(tensor.forward_seconds for tensor in profile.tensors) * compute_scale
-    backward = sum(tensor.backward_seconds for tensor in profile.tensors) * compute_scale
     sent_bytes = 0
     released_before = forward_before = 0.0  # R_i, and the forward time of layers 0..i-1
     forward_wait = barrier_wait = 0.0
@@ -54,6 +52,6 @@ def ordered_bounds(profile: Profile, compute_seconds: float, comm_seconds: float
         released_before += tensor.backward_seconds * compute_scale
         forward_before += tensor.forward_seconds * compute_scale
     return OrderedBounds(
-        any_schedule=max(comm_seconds, forward + backward + forward_wait),
-        step_barrier=max(comm_seconds, forward + backward + barrier_wait),
+        any_schedule=max(comm_seconds, compute_seconds + forward_wait),
+        step_barrier=max(comm_seconds, compute_seconds + barrier_wait),
     )
