@@ -574,6 +574,36 @@ def save_results(path: Path, results: dict[str, tuple[list[Point], Point | None]
     path.write_text(json.dumps(document, indent=1, default=str))
 
 
+def load_results(path: Path) -> dict[str, tuple[list[Point], Point | None]]:
+    """What `save_results` wrote. An operating point that is one of the sweep's points is that point."""
+
+    def point(document: dict) -> Point:
+        cells = {name: Cell([Run(**run) for run in cell["runs"]]) for name, cell in document["cells"].items()}
+        return Point(document["rate_mbit"], document["device_tflops"], cells)
+
+    results = {}
+    for name, document in json.loads(path.read_text()).items():
+        points = [point(sweep_point) for sweep_point in document["sweep"]]
+        operating = point(document["operating_point"]) if document["operating_point"] else None
+        results[name] = (points, next((p for p in points if p == operating), operating))
+    return results
+
+
+def report(args: argparse.Namespace) -> int:
+    """The tables and summary lines of an earlier run, from its results.json, as this version prints them."""
+    try:
+        results = load_results(args.report)
+        workloads = make_workloads(args.compute, list(results))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"scheduling_bench: --report {args.report}: cannot be read as a results.json of --compute {args.compute}: {error}", file=sys.stderr)
+        return 2
+    print_tables(workloads, results, args)
+    print()
+    for workload in workloads:
+        print(summary_line(workload.name, results[workload.name][1]))
+    return 0
+
+
 # -- the rate drop ----------------------------------------------------------------------------
 
 
@@ -697,6 +727,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a worker module; default: the compute mode's worker
     parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/bench-<time>)")
+    parser.add_argument(
+        "--report", type=Path, metavar="RESULTS_JSON",
+        help="print the tables and summary lines of an earlier run from its results.json, with this version's analysis, "
+        "and run nothing (give the run's --compute and --strategies)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     known = COMPUTE_MODES[args.compute]
     args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()] if args.profiles else list(known)
@@ -751,6 +786,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        return report(args)
     if os.geteuid() != 0:
         print("scheduling_bench needs root: it builds network namespaces, veths, a bridge, tc shaping and an iptables rule", file=sys.stderr)
         return 2

@@ -319,8 +319,8 @@ def test_an_interrupted_sweep_keeps_every_finished_run() -> None:
 
 
 def test_table_gives_the_ordered_bounds_and_caramels_link_time_for_emulated_compute(capsys: pytest.CaptureFixture[str]) -> None:
-    def cell(seconds: float, **details: float) -> bench.Cell:
-        return bench.Cell([bench.Run(steps=[seconds], details=details)])
+    def cell(seconds: float) -> bench.Cell:
+        return bench.Cell([bench.Run(steps=[seconds])])
 
     workload, = make_workloads("emulated", ["bert_base"])
     point = bench.Point(4000, 1.0, {
@@ -343,3 +343,20 @@ def test_table_gives_the_ordered_bounds_and_caramels_link_time_for_emulated_comp
     real, = make_workloads("real", ["small"])
     bench.print_table(real, [point], point, ("horovod", "caramel"), workers=4)
     assert "release and read order" not in capsys.readouterr().out
+
+
+def test_report_prints_an_earlier_runs_tables_from_its_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def cell(*seconds: float) -> bench.Cell:
+        return bench.Cell([bench.Run(steps=[value], peak_rss_bytes=2**30, cpu_seconds_per_step=0.5) for value in seconds])
+
+    point = bench.Point(2000, 0.875, {"compute-only": cell(0.87), "comm-only": cell(0.75), "horovod": cell(1.19, 1.2), "caramel": cell(1.03, 1.04)})
+    results = tmp_path / "results.json"
+    bench.save_results(results, {"resnet50": ([point], point)})
+    assert bench.main(["--report", str(results), "--strategies", "horovod,caramel"]) == 0
+    out = capsys.readouterr().out
+    assert next(line for line in out.splitlines() if line.startswith("   2000")).endswith("<- operating point")
+    assert "release and read order" in out
+    assert out.strip().endswith(bench.summary_line("resnet50", point))
+    results.write_text("{}" + "x")
+    assert bench.main(["--report", str(results)]) == 2
+    assert f"--report {results}: cannot be read as a results.json of --compute emulated" in capsys.readouterr().err
