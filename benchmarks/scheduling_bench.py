@@ -60,7 +60,8 @@ drop and how many steps Caramel needed to come back within 10% of the fresh run 
 
 Everything goes to runs/bench-<time>/ (the workers' logs, Horovod's autotune logs, results.json,
 step_time_vs_bandwidth.png). results.json is rewritten after every run, and Ctrl-C prints the
-tables and draws the plot of the runs that finished. Every run has a timeout; whatever ends the benchmark (the end,
+tables and draws the plot of the runs that finished; --report RESULTS_JSON prints them again
+later, with this version's analysis. Every run has a timeout; whatever ends the benchmark (the end,
 an error, Ctrl-C, SIGTERM), the namespaces, links, iptables rule and processes are removed.
 """
 
