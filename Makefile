@@ -16,7 +16,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast crd clean bench bench-topology bench-needs-root
+.PHONY: setup test test-fast crd clean bench bench-zoo bench-topology bench-needs-root
 
 # The CRD is generated from the API models; tests fail when a committed copy drifts.
 CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
@@ -67,6 +67,13 @@ BENCH_ARGS ?=
 
 bench: bench-needs-root $(VENV)/.bench-done
 	$(VENV_PYTHON) -m benchmarks.scheduling_bench $(BENCH_ARGS)
+
+# The model zoo (benchmarks/README.md): every profile at its operating points at 1 and 4 Gbit/s,
+# Horovod against Caramel's public paths. Root, like bench. Arguments: make bench-zoo ZOO_ARGS="--profiles densenet121".
+ZOO_ARGS ?=
+
+bench-zoo: bench-needs-root $(VENV)/.bench-done
+	$(VENV_PYTHON) -m benchmarks.zoo_bench $(ZOO_ARGS)
 
 # Horovod's ring against MULTITREE on two emulated racks behind a shaped uplink, and on one
 # bridge (benchmarks/README.md). Root, like bench. Arguments: make bench-topology BENCH_ARGS="--workers 4".

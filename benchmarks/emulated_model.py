@@ -1,6 +1,14 @@
-"""An emulated accelerator as a Keras model: every parameter tensor of a profiled model is a layer
-whose forward and backward passes take the profile's times, and whose gradient is a real tensor
-of the parameter's true shape.
+"""An emulated accelerator as a Keras model: the parameter tensors of a profiled model, grouped into
+at most `profiles.MAX_LAYERS` layers of consecutive tensors, whose forward and backward passes take the
+profile's times, and whose gradients are real tensors of the parameters' true shapes.
+
+Grouping bounds what the emulation itself costs: every emulated kernel is a Python call and a
+few TensorFlow ops, and on the 2-core bench machine one layer per tensor of DenseNet-121 (364
+tensors) cost each of the 4 ranks 0.2 CPU seconds per 0.5 s step, which the real Gloo traffic
+then lacked; tracing such a model also took minutes. A group is what one layer of the real model
+is to its tensors (a convolution's kernel and bias, a norm's scale and shift): its gradients are
+released together at the end of its backward pass, and its forward pass reads all of its
+weights. At 64 layers, every model still has a forward and backward pass of many steps.
 
 The layer's compute is slept (in `tf.numpy_function`, which releases the GIL while sleeping),
 so that the machine's two cores are left to the real Horovod/Gloo traffic over the shaped links:
@@ -21,12 +29,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record  # tf.custom_gradient's own recording, without its leak
 
-from benchmarks.profiles import Profile
+from benchmarks.profiles import Profile, TensorProfile, layer_groups
 
 # A wake-up later than this after the device became free counts as the device idling (it waited
 # for a parameter); an earlier one is scheduling noise, which a device's queue would hide.
@@ -69,43 +78,42 @@ def _kernel(device: Device, x: tf.Tensor, seconds: float, stateful: bool, after:
 
 
 class EmulatedLayer(tf.keras.layers.Layer):
-    """One parameter tensor of the profile and the compute attributed to it."""
+    """Consecutive parameter tensors of the profile and the compute attributed to them."""
 
-    def __init__(self, device: Device, shape: tuple[int, ...], forward_seconds: float, backward_seconds: float, **kwargs) -> None:
+    def __init__(self, device: Device, tensors: Sequence[TensorProfile], **kwargs) -> None:
         super().__init__(**kwargs)
         self.device = device
-        self.weight_shape = shape or (1,)
-        self.forward_seconds = forward_seconds
-        self.backward_seconds = backward_seconds
+        self.shapes = [tensor.shape or (1,) for tensor in tensors]
+        self.forward_seconds = sum(tensor.forward_seconds for tensor in tensors)
+        self.backward_seconds = sum(tensor.backward_seconds for tensor in tensors)
 
     def build(self, input_shape: tf.TensorShape) -> None:
-        self.weight = self.add_weight(
-            name="weight", shape=self.weight_shape, initializer=tf.keras.initializers.RandomUniform(-1.0, 1.0)
-        )
+        initializer = tf.keras.initializers.RandomUniform(-1.0, 1.0)
+        self.parameter_variables = [self.add_weight(name=f"weight_{i}", shape=shape, initializer=initializer) for i, shape in enumerate(self.shapes)]
 
     def call(self, inputs: tf.Tensor) -> tf.Tensor:
-        weight = tf.convert_to_tensor(self.weight)  # a read on the tape: the gradient reaches the variable
+        weights = [tf.convert_to_tensor(weight) for weight in self.parameter_variables]  # reads on the tape: the gradients reach the variables
         with record.stop_recording():
-            outputs = tf.identity(_kernel(self.device, inputs, self.forward_seconds, stateful=False, after=tf.reshape(weight, [-1])[:1]))
+            first_elements = tf.concat([tf.reshape(weight, [-1])[:1] for weight in weights], axis=0)
+            outputs = tf.identity(_kernel(self.device, inputs, self.forward_seconds, stateful=False, after=first_elements))
 
         def gradient(upstream: tf.Tensor) -> list[tf.Tensor]:
             dx = _kernel(self.device, upstream, self.backward_seconds, stateful=True)
             with tf.control_dependencies([dx]):
-                return [dx, tf.identity(weight)]
+                return [dx, *(tf.identity(weight) for weight in weights)]
 
         # What tf.custom_gradient does, minus its global registration of a gradient function
         # per call, which would keep every traced step graph alive (and with it, at every
         # re-plan's re-trace, tens of MB that a real model's layers would not keep).
-        record.record_operation("EmulatedLayer", [outputs], [inputs, weight], gradient)
+        record.record_operation("EmulatedLayer", [outputs], [inputs, *weights], gradient)
         return outputs
 
 
 def build_model(profile: Profile, device: Device | None = None) -> tf.keras.Model:
     """The profile's layers in forward order, taking inputs of shape [batch, 1]."""
     device = device or Device()
-    model = tf.keras.Sequential(
-        [EmulatedLayer(device, t.shape, t.forward_seconds, t.backward_seconds, name=f"layer_{i}") for i, t in enumerate(profile.tensors)]
-    )
+    layers = [EmulatedLayer(device, group, name=f"layer_{i}") for i, group in enumerate(layer_groups(profile.tensors))]
+    model = tf.keras.Sequential(layers)
     model.build((None, 1))
     return model
 

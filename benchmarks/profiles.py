@@ -1,6 +1,6 @@
 """Model profiles for the emulated-accelerator benchmark: every parameter tensor, in forward order,
 with its true shape and the forward and backward time of the layer that uses it on the
-emulated device. Written by make_profiles.py into profiles/NAME.json.
+emulated device. Written by `python -m benchmarks.make_profiles` into profiles/NAME.json.
 
     profile = load_profile("resnet50")
     faster = scaled(profile, device_tflops=10.0)
@@ -11,12 +11,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from caramel.planner.schedule import TensorCost
+
 PROFILE_DIRECTORY = Path(__file__).resolve().parent / "profiles"
-NAMES = ("resnet50", "vgg16", "bert_base")
+# The scheduling bench's own profiles, which Caramel was first tuned on; its default.
+TUNED = ("resnet50", "vgg16", "bert_base")
+# Models the bench was not tuned on (benchmarks/zoo_bench.py says which regime each stands for).
+ZOO = (
+    "densenet121", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "nasnet_mobile", "inception_v3",
+    "xception", "resnet152_v2", "convnext_tiny", "vgg19", "gpt2_small", "t5_small", "vit_b16",
+)  # fmt: skip
+NAMES = TUNED + ZOO
 BYTES_PER_PARAMETER = 4  # float32 gradients
+# The emulated accelerator runs a model's tensors as at most this many layers of consecutive
+# tensors (emulated_model.py says why).
+MAX_LAYERS = 64
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,29 @@ class Profile:
     def compute_seconds(self) -> float:
         """Forward plus backward time of one step on the emulated device."""
         return sum(tensor.forward_seconds + tensor.backward_seconds for tensor in self.tensors)
+
+
+def layer_groups(tensors: Sequence[TensorProfile], layers: int = MAX_LAYERS) -> list[Sequence[TensorProfile]]:
+    """The tensors, in order, in at most `layers` groups of consecutive tensors, as even in count
+    as they divide: the emulated layers, each released and read as one."""
+    count = min(layers, len(tensors))
+    bounds = [round(i * len(tensors) / count) for i in range(count + 1)]
+    return [tensors[start:stop] for start, stop in zip(bounds, bounds[1:])]
+
+
+def tensor_costs(profile: Profile) -> list[TensorCost]:
+    """The planner's view of the profile as the emulated accelerator runs it: every gradient of a
+    layer is released when the layer's backward pass ends, and every parameter of a layer is
+    read when its forward pass starts. (The planner takes a gradient as released after its own
+    backward time, counted from the last tensor back, and a parameter as read after the forward
+    times of the tensors before it: so each layer's times go to its last tensor.)"""
+    costs = []
+    for layer in layer_groups(profile.tensors):
+        forward, backward = sum(t.forward_seconds for t in layer), sum(t.backward_seconds for t in layer)
+        for position, tensor in enumerate(layer):
+            last = position == len(layer) - 1
+            costs.append(TensorCost(tensor.parameters * BYTES_PER_PARAMETER, BYTES_PER_PARAMETER, forward if last else 0.0, backward if last else 0.0))
+    return costs
 
 
 def load_profile(name: str) -> Profile:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,8 +35,9 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import caramel.tensorflow as ctf  # noqa: E402
+from benchmarks.loops import train_in_executions, train_per_step, training_step  # noqa: E402
 from benchmarks.worker_events import StepLog, allreduce_all_at_once, caramel_details, print_summary  # noqa: E402
-from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, RealModel, warmup_steps  # noqa: E402
+from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, RealModel, default_api, warmup_steps  # noqa: E402
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION  # noqa: E402
 from examples import train_resnet50, train_small  # noqa: E402
 
@@ -93,6 +93,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, choices=sorted(REAL_MODELS))
     parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
+    parser.add_argument(
+        "--api", choices=("tape", "function"),
+        help="tape: a tf.function called once per step; function: ctf.function, Caramel only (default: function for "
+        "caramel, tape for the others)",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
     parser.add_argument("--warmup", type=int, help="steps run before measuring (default: the benchmark's for --steps-per-execution)")
     parser.add_argument(
@@ -100,6 +105,9 @@ def parse_args() -> argparse.Namespace:
         help=f"Caramel's steps per graph (default {DEFAULT_STEPS_PER_EXECUTION})",
     )  # fmt: skip
     args = parser.parse_args()
+    args.api = args.api or default_api("real", args.strategy)
+    if args.api == "function" and args.strategy != "caramel":
+        parser.error(f"--api function: Caramel's own API, not {args.strategy}'s")
     if args.warmup is None:
         args.warmup = warmup_steps(args.steps_per_execution)
     return args
@@ -123,52 +131,16 @@ def main() -> None:
     if args.strategy == "comm-only":
         gradients = [tf.random.stateless_uniform(v.shape, seed=[hvd.rank(), i]) for i, v in enumerate(variables)]
         allreduce_all_at_once(gradients, total, times)
-    elif args.strategy == "caramel":
-        train_in_executions(example, total, args.steps_per_execution, times)
-        details.update(caramel_details())
     else:
-        train(example, TAPES[args.strategy], total, times)
+        train_step = training_step(example.model, example.optimizer, example.loss, TAPES[args.strategy])
+        if args.api == "function":
+            data = tf.data.Dataset.range(total).map(lambda step: example.batch(step, hvd.rank()))
+            train_in_executions(train_step, data, total, args.steps_per_execution, times)
+        else:
+            train_per_step(train_step, lambda step: example.batch(step, hvd.rank()), total, times)
+    if args.strategy == "caramel":
+        details.update(caramel_details())
     print_summary(args.strategy, times, details)
-
-
-def training_step(example: Example, tape: Callable[[tf.GradientTape], object]) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """The examples' training step, averaging its gradients with `tape`."""
-    model, optimizer, variables = example.model, example.optimizer, example.model.trainable_variables
-
-    def train_step(inputs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as plain:
-            loss = example.loss(labels, model(inputs, training=True))
-        gradients = tape(plain).gradient(loss, variables)
-        optimizer.apply_gradients(zip(gradients, variables))
-        return loss
-
-    return train_step
-
-
-def train(example: Example, tape: Callable[[tf.GradientTape], object], total: int, times: StepLog) -> None:
-    """total steps, a tf.function call each, each timed from its batch's arrival to its end."""
-    train_step = tf.function(training_step(example, tape))
-    for step in range(total):
-        inputs, labels = example.batch(step, hvd.rank())  # made in advance, as by an input pipeline
-        started = time.perf_counter()
-        train_step(inputs, labels).numpy()  # the step has ended once its loss exists
-        times.append(time.perf_counter() - started)
-
-
-def train_in_executions(example: Example, total: int, steps_per_execution: int, times: StepLog) -> None:
-    """total steps through ctf.function, steps_per_execution per graph, from a prefetched input
-    pipeline; an execution's steps share its time."""
-    steps = ctf.function(training_step(example, ctf.DistributedGradientTape), steps_per_execution=steps_per_execution)
-    data = tf.data.Dataset.range(total).map(lambda step: example.batch(step, hvd.rank())).prefetch(steps_per_execution)
-    iterator = iter(data)
-    done = 0
-    while done < total:
-        count = min(steps_per_execution, total - done)
-        started = time.perf_counter()
-        losses = steps(iterator, count)
-        float(losses[-1])  # the execution has ended once its last loss exists
-        times.append(time.perf_counter() - started, count)
-        done += count
 
 
 if __name__ == "__main__":

@@ -83,8 +83,9 @@ from caramel.job.api import MemoryAllocator
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
+from benchmarks.profiles import TUNED
 from benchmarks.step_bounds import ordered_bounds
-from benchmarks.workloads import COMPUTE_MODES, Workload, device_label, make_workloads, warmup_steps
+from benchmarks.workloads import COMPUTE_MODES, Workload, default_api, device_label, make_workloads, warmup_steps
 
 
 JOB_NAME = "bench"
@@ -97,10 +98,13 @@ MiB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Strategy:
-    """What a benchmark strategy runs: the worker's strategy, and Caramel's settings (the job's
-    spec.caramel, through the public API) where the worker runs Caramel."""
+    """What a benchmark strategy runs: the worker's strategy, the public API that trains
+    (workloads.APIS), and Caramel's settings (the job's spec.caramel, through the public API)
+    where the worker runs Caramel."""
 
     worker: str
+    api: str | None = None
+    """None: the compute mode's own (`workloads.default_api`)."""
     caramel: dict = field(default_factory=dict)
     description: str = ""
 
@@ -108,20 +112,24 @@ class Strategy:
 STRATEGIES = {
     "horovod": Strategy("horovod", description="Horovod's defaults (fusion 128 MiB, cycle 1 ms)"),
     "autotune": Strategy("horovod", description="Horovod with HOROVOD_AUTOTUNE=1 (see AUTOTUNE_ENV)"),
-    "caramel": Strategy("caramel", description="Caramel's defaults: planned order, batching and window"),
+    "caramel": Strategy("caramel", description="Caramel's defaults"),
+    "horovod-tape": Strategy("horovod", "tape", description="Horovod's defaults, its tape in a tf.function called once per step"),
+    "autotune-tape": Strategy("horovod", "tape", description="Horovod with HOROVOD_AUTOTUNE=1, its tape in a tf.function per step"),
+    "caramel-tape": Strategy("caramel", "tape", description="Caramel's tape in the same tf.function per step (import swapped)"),
+    "caramel-function": Strategy("caramel", "function", description="Caramel's tape in the same step, through ctf.function"),
     # The anchors and ablations, each through spec.caramel:
     "bytescheduler": Strategy(
-        "caramel", {"batching": "fixed", "minBucketBytes": 4 * MiB, "maxBucketBytes": 4 * MiB},
+        "caramel", None, {"batching": "fixed", "minBucketBytes": 4 * MiB, "maxBucketBytes": 4 * MiB},
         "ByteScheduler's recipe in Caramel's graph: priority (next-forward) order, tensors cut into 4 MiB "
         "partitions, no merging, two transfers (8 MiB) in flight",
     ),  # fmt: skip
     "dear": Strategy(
-        "caramel", {"collective": "split"},
+        "caramel", None, {"collective": "split"},
         "DeAR's decoupling in Caramel's graph: each planned transfer reduce-scattered as soon as its gradients "
         "exist, all-gathered after the step's last reduce-scatter in the order the next forward pass needs them",
     ),  # fmt: skip
     "caramel-arrival": Strategy(
-        "caramel", {"ordering": "arrival"},
+        "caramel", None, {"ordering": "arrival"},
         "Caramel's graph and planned batching with Horovod's order: what the order alone is worth",
     ),  # fmt: skip
 }
@@ -166,6 +174,8 @@ class Run:
     """CPU time per measured step, mean over the ranks."""
     details: dict = field(default_factory=dict)
     error: str = ""
+    wall_seconds: float = math.nan
+    """The whole run, start-up included."""
 
     @property
     def step_seconds(self) -> float:
@@ -268,17 +278,19 @@ class Bench:
         repeat: int,
         steps: int | None = None,
         on_event: Callable[[dict], None] = lambda event: None,
+        warmup: int | None = None,
     ) -> Run:
         """One run of strategy (a STRATEGIES name, compute-only or comm-only) at rate_mbit."""
         self.cluster.set_rate(rate_mbit)
         steps = steps or self.args.steps
         tag = f"{workload.name}-{rate_mbit:g}mbit-{workload.device_tag}-{strategy}-{repeat}"
-        warmup, env = self.args.warmup, dict(self.args.worker_env)
-        if strategy == "autotune":
+        warmup, env = self.args.warmup if warmup is None else warmup, dict(self.args.worker_env)
+        if strategy.startswith("autotune") and warmup:
             warmup = self.args.autotune_warmup
             env |= {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
         chosen = STRATEGIES.get(strategy, Strategy(strategy))  # compute-only and comm-only run as they are named
-        command = workload.command(chosen.worker, steps, warmup, self.args.steps_per_execution)
+        api = chosen.api or default_api(self.args.compute, chosen.worker)
+        command = workload.command(chosen.worker, api, steps, warmup, self.args.steps_per_execution)
         job = bench_job(
             JOB_NAME, command, self.args.workers, self.cluster.interface, env, chosen.caramel, MemoryAllocator(self.args.memory_allocator)
         )
@@ -290,8 +302,9 @@ class Bench:
             self.say(f"  FAILED ({failure}); log: {self.output / f'{tag}.log'}")
             return Run(error=str(failure))
         run = collect(result.events)
+        run.wall_seconds = result.seconds
         note = ""
-        if strategy == "autotune":
+        if strategy.startswith("autotune"):
             run.details["autotune"] = read_autotune(self.output / f"{tag}.autotune.csv", self.output / f"{tag}.log")
             note = f"; autotune: {run.details['autotune']['samples']} settings scored, " + (
                 "done" if run.details["autotune"]["done"] else "NOT done (raise --autotune-warmup)"
@@ -666,6 +679,17 @@ def parse_worker_env(setting: str) -> tuple[str, str]:
     return name, value
 
 
+def parse_rates(parser: argparse.ArgumentParser, rates: str) -> list[float]:
+    """--rates: comma-separated link rates in Mbit/s, sorted."""
+    try:
+        rate_list = sorted(float(rate) for rate in rates.split(","))
+    except ValueError:
+        parser.error(f"--rates: expected comma-separated Mbit/s such as 1000,4000, got {rates!r}")
+    if any(rate <= 0 for rate in rate_list):
+        parser.error(f"--rates: rates must be positive, got {rates!r}")
+    return rate_list
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the method.")
     parser.add_argument(
@@ -676,15 +700,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--profiles",
         help=f"comma-separated: emulated profiles ({', '.join(COMPUTE_MODES['emulated'])}) or, with --compute real, "
-        f"example models ({', '.join(COMPUTE_MODES['real'])}); default: all of the mode's",
+        f"example models ({', '.join(COMPUTE_MODES['real'])}); default: {','.join(TUNED)} (emulated; benchmarks/zoo_bench.py "
+        "runs the zoo), all of real's",
     )
     parser.add_argument("--rates", default="1000,2000,4000,8000", help="link rates in Mbit/s (default 1000,2000,4000,8000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and rate (default 3)")
     parser.add_argument("--steps", type=int, default=24, help="measured steps per run (default 24)")
     parser.add_argument(
         "--warmup", type=int,
-        help="unmeasured steps first (default: until Caramel's early re-plan was adopted and re-traced, 20 steps at 4 steps "
-        "per execution; no fewer where a Caramel strategy runs)",
+        help="unmeasured steps first (default: until Caramel runs the way its first measured round chose, Horovod's or its "
+        "plan, 24 steps at 4 steps per execution; no fewer where a Caramel strategy runs)",
     )  # fmt: skip
     parser.add_argument(
         "--steps-per-execution", type=int, default=4,
@@ -735,7 +760,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     args = parser.parse_args(argv)
     known = COMPUTE_MODES[args.compute]
-    args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()] if args.profiles else list(known)
+    default = TUNED if args.compute == "emulated" else known
+    args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()] if args.profiles else list(default)
     unknown = [name for name in args.profile_names if name not in known]
     if unknown or not args.profile_names:
         parser.error(
@@ -765,15 +791,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.warmup = settled
     elif args.warmup < settled and (args.rate_drop or any(STRATEGIES[name].worker == "caramel" for name in args.strategy_names)):
         parser.error(
-            f"--warmup: {args.warmup} steps end before Caramel's early re-plan was adopted and re-traced at "
-            f"{args.steps_per_execution} steps per execution (by step {settled}); use at least {settled}"
+            f"--warmup: {args.warmup} steps end before Caramel's first measured round chose between Horovod's way and its plan "
+            f"at {args.steps_per_execution} steps per execution (by step {settled}); use at least {settled}"
         )
-    try:
-        args.rate_list = sorted(float(rate) for rate in args.rates.split(","))
-    except ValueError:
-        parser.error(f"--rates: expected comma-separated Mbit/s such as 1000,4000, got {args.rates!r}")
-    if any(rate <= 0 for rate in args.rate_list):
-        parser.error(f"--rates: rates must be positive, got {args.rates!r}")
+    args.rate_list = parse_rates(parser, args.rates)
     try:
         args.worker_env = [parse_worker_env(setting) for setting in args.worker_env]
     except ValueError as error:

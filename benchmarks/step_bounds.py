@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.profiles import BYTES_PER_PARAMETER, Profile
+from benchmarks.profiles import BYTES_PER_PARAMETER, Profile, layer_groups
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,13 @@ def ordered_bounds(profile: Profile, compute_seconds: float, comm_seconds: float
     sent_bytes = 0
     released_before = forward_before = 0.0  # R_i, and the forward time of layers 0..i-1
     forward_wait = barrier_wait = 0.0
-    for tensor in profile.tensors:
-        sent_bytes += tensor.parameters * BYTES_PER_PARAMETER
+    for layer in layer_groups(profile.tensors):  # the emulated layers, each released and read as one
+        sent_bytes += sum(tensor.parameters for tensor in layer) * BYTES_PER_PARAMETER
         arrived = sent_bytes * seconds_per_byte - released_before  # layers 0..i all averaged, at the earliest
         barrier_wait = max(barrier_wait, arrived)
         forward_wait = max(forward_wait, arrived - forward_before)
-        released_before += tensor.backward_seconds * compute_scale
-        forward_before += tensor.forward_seconds * compute_scale
+        released_before += sum(tensor.backward_seconds for tensor in layer) * compute_scale
+        forward_before += sum(tensor.forward_seconds for tensor in layer) * compute_scale
     return OrderedBounds(
         any_schedule=max(comm_seconds, compute_seconds + forward_wait),
         step_barrier=max(comm_seconds, compute_seconds + barrier_wait),

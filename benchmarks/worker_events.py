@@ -116,7 +116,11 @@ def caramel_details() -> dict:
         "alpha_seconds": replanner.link.alpha,
         "bytes_per_second": replanner.link.bytes_per_second,
         "plan_changes": replanner.plan_changes,
-        "cycle_ms": communicator.cycle.cycle_ms,
+        "planned": communicator.selector.planned,
+        "arm_decisions": int(communicator.selector.decisions.numpy()),
+        # What the last round of the selector measured, per step: each arm's mean.
+        "horovod_way_step_seconds": float(communicator.selector.means.numpy()[0]) or None,
+        "planned_step_seconds": float(communicator.selector.means.numpy()[1]) or None,
     }
 
 

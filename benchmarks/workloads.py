@@ -16,21 +16,20 @@ import sys
 from dataclasses import dataclass
 
 from benchmarks.profiles import BYTES_PER_PARAMETER, NAMES, Profile, load_profile, scaled
-from caramel.planner.schedule import early_replan_settled_step
+from caramel.planner.rounds import first_decision_step
 
 EMULATED_WORKER = "benchmarks.emulated_worker"
 REAL_WORKER = "benchmarks.real_worker"
 
 
 def warmup_steps(steps_per_execution: int) -> int:
-    """Unmeasured steps of every run: until Caramel's early re-plan was adopted and re-traced.
-
-    With 4 steps per execution Caramel runs steps 1-4 one at a time, adopts its first measured
-    plan for step 5, re-plans early at the boundary after step 12 and adopts that plan (if it
-    gains enough) at the next one: steps 17-20 then re-trace the graph, seconds for a large
-    model (70 s for BERT-base's 8-step graph), and from step 21 on the steps are the ones
-    training runs with. With 8 steps per execution that is step 33 on."""
-    return early_replan_settled_step(steps_per_execution)
+    """Unmeasured steps of every run: until Caramel's steps run the arm that its first measured
+    plan's round chose (`caramel.planner.rounds`). With 4 steps per execution Caramel runs steps
+    1-4 one at a time, adopts its first measured plan for step 5, whose first execution builds its
+    graph, measures Horovod's way and the plan in blocks of 4 steps over steps 9-24, and from step
+    25 on runs the faster: 24 steps. Later re-plans, if any, land in the measured steps, as they
+    would in training."""
+    return first_decision_step(steps_per_execution)
 
 
 @dataclass(frozen=True)
@@ -53,8 +52,19 @@ REAL_MODELS = {
         RealModel("small", "the MLP of examples/train_small.py, hidden width 256", 64, 76_810, 0.1),
     )
 }
-# What a worker can run (its --strategy); the driver's strategies map onto them.
+# What a worker can run (its --strategy, and --api: which public API trains); the driver's
+# strategies map onto them.
 WORKER_STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
+APIS = ("fit", "tape", "function")
+
+
+def default_api(compute: str, strategy: str) -> str:
+    """The API a strategy trains with where the benchmark names none: Keras fit for emulated
+    compute; for real compute (whose worker has no fit), Horovod's tape in a tf.function per step,
+    and Caramel's ctf.function."""
+    if compute == "emulated":
+        return "fit"
+    return "function" if strategy == "caramel" else "tape"
 COMPUTE_MODES = {"emulated": NAMES, "real": tuple(REAL_MODELS)}
 
 
@@ -115,9 +125,9 @@ class Workload:
             raise ValueError(f"{self.name}: real compute has no device rate to scale")
         return Workload.emulated(scaled(self.profile, device_tflops), self.worker)
 
-    def command(self, strategy: str, steps: int, warmup: int, steps_per_execution: int) -> list[str]:
+    def command(self, strategy: str, api: str, steps: int, warmup: int, steps_per_execution: int) -> list[str]:
         return [
-            sys.executable, "-m", self.worker, *self.worker_args, "--strategy", strategy, "--steps", str(steps),
+            sys.executable, "-m", self.worker, *self.worker_args, "--strategy", strategy, "--api", api, "--steps", str(steps),
             "--warmup", str(warmup), "--steps-per-execution", str(steps_per_execution),
         ]  # fmt: skip
 

@@ -19,7 +19,7 @@ from caramel.planner.timing import StepTimes, TransferTiming
 from caramel.tensorflow.replanner import Replanner
 
 GRADIENT_SIZES = [(64 * 1024 * 4, 4)] * 8  # eight float32 gradients of 64 Ki elements
-STEPS = 30  # past the early re-plan at every steps per execution below
+STEPS = 60  # past the second decision at every steps per execution below
 STEPS_PER_EXECUTION = (1, 4, 8)
 
 

@@ -1,5 +1,6 @@
-"""A training process for tests/test_retrace.py: how many times `ctf.function` traces its graph
-of several steps. Prints, for each graph the step was traced into, how many steps it holds.
+"""A training process for tests/test_retrace.py: how many times `ctf.function` traces the step
+of its graph of several steps. Prints, for each graph the step was traced into, how many times
+it was traced there (the step is traced once and its graph copied, `unrolled.py`).
 
 A variable made while tf.function traces makes it trace the whole function a second time; the
 stamps' variables once were, so every new plan traced its multi-step graph twice (four unrolled

@@ -45,7 +45,7 @@ def test_bad_compute_mode(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--profiles", "small"], "--profiles: unknown small for --compute emulated (known: resnet50, vgg16, bert_base)"),
+        (["--profiles", "small"], "--profiles: unknown small for --compute emulated (known: resnet50, vgg16, bert_base, densenet121,"),
         (["--compute", "real", "--profiles", "resnet50,vgg16"], "--profiles: unknown vgg16 for --compute real (known: resnet50, small)"),
         (["--profiles", ","], "--profiles: unknown (none given)"),
     ],
@@ -216,17 +216,17 @@ def test_peak_rss_of_the_largest_and_the_median_rank(capsys: pytest.CaptureFixtu
 def test_workloads_of_each_mode() -> None:
     emulated, = make_workloads("emulated", ["resnet50"], device_tflops=2.5)
     assert emulated.scalable and emulated.device_tflops == 2.5 and emulated.device == "2.5 TFLOP/s"
-    assert emulated.command("horovod", 10, 3, 4)[1:] == [
+    assert emulated.command("horovod", "fit", 10, 3, 4)[1:] == [
         "-m", emulated.worker, "--profile", "resnet50", "--device-tflops", "2.5",
-        "--strategy", "horovod", "--steps", "10", "--warmup", "3", "--steps-per-execution", "4",
+        "--strategy", "horovod", "--api", "fit", "--steps", "10", "--warmup", "3", "--steps-per-execution", "4",
     ]  # fmt: skip
     slower = emulated.scaled(1.25)
     assert slower.device_tflops == 1.25 and slower.compute_seconds == pytest.approx(2 * emulated.compute_seconds)
     real, = make_workloads("real", ["small"])
     assert not real.scalable and real.device_tflops is None and real.device_tag == "real"
     assert real.gradient_bytes == 4 * REAL_MODELS["small"].parameters
-    assert real.command("caramel", 5, 2, 1)[1:] == [
-        "-m", real.worker, "--model", "small", "--strategy", "caramel", "--steps", "5", "--warmup", "2",
+    assert real.command("caramel", "function", 5, 2, 1)[1:] == [
+        "-m", real.worker, "--model", "small", "--strategy", "caramel", "--api", "function", "--steps", "5", "--warmup", "2",
         "--steps-per-execution", "1",
     ]  # fmt: skip
     with pytest.raises(ValueError, match="no device rate"):
@@ -260,17 +260,17 @@ def test_cpu_floor_is_every_ranks_cpu_over_the_cores(monkeypatch: pytest.MonkeyP
     assert bench.cpu_floor_seconds(cell, workers=4) == pytest.approx(4 * 0.35 / 2)
 
 
-def test_warmup_covers_caramels_early_replan() -> None:
-    """The default warm-up ends with the execution that adopts the early re-plan, and re-traces."""
-    assert bench.parse_args([]).warmup == 20  # steps 1-4 one at a time, searched after 12, adopted for 17-20
-    assert bench.parse_args(["--steps-per-execution", "8"]).warmup == 32  # adopted for 25-32, as a BERT-base run showed
-    assert bench.parse_args(["--steps-per-execution", "1", "--steps", "3"]).warmup == 12
+def test_warmup_covers_caramels_first_round() -> None:
+    """The default warm-up ends once Caramel runs the way its first measured round chose."""
+    assert bench.parse_args([]).warmup == 24  # steps 1-4 single, 5-8 settle the plan, 4 blocks of 4
+    assert bench.parse_args(["--steps-per-execution", "8"]).warmup == 16 + 4 * 8  # blocks of whole executions
+    assert bench.parse_args(["--steps-per-execution", "1", "--steps", "3"]).warmup == 2 + 4 * 4
 
 
 def test_warmup_short_of_caramels_replan(capsys: pytest.CaptureFixture[str]) -> None:
     message = parse_error(capsys, "--steps-per-execution", "8", "--warmup", "24")
-    assert "--warmup: 24 steps end before Caramel's early re-plan was adopted and re-traced at 8 steps per execution" in message
-    assert "use at least 32" in message
+    assert "--warmup: 24 steps end before Caramel's first measured round chose between Horovod's way and its plan at 8 steps per execution" in message
+    assert "use at least 48" in message
     assert bench.parse_args(["--strategies", "horovod", "--warmup", "3"]).warmup == 3  # Horovod alone does not re-plan
     assert "--warmup: 3 steps end before" in parse_error(capsys, "--strategies", "horovod", "--warmup", "3", "--rate-drop", "4000:1000:20")
 

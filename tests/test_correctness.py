@@ -87,15 +87,6 @@ def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode)
     assert_same_weights(trained_weights(tmp_path, "tape-fit", MODES[mode], steps_per_execution=4), expected)
 
 
-def test_transfers_beyond_horovods_response_cache_match_synchronous_sgd(tmp_path, expected):
-    # The pieces of 4 unrolled steps of 4 KiB chunks are more tensors than a cache of 8 holds:
-    # after the first transfers, grouped, the rest are joined into one buffer each.
-    small_chunks = MODES["small-chunks"]
-    weights, errors = train(tmp_path, "tape-fit", small_chunks, steps_per_execution=4, env={"HOROVOD_CACHE_CAPACITY": "8"})
-    assert "more tensors than its response cache holds (HOROVOD_CACHE_CAPACITY 8)" in errors
-    assert_same_weights(weights, expected)
-
-
 def test_a_transfer_of_gradients_of_two_dtypes_averages_each(tmp_path):
     manifest = job_manifest(script=None, command=[sys.executable, "-m", "testbed.mixed_dtype_worker"], args=[], workers={"replicas": RANKS})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))

@@ -211,7 +211,7 @@ def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emu
     port = free_port()
     rank0 = WorkerMetrics(rank=0)
     rank0.serve(port)
-    rank0.record_plan(PlanRecord(bucket_bytes=8 * 1024 * 1024, alpha_seconds=0.002, beta_seconds_per_byte=1e-9, plan_changes=0, horovod_cycle_seconds=0.001))
+    rank0.record_plan(PlanRecord(bucket_bytes=8 * 1024 * 1024, alpha_seconds=0.002, beta_seconds_per_byte=1e-9, plan_changes=0, planned=True))
     for step in range(1, 6):
         transfers = tuple(TransferTiming(100_000_000 // 3, 0.05 / 3) for _ in range(3))
         rank0.record_step(step, 0.2, 1.5, StepTimes(transfers, (), 0.05, 0.0, 0.05))

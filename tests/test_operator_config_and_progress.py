@@ -18,7 +18,7 @@ NOW = datetime(2026, 11, 21, tzinfo=UTC)
 
 def metrics_text(steps):
     metrics = WorkerMetrics(rank=0)
-    metrics.record_plan(PlanRecord(bucket_bytes=1 << 20, alpha_seconds=0.001, beta_seconds_per_byte=2e-9, plan_changes=1, horovod_cycle_seconds=0.001))
+    metrics.record_plan(PlanRecord(bucket_bytes=1 << 20, alpha_seconds=0.001, beta_seconds_per_byte=2e-9, plan_changes=1, planned=True))
     for step, seconds in steps:
         transfers = (TransferTiming(25_000_000, seconds / 4), TransferTiming(25_000_000, seconds / 4))
         metrics.record_step(step, seconds, 0.75, StepTimes(transfers, (), seconds / 2, 0.0, seconds / 4))

@@ -2,11 +2,11 @@
 
 import pytest
 
-from benchmarks.profiles import BYTES_PER_PARAMETER, Profile, TensorProfile, load_profile
+from benchmarks.profiles import BYTES_PER_PARAMETER, NAMES, Profile, TensorProfile, load_profile, tensor_costs
 from benchmarks.step_bounds import ordered_bounds
 from caramel.job.api import Batching, Ordering
 from caramel.planner.linkmodel import LinkModel
-from caramel.planner.schedule import Batch, TensorCost, build_schedule, simulate
+from caramel.planner.schedule import Batch, build_schedule, simulate
 
 MB = 1_000_000
 
@@ -51,7 +51,7 @@ def test_layer_times_are_scaled_to_the_measured_compute():
     assert ordered_bounds(profile, 4.0, 1.0).any_schedule == pytest.approx(4.0 + 0.8)
 
 
-@pytest.mark.parametrize("name", ["resnet50", "vgg16", "bert_base"])
+@pytest.mark.parametrize("name", NAMES)
 def test_the_planners_simulation_of_an_ideal_link_never_beats_the_bound(name):
     # The planner's simulation, on a link with no fixed cost and gradients cut fine, in
     # earliest-deadline-first order: it comes close to the bound of any schedule, and stays at
@@ -60,8 +60,8 @@ def test_the_planners_simulation_of_an_ideal_link_never_beats_the_bound(name):
     profile = load_profile(name)
     compute, comm = profile.compute_seconds, profile.compute_seconds  # the operating point
     link = LinkModel(alpha=0.0, beta=comm / profile.gradient_bytes)
-    tensors = [TensorCost(t.parameters * BYTES_PER_PARAMETER, BYTES_PER_PARAMETER, t.forward_seconds, t.backward_seconds) for t in profile.tensors]
-    chunk = 1024 * 1024
+    tensors = tensor_costs(profile)
+    chunk = min(1024 * 1024, profile.gradient_bytes // 256)  # fine enough for the smallest model too
     transfers = build_schedule(tensors, link, Batch(min_bytes=0, max_bytes=chunk, chunk_bytes=chunk), Ordering.TIC, Batching.FIXED)
     simulated = simulate(tensors, transfers, link)
     bounds = ordered_bounds(profile, compute, comm)

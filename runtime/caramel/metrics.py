@@ -33,8 +33,8 @@ class PlanRecord:
     alpha_seconds: float
     beta_seconds_per_byte: float
     plan_changes: int
-    horovod_cycle_seconds: float
-    """The cycle Horovod runs with (`caramel.tensorflow.cycle`)."""
+    planned: bool
+    """Whether the steps run the plan (True) or Horovod's own way, as the selector measured."""
 
 
 class WorkerMetrics:
@@ -71,7 +71,7 @@ class WorkerMetrics:
         self.plan_changes = metric(Counter, "caramel_plan_changes", "Re-plans that changed the transfer schedule.")
         self.alpha = metric(Gauge, LINK_ALPHA, "Fitted fixed cost of one transfer (alpha).")
         self.beta = metric(Gauge, LINK_BETA, "Fitted inverse bandwidth (beta).")
-        self.horovod_cycle = metric(Gauge, "caramel_horovod_cycle_seconds", "Cycle time Horovod's background thread runs with.")
+        self.planned = metric(Gauge, "caramel_planned", "1 while the steps run the plan, 0 while they run Horovod's own way (measured faster).")
         self._plan_changes_seen = 0
 
     def serve(self, port: int) -> None:
@@ -104,6 +104,6 @@ class WorkerMetrics:
         self.bucket_bytes.set(plan.bucket_bytes)
         self.alpha.set(plan.alpha_seconds)
         self.beta.set(plan.beta_seconds_per_byte)
-        self.horovod_cycle.set(plan.horovod_cycle_seconds)
+        self.planned.set(int(plan.planned))
         self.plan_changes.inc(plan.plan_changes - self._plan_changes_seen)
         self._plan_changes_seen = plan.plan_changes

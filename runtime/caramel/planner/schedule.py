@@ -63,9 +63,6 @@ JOIN_SECONDS_PER_BYTE = 2e-10
 # collectives every rank waits for, at a boundary the step's time includes. On a step of a few
 # milliseconds, a re-plan every replanIntervalSteps would take a tenth of it.
 REPLAN_BUDGET = 0.02
-# After the first measured plan: one early re-plan once the link was timed on more real
-# transfers, then one every replanIntervalSteps.
-EARLY_REPLAN_STEP = 10
 # A plan searched for at one boundary is adopted at the first boundary this many steps later,
 # on every rank, so that the search never stalls a step.
 PLAN_LAG_STEPS = 1
@@ -215,20 +212,6 @@ def repays_retrace(gain_seconds_per_step: float, retrace_seconds: float | None, 
     if retrace_seconds is None:
         return True
     return gain_seconds_per_step * (PAYBACK_STEPS if steps_left is None else steps_left) > retrace_seconds
-
-
-def early_replan_settled_step(steps_per_execution: int) -> int:
-    """The last step that can re-trace for the early re-plan: plans are searched and adopted at
-    execution boundaries only, so the plan searched at the first boundary from EARLY_REPLAN_STEP
-    is in force from the first boundary PLAN_LAG_STEPS later, and the execution after that
-    boundary re-traces. Later steps run the graph training runs with until the next regular
-    re-plan (replanIntervalSteps on)."""
-
-    def boundary_at_or_after(step: int) -> int:
-        return -(-step // steps_per_execution) * steps_per_execution
-
-    adopted_at = boundary_at_or_after(boundary_at_or_after(EARLY_REPLAN_STEP) + PLAN_LAG_STEPS)
-    return adopted_at + steps_per_execution
 
 
 def replan_interval(interval_steps: int, replan_seconds: float, seconds_per_step: float | None) -> int:

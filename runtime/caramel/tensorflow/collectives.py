@@ -6,14 +6,11 @@ background thread as soon as its inputs exist, and only data or control dependen
 them. The plan's order is kept with control dependencies: a transfer is issued no earlier than
 the gradients of the transfer before it exist, and at most `window` transfers are in flight
 (issued and not finished), so that when one ends the next is already queued in Horovod and no
-thread hand-over sits on the link's path. The chain continues from one step to the next within
-one graph, so the window spans the steps of a multi-step execution.
+thread hand-over sits on the link's path. Each step's transfers start a chain of their own.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +20,6 @@ import tensorflow as tf
 
 from caramel.planner.transfers import Transfer
 
-# Horovod's default HOROVOD_CACHE_CAPACITY.
-HOROVOD_CACHE_CAPACITY = 1024
 # Collectives in flight at once: with two, the next transfer is already queued in Horovod when
 # the current one ends.
 TRANSFERS_IN_FLIGHT = 2
@@ -56,50 +51,12 @@ def average_per_dtype(pieces: list[tf.Tensor], name: str, average_flat: Callable
     return per_dtype(pieces, name, joined)
 
 
-def response_cache_capacity() -> int:
-    """How many negotiations Horovod's response cache holds (0: no cache)."""
-    value = os.environ.get("HOROVOD_CACHE_CAPACITY", str(HOROVOD_CACHE_CAPACITY))
-    if not value.strip().isdigit():
-        raise ValueError(f"HOROVOD_CACHE_CAPACITY: expected a whole number of tensors (0: no cache), got {value!r}")
-    return int(value)
-
-
-class HorovodAverage:
-    """Averages the transfers of one graph with Horovod: each transfer as one grouped allreduce of
-    its pieces, as long as the graph has handed Horovod no more tensors than its response cache
-    holds; after that, as one allreduce per dtype of its pieces joined into one buffer.
-
-    Grouped, Horovod copies the pieces into its fusion buffer, which it allocates once; joined
-    here, every transfer allocates a buffer of its size in every step: BERT-base's gradients in
-    25 transfers over 4 ranks on loopback cost 0.04-0.06 CPU seconds per step and rank and 90-130
-    MB of peak RSS more joined, and on the emulated benches the largest rank's peak RSS went from
-    1.21x Horovod's to 1.09x (BERT-base) and from 1.31x to 0.95x (ResNet-50) with grouping. But
-    Horovod negotiates every tensor of a group, and caches the negotiation of at most
-    HOROVOD_CACHE_CAPACITY tensors: beyond that, which the pieces of a few unrolled steps of a
-    large model reach, each step's tensors would evict the last step's and every one would be
-    negotiated in full, each step."""
-
-    def __init__(self) -> None:
-        self.cache_capacity = response_cache_capacity()
-        self.tensors_handed = 0
-        """Tensors this graph hands Horovod so far."""
-        self.joining = False
-        """Whether the cache was full: from then on the graph's transfers are joined."""
-
-    def __call__(self, pieces: list[tf.Tensor], name: str) -> list[tf.Tensor]:
-        cache_full = self.cache_capacity > 0 and self.tensors_handed + len(pieces) > self.cache_capacity
-        if not (self.joining or cache_full):
-            self.tensors_handed += len(pieces)
-            return per_dtype(pieces, name, lambda group, group_name: list(hvd.grouped_allreduce(group, op=hvd.Average, name=group_name)))
-        if not self.joining and hvd.rank() == 0:
-            print(
-                f"caramel: this step's graph hands Horovod more tensors than its response cache holds (HOROVOD_CACHE_CAPACITY "
-                f"{self.cache_capacity}); its later transfers are joined into one buffer each, which costs a copy",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
-        self.joining = True
-        self.tensors_handed += len({piece.dtype for piece in pieces})
-        return average_per_dtype(pieces, name, lambda flat, flat_name: hvd.allreduce(flat, op=hvd.Average, name=flat_name))
+def horovod_average(pieces: list[tf.Tensor], name: str) -> list[tf.Tensor]:
+    """A transfer as one grouped Horovod allreduce per dtype: Horovod copies the pieces into its
+    fusion buffer, which it allocates once, instead of a buffer of the transfer's size in every
+    step (measured on the emulated benches: the largest rank's peak RSS 1.09x Horovod's instead
+    of 1.21x on BERT-base, 0.95x instead of 1.31x on ResNet-50)."""
+    return per_dtype(pieces, name, lambda group, group_name: list(hvd.grouped_allreduce(group, op=hvd.Average, name=group_name)))
 
 
 @dataclass
@@ -123,21 +80,11 @@ class Chain:
             self.in_flight.popleft()
 
 
-@dataclass(frozen=True)
-class IssuedTransfer:
-    """A transfer in the graph: what exists once its inputs do, and once it is done."""
-
-    ready: tf.Tensor
-    done: tf.Tensor
-
-
-def run_transfers(
-    gradients: Sequence[tf.Tensor], transfers: Sequence[Transfer], chain: Chain, reduce: Reduce
-) -> tuple[list[tf.Tensor], list[IssuedTransfer]]:
-    """The averaged gradients, and each transfer's marks of readiness and completion."""
+def run_transfers(gradients: Sequence[tf.Tensor], transfers: Sequence[Transfer], chain: Chain, reduce: Reduce) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+    """The averaged gradients, and an output of each transfer, which exists once it is done."""
     lengths = [gradient.shape.num_elements() for gradient in gradients]
     pieces_of: list[list[tuple[int, tf.Tensor]]] = [[] for _ in gradients]
-    issued = []
+    done = []
     for position, transfer in enumerate(transfers):
         # A whole tensor travels as it is; a chunk is a slice of the flattened tensor along its
         # only axis, which shares the tensor's buffer: chunking copies nothing.
@@ -145,47 +92,41 @@ def run_transfers(
             gradients[p.tensor] if (p.start, p.stop) == (0, lengths[p.tensor]) else tf.reshape(gradients[p.tensor], [-1])[p.start : p.stop]
             for p in transfer.pieces
         ]
-        with tf.control_dependencies(inputs):
-            ready = tf.identity(inputs[0])  # the same buffer, once every input exists
         with tf.control_dependencies(chain.dependencies()):
             outputs = reduce(inputs, f"caramel_transfer_{position}")
         chain.issued(inputs, outputs)
-        issued.append(IssuedTransfer(ready, outputs[0]))
+        done.append(outputs[0])
         for piece, output in zip(transfer.pieces, outputs):
             pieces_of[piece.tensor].append((piece.start, output))
     averaged = [_joined(pieces, gradient.shape) for pieces, gradient in zip(pieces_of, gradients)]
-    return averaged, issued
+    return averaged, done
 
 
-def run_split_transfers(
-    gradients: Sequence[tf.Tensor], transfers: Sequence[Transfer], chain: Chain
-) -> tuple[list[tf.Tensor], list[IssuedTransfer]]:
+def run_split_transfers(gradients: Sequence[tf.Tensor], transfers: Sequence[Transfer], chain: Chain) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
     """DeAR's decoupled all-reduce: each planned transfer reduce-scatters its pieces in plan
     order, as soon as they exist; once the step's last one is issued, the all-gathers follow,
     the transfer holding the parameter the next forward pass reads first going first. Each
     rank reduces a share of every piece, so a piece is cut along its flattened elements.
-    A transfer counts as done when its all-gather is."""
+    A transfer is done when its all-gather is."""
     flat = [tf.reshape(gradient, [-1]) for gradient in gradients]
     shards = []
-    for position, transfer in enumerate(transfers):
+    for transfer in transfers:
         inputs = [flat[p.tensor][p.start : p.stop] for p in transfer.pieces]
-        with tf.control_dependencies(inputs):
-            ready = tf.identity(inputs[0])
-        with tf.control_dependencies(chain.dependencies()), tf.name_scope(f"caramel_reduce_{position}"):
+        with tf.control_dependencies(chain.dependencies()):
             outputs = hvd.grouped_reducescatter(inputs, op=hvd.Average)
         chain.issued(inputs, outputs)
-        shards.append((ready, outputs))
+        shards.append(outputs)
     pieces_of: list[list[tuple[int, tf.Tensor]]] = [[] for _ in gradients]
     done: list[tf.Tensor | None] = [None] * len(transfers)
     for position in sorted(range(len(transfers)), key=lambda i: min(p.tensor for p in transfers[i].pieces)):
         with tf.control_dependencies(chain.dependencies()):
-            gathered = hvd.grouped_allgather(shards[position][1], name=f"caramel_gather_{position}")
-        chain.issued(shards[position][1], gathered)
+            gathered = hvd.grouped_allgather(shards[position], name=f"caramel_gather_{position}")
+        chain.issued(shards[position], gathered)
         done[position] = gathered[0]
         for piece, output in zip(transfers[position].pieces, gathered):
             pieces_of[piece.tensor].append((piece.start, output))
     averaged = [_joined(pieces, gradient.shape) for pieces, gradient in zip(pieces_of, gradients)]
-    return averaged, [IssuedTransfer(ready, finished) for (ready, _), finished in zip(shards, done)]
+    return averaged, done
 
 
 def _joined(pieces: list[tuple[int, tf.Tensor]], shape: tf.TensorShape) -> tf.Tensor:

@@ -1,18 +1,29 @@
 """Gradient communication for the tape and optimizer drop-ins.
 
-Inside a graph (a `tf.function`, a Keras train function, `caramel.tensorflow.function`), the
-gradients are averaged by the transfers of the plan in force, built into the graph as Horovod
-collectives when the step is traced (`collectives.py`): there is no Python on the step's path.
-The graph also stamps when each gradient exists and each transfer ends (`stamps.py`); read
-between executions, the stamps give the step's timings (`caramel.planner.timing`), which feed
-the metrics and the replanner. Eagerly, the gradients go to Horovod as one grouped allreduce.
+Inside a graph (a `tf.function`, a Keras train function, `caramel.tensorflow.function`), a step's
+gradients go through two ways to average them, built into the step's graph as the branches of
+one `switch_case`:
+- Horovod's own way: each gradient its own allreduce, as `hvd.DistributedGradientTape` sends them,
+  fused by Horovod's background thread; no order, no stamps;
+- the plan in force: its transfers as Horovod collectives (`collectives.py`), in its order and
+  window, with stamps of when each transfer's gradients existed and when it ended
+  (`stamps.py`), which, read between executions, give the step's timings
+  (`caramel.planner.timing`) for the metrics and the replanner.
+The selector (`selector.py`) picks the branch of every step by measured step time, in the
+graph: there is no Python on the step's path. Eagerly, the gradients go to Horovod as one
+grouped allreduce.
+
+The branches move bytes and do nothing else: the outputs of a branch, and of a function, wait
+for all of its side effects, so a stamp of the last transfer inside one would hold every averaged
+gradient back until that transfer ended, and with them the next step's forward pass. The
+stamps are taken beside the branches, where the plan ran.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -22,14 +33,16 @@ from caramel.job.api import Allreduce, Collective, Tuning
 from caramel.job.contract import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
-from caramel.tensorflow.collectives import Chain, HorovodAverage, Reduce, run_split_transfers, run_transfers
-from caramel.tensorflow.cycle import CycleTuner
+from caramel.tensorflow.collectives import Chain, Reduce, horovod_average, run_split_transfers, run_transfers
 from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
+from caramel.tensorflow.selector import HOROVOD, PLANNED, ArmSelector
 from caramel.tensorflow.stamps import StampBook
 from caramel.topology.simulate import choose_allreduce
 from caramel.topology.transport import SUPPORTED_DTYPES
 
+# The name of the `switch_case` of the two ways (arms) in a step's graph.
+ARMS_NAME = "caramel_arms"
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
 
@@ -41,30 +54,24 @@ def initial_link(tuning: Tuning | None) -> LinkModel:
     return INITIAL_LINK
 
 
-@dataclass
-class _Trace:
-    """What the communicator keeps of one graph while it is traced: steps chain their transfers."""
-
-    chain: Chain = field(default_factory=Chain)
-    steps: int = 0
-    horovod_average: HorovodAverage = field(default_factory=HorovodAverage)
-    """Horovod's all-reduce, which counts the tensors the graph hands it."""
-
-
 class GradientCommunicator:
-    """Averages gradients across all ranks, by the plan in force, with the job's all-reduce
-    algorithm (Horovod's ring, or MULTITREE's trees over the job's topology)."""
+    """Averages gradients across all ranks, by the arm the selector picks: Horovod's own way, or
+    the plan in force with the job's all-reduce algorithm (Horovod's ring, or MULTITREE's trees
+    over the job's topology)."""
 
     def __init__(self, contract: WorkerContract) -> None:
         self.contract = contract
         self.scheduling = contract.scheduling
         self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning))
-        self.cycle = CycleTuner()
+        self.selector = ArmSelector()
         self.algorithm: str | None = None
         """ring or multitree, chosen when the first graph's gradients are seen."""
-        self._tree_reduce: Reduce | None = None
-        """MULTITREE's trees, where chosen; else each graph's `HorovodAverage`."""
+        self._reduce: Reduce = horovod_average
+        """How the plan's transfers are averaged: Horovod's collectives, or MULTITREE's trees."""
         self._stamps = StampBook()
+        self._releases: tf.Variable | None = None
+        """While Caramel's own steps are traced: whether the step stamps its gradients' releases
+        (read in the graph; only the first step of an execution does, see `stamp_releases`)."""
 
     def allreduce(self, gradients: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """The average of every (dense) gradient over all ranks."""
@@ -74,19 +81,67 @@ class GradientCommunicator:
         plan = self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
         if self.algorithm is None:
             self._choose_algorithm(gradients)
-        trace = self._trace()
-        stamps = [self._stamps.stamp()]  # the execution's start, for its first step
-        if self.scheduling.collective is Collective.SPLIT:
-            averaged, issued = run_split_transfers(gradients, plan.transfers, trace.chain)
-        else:
-            averaged, issued = run_transfers(gradients, plan.transfers, trace.chain, self._tree_reduce or trace.horovod_average)
-        stamps += [self._stamps.stamp(transfer.ready) for transfer in issued]
-        stamps += [self._stamps.stamp(transfer.done) for transfer in issued]
-        if trace.steps == 0:
-            stamps += [self._stamps.stamp(gradient) for gradient in gradients]
-        self._stamps.write(trace.steps, stamps)
-        trace.steps += 1
-        return averaged
+        count, transfers = len(gradients), plan.transfers
+
+        def horovod_way() -> list[tf.Tensor]:
+            averaged = [hvd.allreduce(gradient, op=hvd.Average, name=f"caramel_gradient_{i}") for i, gradient in enumerate(gradients)]
+            return [*averaged, *(tf.zeros([1], gradients[t.pieces[0].tensor].dtype) for t in transfers)]
+
+        def planned() -> list[tf.Tensor]:
+            if self.scheduling.collective is Collective.SPLIT:
+                averaged, done = run_split_transfers(gradients, transfers, Chain())
+            else:
+                averaged, done = run_transfers(gradients, transfers, Chain(), self._reduce)
+            return [*averaged, *(tf.reshape(output, [-1])[:1] for output in done)]
+
+        start = self._stamps.stamp()  # the execution's start (no input: it runs first), for its first step
+        # Backpropagation releases the last tensor's gradient first: the selector's tick then sits
+        # at the same early point of every step, before any branch needs its arm.
+        arm = self.selector.tick(gradients[-1])
+        outputs = tf.switch_case(arm, [horovod_way, planned], name=ARMS_NAME)
+        averaged, done = outputs[:count], outputs[count:]
+        ready = []  # per transfer, a tensor that exists once all of its gradients do
+        for transfer in transfers:
+            with tf.control_dependencies([gradients[piece.tensor] for piece in transfer.pieces]):
+                ready.append(tf.identity(gradients[transfer.pieces[0].tensor]))
+        stamps = tf.cond(tf.equal(arm, PLANNED), lambda: self._stamped(start, gradients, ready, done), lambda: tf.constant([HOROVOD], tf.float64))
+        self._stamps.reserve(0).assign(stamps)
+        return list(averaged)
+
+    def _stamped(self, start: tf.Tensor, gradients: Sequence[tf.Tensor], ready: Sequence[tf.Tensor], done: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The stamps of a step that ran the plan: its execution's start, when each transfer's
+        gradients all existed (`ready`) and when it ended (`done`), and where `stamp_releases`
+        says so, when each gradient existed. They are taken outside the branch that moves the
+        bytes: a branch's outputs wait for all of its side effects, so stamps in it would hold
+        every averaged gradient until the last transfer ended."""
+        stamped = tf.stack([start, *(self._stamps.stamp(marker) for marker in [*ready, *done])])
+        if self._releases is not None:
+            stamped = tf.cond(
+                self._releases.read_value(),
+                lambda: tf.concat([stamped, tf.stack([self._stamps.stamp(gradient) for gradient in gradients])], axis=0),
+                lambda: stamped,
+            )
+        return tf.concat([tf.constant([PLANNED], tf.float64), stamped], axis=0)
+
+    @contextmanager
+    def tracing_steps(self) -> Iterator[tf.Variable]:
+        """While Caramel's own multi-step executions trace their step: the step stamps its
+        gradients' releases, for the replanner, where the variable given says so (a user's own
+        `tf.function` is never re-planned, and stamps none)."""
+        self._releases = self.stamp_releases(0)
+        try:
+            yield self._releases
+        finally:
+            self._releases = None
+
+    def stamp_releases(self, slot: int) -> tf.Variable:
+        """Whether the step at position `slot` of an execution stamps its gradients' releases:
+        the first does (once per execution is enough for the planner, and stamps cost ops)."""
+        return self._stamps.flag(slot, slot == 0)
+
+    def stamp_store(self, slot: int) -> tf.Variable:
+        """Where the step at position `slot` of an execution keeps its stamps."""
+        return self._stamps.reserve(slot)
 
     def _choose_algorithm(self, gradients: Sequence[tf.Tensor]) -> None:
         """Ring, or MULTITREE where asked for, or where `auto` predicts it clearly faster on the
@@ -102,55 +157,33 @@ class GradientCommunicator:
         if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(self.contract.topology, nbytes) == "multitree"):
             self.algorithm = "multitree"
             tree_reduce = TreeReduce(self.contract, hvd.rank())
-            self._tree_reduce = tree_reduce
+            self._reduce = tree_reduce
             self.replanner.probe_allreduce = tree_reduce.allreduce_now  # the plans are for the trees' link
         else:
             self.algorithm = "ring"
         if hvd.rank() == 0:
             print(f"caramel: gradients all-reduced by {self.algorithm} (spec.caramel.allreduce: {wanted.value})", file=sys.stderr, flush=True)
 
-    @staticmethod
-    def _trace() -> _Trace:
-        """The trace of the graph being built, kept on the graph itself: a trace holds the
-        graph's tensors, so a mapping keyed weakly by graph would keep every graph ever traced
-        alive (about 50 MB per re-trace of one emulated ResNet-50 step)."""
-        graph = tf.compat.v1.get_default_graph()
-        if not hasattr(graph, "_caramel_trace"):
-            graph._caramel_trace = _Trace()
-        return graph._caramel_trace
-
-    def prepare(self, steps: int) -> None:
-        """Before a graph of `steps` steps is traced for the plan in force: make the variables
-        its stamps go to now, so that tracing makes none (tf.function would trace the graph
-        twice, tens of seconds for a few unrolled steps of a large model)."""
-        plan = self.replanner.plan
-        if plan is not None:
-            for slot in range(steps):
-                self._stamps.reserve(slot, self._stamps_per_step(slot, len(plan.transfers)))
-
-    def _stamps_per_step(self, slot: int, transfers: int) -> int:
-        """The execution's start, each transfer's readiness and end, and in the execution's
-        first step each gradient's release."""
-        return 1 + 2 * transfers + (self.replanner.gradients if slot == 0 else 0)
-
     def measure(self, steps: int) -> list[StepTimes]:
-        """The timings of the steps of the execution just run (`steps` of them, graph steps
-        only: none after an eager step), and hands them to the replanner."""
+        """The timings of the steps of the execution just run (`steps` of them), if they ran the
+        plan in force, and hands them to the replanner; [] if they ran Horovod's own way (which
+        stamps nothing) or communicated eagerly."""
         plan = self.replanner.plan
         if plan is None:
             return []
         transfers = len(plan.transfers)
         stamps = []
         for slot in range(steps):
-            values = self._stamps.read(slot, self._stamps_per_step(slot, transfers))
-            if values is None:
+            values = self._stamps.read(slot)
+            if values is None or values.size == 0 or values[0] != PLANNED:
                 return []
+            values = values[1:]
             stamps.append(
                 StepStamps(
                     started=float(values[0]),
                     transfers_ready=tuple(values[1 : 1 + transfers]),
                     transfers_done=tuple(values[1 + transfers : 1 + 2 * transfers]),
-                    releases=tuple(values[1 + 2 * transfers :]) if slot == 0 else None,
+                    releases=tuple(values[1 + 2 * transfers :]) if len(values) > 1 + 2 * transfers else None,
                 )
             )
         times = execution_times(stamps, plan.transfers)

@@ -84,6 +84,9 @@ class Ledger:
         """A step ended: its metrics, and now and then a progress line from rank 0."""
         self.metrics.record_step(step, seconds, loss, times)
         self.metrics.record_plan(plan_record())
+        decision = communicator().selector.new_decision()
+        if decision and self.rank == 0:
+            say(f"at step {step}, {decision}")
         self._step_seconds.append(seconds)
         self._last_loss = loss
         now = time.monotonic()
@@ -129,10 +132,11 @@ class Ledger:
 
 
 def plan_record() -> PlanRecord:
-    """The plan in force, the link it was made for, and Horovod's cycle."""
-    replanner = communicator().replanner
+    """The plan in force, the link it was made for, and whether the steps run it."""
+    gradient_communicator = communicator()
+    replanner = gradient_communicator.replanner
     bucket = replanner.plan.batch.max_bytes if replanner.plan else 0
-    return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes, communicator().cycle.cycle_ms / 1e3)
+    return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes, gradient_communicator.selector.planned)
 
 
 def weights_digest(model: tf.keras.Model) -> str:

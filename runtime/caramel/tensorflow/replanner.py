@@ -31,7 +31,6 @@ import tensorflow as tf
 from caramel.job.api import Scheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
 from caramel.planner.schedule import (
-    EARLY_REPLAN_STEP,
     PAYBACK_STEPS,
     PLAN_LAG_STEPS,
     Plan,
@@ -99,7 +98,7 @@ class Replanner:
         self._tensors: list[TensorCost] = []
         self._observer = LinkObserver()
         self._recent: deque[StepTimes] = deque(maxlen=RECENT_STEPS)
-        self._next_replan = EARLY_REPLAN_STEP
+        self._next_replan = 0
         self._pending: _PendingSearch | None = None
         self.probe_allreduce: ProbeAllreduce = horovod_probe
         """What the probes time: the all-reduce the plan's transfers go through."""
@@ -111,6 +110,8 @@ class Replanner:
         """What starting the last search cost this process (probes, link fit, the search's process)."""
         self._decision_seconds = 0.0
         """What sharing the last decision cost this process."""
+        self.communicated = False
+        """Whether the last boundary ran collectives: the step across it took longer for it."""
         self.retrace_seconds: float | None = None
         """What adopting the last plan cost: its first execution's time beyond an ordinary one's
         (None until a plan was adopted, so the first measured plan is not weighed against it)."""
@@ -140,20 +141,23 @@ class Replanner:
             for transfer in step.transfers:
                 self._observer.observe_transfer(transfer.nbytes, transfer.seconds)
 
-    def at_boundary(self, completed_steps: int, steps_left: int | None = None) -> bool:
+    def at_boundary(self, completed_steps: int, steps_left: int | None = None, may_search: bool = True) -> bool:
         """Between executions, on every rank at the same step count: adopt a plan that is due,
         start a search that is due. True if a new plan is now in force (stale graphs must be
-        re-traced). `steps_left`, where known, is how many steps the training still runs."""
+        re-traced). `steps_left`, where known, is how many steps the training still runs.
+        `communicated` then says whether this boundary ran collectives (probes, a decision)."""
+        self.communicated = False
         if not self.measured:
             if typical_backward_seconds(self._recent) is None:
                 return False
             self.measured = True
+            self._next_replan = completed_steps + self._interval_steps
             return self._adopt(self._start_search(completed_steps), steps_left, required_gain=0.0)
         adopted = False
         if self._pending is not None and completed_steps >= self._pending.adopt_at:
             adopted = self._adopt(self._pending, steps_left)
             self._pending = None
-        if self.plan is not None and self._pending is None and completed_steps >= self._next_replan:
+        if may_search and self.plan is not None and self._pending is None and completed_steps >= self._next_replan:
             self._pending = self._start_search(completed_steps)
             self._next_replan = completed_steps + self._interval_steps
         return adopted
@@ -173,6 +177,7 @@ class Replanner:
         )
 
     def _start_search(self, completed_steps: int) -> _PendingSearch:
+        self.communicated = True
         started = time.perf_counter()
         self._probe()
         # A transfer starts once the last rank is there; that rank's timing is the link's.
@@ -185,6 +190,7 @@ class Replanner:
 
     def _adopt(self, pending: _PendingSearch, steps_left: int | None, required_gain: float = MIN_GAIN) -> bool:
         """Rank 0 decides from its search and its measurements; every rank takes its decision."""
+        self.communicated = True
         started = time.perf_counter()
         chosen = None
         if pending.search is not None:

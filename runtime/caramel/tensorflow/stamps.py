@@ -8,15 +8,14 @@ here is a call of a small function that reads an anchor variable: an op with a r
 (read only), which automatic control dependencies order against writes of that variable alone,
 and nobody writes it. The timestamp inside runs as soon as its dependencies exist.
 
-Each step's stamps go into a variable of their own, written once at the end of the step, and
-read from Python after the execution (`read`). The variables are best made before the graph is
-traced (`reserve`): a variable made while tracing makes tf.function trace the whole function
-twice, once to make it and once more without making it.
+Each step's stamps go into a variable of their own (one per place of the step in its
+execution), written once at the end of the step, and read from Python after the execution
+(`read`). The variables are best made before the graph is traced (`reserve`): a variable made
+while tracing makes tf.function trace the whole function twice, once to make it and once more
+without making it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +28,7 @@ class StampBook:
         with tf.init_scope():
             self._anchor = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="caramel_stamp_anchor")
         self._stores: dict[int, tf.Variable] = {}
+        self._flags: dict[int, tf.Variable] = {}
 
         # Any shape: one small function per dtype, however many tensors are stamped.
         @tf.function(autograph=False, reduce_retracing=True)
@@ -44,22 +44,24 @@ class StampBook:
         it is, not copied."""
         return self._stamp(self._anchor, self._now if after is None else after)
 
-    def write(self, slot: int, stamps: Sequence[tf.Tensor]) -> None:
-        """In a graph: keep one step's stamps in slot `slot` (the step's index in its execution)."""
-        self.reserve(slot, len(stamps)).assign(tf.stack(list(stamps)))
-
-    def read(self, slot: int, length: int) -> np.ndarray | None:
-        """The stamps last written to `slot` by a step with `length` stamps; None if none was."""
+    def read(self, slot: int) -> np.ndarray | None:
+        """The stamps last written to `slot`; None if none were."""
         store = self._stores.get(slot)
-        if store is None or store.shape[0] != length:
-            return None
-        return store.numpy()
+        return None if store is None else store.numpy()
 
-    def reserve(self, slot: int, length: int) -> tf.Variable:
-        """The variable of slot `slot` for steps of `length` stamps, made if there is none yet."""
-        store = self._stores.get(slot)
-        if store is None or store.shape[0] != length:
+    def flag(self, slot: int, value: bool) -> tf.Variable:
+        """A boolean variable of slot `slot`, made with `value` if there is none yet."""
+        if slot not in self._flags:
             with tf.init_scope():
-                store = tf.Variable(tf.zeros([length], tf.float64), trainable=False, name=f"caramel_stamps_{slot}")
-            self._stores[slot] = store
-        return store
+                self._flags[slot] = tf.Variable(value, trainable=False, name=f"caramel_stamp_flag_{slot}")
+        return self._flags[slot]
+
+    def reserve(self, slot: int) -> tf.Variable:
+        """The variable of slot `slot` (the step's place in its execution), made if there is none
+        yet. Its length is left open: plans differ in their stamps."""
+        if slot not in self._stores:
+            with tf.init_scope():
+                self._stores[slot] = tf.Variable(
+                    tf.zeros([0], tf.float64), shape=tf.TensorShape([None]), trainable=False, name=f"caramel_stamps_{slot}"
+                )
+        return self._stores[slot]

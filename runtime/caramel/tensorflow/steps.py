@@ -5,13 +5,16 @@ it. A `tf.function` per step cannot give that: the function returns only once ev
 is done. In one graph holding several steps, tf.function's automatic control dependencies
 order the operations on each variable in program order and nothing else, so step k+1 reads a
 parameter as soon as its own step-k update is applied, while the transfers of parameters
-needed later go on. The steps are unrolled (a Python loop at trace time): a `tf.while_loop`,
-which Keras' `steps_per_execution` uses, finishes every operation of an iteration before the
-next begins.
+needed later go on. The steps are copies of one trace of the step (unrolled.py): a
+`tf.while_loop`, which Keras' `steps_per_execution` uses, finishes every operation of an
+iteration before the next begins.
 
-Between executions the replanner may adopt a new plan; the graphs of the old one are then
-traced again. Every rank runs the same executions, so every rank re-plans at the same step.
-What a re-trace cost (its execution's time beyond an ordinary execution's) goes back to the
+Until the first plan made from measurements, executions run one step each (the cheapest graph
+to build), on the plan, which stamps when the gradients exist. Between executions the
+replanner may adopt a new plan; the step is then traced once more and its executions built
+again, and the selector measures the new plan against Horovod's own way before it keeps one.
+Every rank runs the same executions, so every rank re-plans at the same step. What adopting a
+plan cost (its first execution's time beyond an ordinary execution's) goes back to the
 replanner, which adopts a later plan only if its gain repays that within the steps left.
 """
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -28,6 +31,9 @@ import tensorflow as tf
 
 from caramel.planner.timing import StepTimes
 from caramel.tensorflow.process import communicator
+from caramel.planner.rounds import block_steps
+from caramel.tensorflow.communicator import ARMS_NAME
+from caramel.tensorflow.unrolled import TracedStep
 
 DEFAULT_STEPS_PER_EXECUTION = 4
 
@@ -59,11 +65,13 @@ class StepFunction:
         self.steps_per_execution = steps_per_execution
         self.total_steps = total_steps
         """How many steps this function will run in all, where known: the steps left weigh a new
-        plan's gain against its re-trace."""
+        plan's gain against its rebuild."""
         self.completed_steps = 0
         self.last_times: list[StepTimes] = []
-        """Timings of the steps of the last call (empty when the step communicated eagerly)."""
-        self._graphs: dict[int, Callable[[Iterator[Any]], list[Any]]] = {}
+        """Timings of the steps of the last call (empty when they ran Horovod's own way or
+        communicated eagerly)."""
+        self._traced: TracedStep | None = None
+        self._executions: dict[int, Callable[[Iterator[Any]], list[Any]]] = {}
         functools.update_wrapper(self, step)
 
     def __call__(self, iterator: Iterator[Any], steps: int | None = None) -> list[Any]:
@@ -73,37 +81,41 @@ class StepFunction:
             raise ValueError(f"steps must be between 1 and steps_per_execution ({self.steps_per_execution}), got {count}")
         gradient_communicator = communicator()
         replanner = gradient_communicator.replanner
-        gradient_communicator.cycle.at_boundary(replanner.seconds_per_step)
         steps_left = None if self.total_steps is None else max(0, self.total_steps - self.completed_steps)
-        replanned = replanner.at_boundary(self.completed_steps, steps_left)
+        # No search while the selector measures: a new plan would restart its round.
+        replanned = replanner.at_boundary(self.completed_steps, steps_left, may_search=not gradient_communicator.selector.exploring)
+        if replanner.communicated:
+            gradient_communicator.selector.untime_last_step()  # the re-plan's time is neither arm's
         if replanned:
-            self._graphs.clear()  # traced for the old plan
+            self._traced, self._executions = None, {}  # traced and built for the old plan
+            # The first execution of the new graphs builds them: it is not measured.
+            gradient_communicator.selector.set_block(block_steps(self.steps_per_execution))
+            gradient_communicator.selector.start_round(settle=self.steps_per_execution)
             if hvd.rank() == 0:
                 print(f"caramel: from step {self.completed_steps + 1}, {replanner.describe()}", file=sys.stderr, flush=True)
-        started, graphs = time.perf_counter(), len(self._graphs)
+        started, built = time.perf_counter(), len(self._executions)
         if replanner.measured:
             outputs = self._execute(iterator, count)
         else:
-            # Until a plan was made from measurements, one step per execution: its graph is cheap
-            # to trace, and the first measured plan is made at the next boundary.
+            # Until a plan was made from measurements, one step per execution: its graph is the
+            # cheapest to build, and the first measured plan is made at the next boundary.
             outputs, times = [], []
             for _ in range(count):
                 outputs += self._execute(iterator, 1)
                 times += self.last_times
             self.last_times = times
         seconds = time.perf_counter() - started
-        if len(self._graphs) == graphs:
+        if len(self._executions) == built:
             replanner.seconds_per_step = seconds / count
         elif replanned and replanner.seconds_per_step is not None:
             replanner.retrace_seconds = max(0.0, seconds - count * replanner.seconds_per_step)
         return outputs
 
     def _execute(self, iterator: Iterator[Any], count: int) -> list[Any]:
-        if count not in self._graphs:
-            communicator().prepare(count)
-            self._graphs[count] = tf.function(functools.partial(self._steps, count))
+        if count not in self._executions:
+            self._executions[count] = self._build(iterator, count)
         try:
-            outputs = self._graphs[count](iterator)
+            outputs = self._executions[count](iterator)
         except tf.errors.OutOfRangeError:
             raise RuntimeError(
                 f"the data ran out within an execution of {count} steps: give the iterator at least as many batches as steps"
@@ -112,12 +124,26 @@ class StepFunction:
         self.last_times = communicator().measure(count)
         return outputs
 
-    def _steps(self, count: int, iterator: Iterator[Any]) -> list[Any]:
-        outputs = []
-        for _ in range(count):
-            batch = next(iterator)
-            outputs.append(self.step(*batch) if self.unpack and isinstance(batch, tuple) else self.step(batch))
-        return outputs
+    def _build(self, iterator: Iterator[Any], count: int) -> Callable[[Iterator[Any]], list[Any]]:
+        """An execution of `count` steps with the plan in force: copies of the step, traced once
+        per plan."""
+        gradient_communicator = communicator()
+        if self._traced is None:
+            with gradient_communicator.tracing_steps():
+                self._traced = TracedStep(self._one_step, iterator.element_spec)
+            self._traced.bypass_identity_n(ARMS_NAME)
+        # Each step keeps its stamps in a variable of its own, and only the first stamps releases.
+        per_slot = [(gradient_communicator.stamp_store(i), gradient_communicator.stamp_releases(i)) for i in range(count)]
+        first_store, first_flag = per_slot[0]
+
+        def captures(index: int) -> Mapping[int, tf.Tensor]:
+            store, flag = per_slot[index]
+            return {id(first_store.handle): store.handle, id(first_flag.handle): flag.handle}
+
+        return self._traced.copies(count, captures)
+
+    def _one_step(self, batch: Any) -> Any:
+        return self.step(*batch) if self.unpack and isinstance(batch, tuple) else self.step(batch)
 
 
 def function(
@@ -134,7 +160,7 @@ def function(
         losses = train_step(iterator)     # the next 4 steps' losses
 
     `total_steps`, if given, is how many steps the loop will run: re-planning then adopts a
-    faster plan only if it repays its re-trace before the end.
+    faster plan only if it repays its rebuild before the end.
     """
     if step is None:
         return lambda wrapped: StepFunction(wrapped, steps_per_execution, total_steps=total_steps)

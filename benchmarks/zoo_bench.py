@@ -1,0 +1,389 @@
+"""The model zoo: Caramel against Horovod on models the benchmark was not tuned on.
+
+    sudo make bench-zoo                                             # every profile at 1 and 4 Gbit/s, 3 repeats
+    python -m benchmarks.zoo_bench --profiles densenet121,gpt2_small --rates 1000 --repeats 1
+    python -m benchmarks.zoo_bench --calibrate --profiles vit_b16   # measure operating points (zoo_points.json)
+    python -m benchmarks.zoo_bench --job-steps 200 --profiles resnet50,densenet121,t5_small --rates 4000
+    python -m benchmarks.zoo_bench --report runs/zoo-<time>/results.json
+
+Runs need root and the project's virtualenv, like `make bench` (benchmarks/README.md): 4 workers,
+each in its own network namespace, tbf-shaped links, an emulated accelerator per profile
+(benchmarks/profiles/, emulated_model.py), real Horovod/Gloo traffic.
+
+Every profile is measured at its operating point at each link rate: the emulated device is as
+fast as makes its compute C equal to the communication M at that rate, where overlap matters
+most. The operating points come from benchmarks/zoo_points.json, which --calibrate writes: per
+profile, compute-only at the profile's own device rate (C0) and comm-only at each rate (M), and
+the device rate that scales C0 to M. Each point then runs, repeats interleaved:
+    horovod-tape      Horovod's tape in a tf.function called once per step (its TF2 examples)
+    caramel-tape      the same script with Caramel's tape (the import swapped)
+    caramel-function  the same step through ctf.function, several steps per graph
+and --strategies takes any of scheduling_bench's (horovod and caramel train with Keras fit,
+autotune-tape tunes Horovod). Compute-only and comm-only run once per point, for C, M and the
+bounds of the layers' release and read order (step_bounds.py).
+
+The table gives per point Horovod's step (median and min-max over the runs), each Caramel path's
+step over Horovod's (and its min-max), the best path over the bound of any schedule, the arm
+Caramel's steps ran (its selector measures Horovod's own way against its plan and keeps the
+faster), what the plan predicted against what the plan's steps measured, and peak RSS and CPU per
+step over Horovod's. Summary lines give each path's geometric mean over the zoo and its worst
+point; a PNG has one bar per model and path, the ratio to Horovod, with a line at 1.0.
+
+--job-steps N runs each strategy once for N steps from a cold start and reports the whole run's
+wall time (start-up, traces, re-plans and all) against Horovod's: what a short job pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from caramel.job.api import MemoryAllocator
+
+from benchmarks.jobrun import REPOSITORY, bench_job, hostnames
+from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError
+from benchmarks.profiles import NAMES
+from benchmarks.scheduling_bench import JOB_NAME, STRATEGIES, Bench, Cell, Point, Run, parse_rates
+from benchmarks.step_bounds import ordered_bounds
+from benchmarks.workloads import Workload, make_workloads, warmup_steps
+
+ZOO_POINTS = Path(__file__).resolve().parent / "zoo_points.json"
+DEFAULT_RATES = (1000.0, 4000.0)
+DEFAULT_STRATEGIES = ("horovod-tape", "caramel-tape", "caramel-function")
+BASELINE = "horovod-tape"
+# What each profile stands for in the zoo.
+REGIMES = {
+    "resnet50": "deep residual",
+    "vgg16": "few huge tensors",
+    "bert_base": "giant embedding",
+    "densenet121": "many tiny tensors",
+    "mobilenet_v2": "many tiny tensors",
+    "mobilenet_v3_large": "many tiny tensors",
+    "efficientnet_b0": "many tiny tensors",
+    "nasnet_mobile": "many tiny tensors",
+    "inception_v3": "wide convnet",
+    "xception": "separable convnet",
+    "resnet152_v2": "deep residual",
+    "convnext_tiny": "modern convnet",
+    "vgg19": "few huge tensors",
+    "gpt2_small": "giant embedding",
+    "t5_small": "giant embedding",
+    "vit_b16": "vision transformer",
+}
+assert set(REGIMES) == set(NAMES), "every profile has a regime"
+CALIBRATION_STEPS, CALIBRATION_WARMUP = 12, 4
+# The best path's step within this much of the bound of any schedule counts as near it.
+NEAR_BOUND = 1.15
+
+
+def point_key(profile: str, rate_mbit: float) -> str:
+    return f"{profile}@{rate_mbit:g}"
+
+
+# -- calibration --------------------------------------------------------------------------------
+
+
+def calibrate(bench: Bench, workloads: list[Workload], rates: list[float], points: dict) -> None:
+    """C0 at each profile's own device rate, M at each rate, and the device rate for C = M."""
+    for workload in workloads:
+        compute = bench.run(workload, "compute-only", rates[0], 0, steps=CALIBRATION_STEPS, warmup=CALIBRATION_WARMUP)
+        for rate in rates:
+            comm = bench.run(workload, "comm-only", rate, 0, steps=CALIBRATION_STEPS, warmup=CALIBRATION_WARMUP)
+            c0, m = compute.step_seconds, comm.step_seconds
+            if math.isnan(c0) or math.isnan(m):
+                bench.say(f"{workload.name} at {rate:g} Mbit/s: not calibrated (a run failed)")
+                continue
+            device = workload.device_tflops * c0 / m
+            points.setdefault(workload.name, {})[f"{rate:g}"] = {"device_tflops": device, "compute_seconds": c0, "comm_seconds": m}
+            bench.say(f"{workload.name} at {rate:g} Mbit/s: C0 {c0:.3f} s at {workload.device_tflops:.3g} TFLOP/s, M {m:.3f} s: "
+                      f"operating point {device:.3g} TFLOP/s")  # fmt: skip
+            save_points(points, bench.args)
+
+
+def save_points(points: dict, args: argparse.Namespace) -> None:
+    document = {
+        "command": " ".join(["python -m benchmarks.zoo_bench", *args.argv]),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "method": "device_tflops = the profile's own rate x C0 / M: C0 compute-only at the profile's own rate, M comm-only",
+        "points": points,
+    }
+    ZOO_POINTS.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def load_points() -> dict:
+    if not ZOO_POINTS.is_file():
+        return {}
+    return json.loads(ZOO_POINTS.read_text())["points"]
+
+
+def commit() -> str:
+    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True, check=False)
+    return result.stdout.strip() or "unknown"
+
+
+# -- the zoo ------------------------------------------------------------------------------------
+
+
+def measure(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], repeats: int) -> Point:
+    """Every strategy at the point, repeats interleaved, and compute-only and comm-only once."""
+    point = Point(rate, workload.device_tflops)
+    for repeat in range(repeats):
+        for strategy in strategies:
+            point.cells.setdefault(strategy, Cell()).runs.append(bench.run(workload, strategy, rate, repeat))
+    for strategy in ("compute-only", "comm-only"):
+        point.cells[strategy] = Cell([bench.run(workload, strategy, rate, 0)])
+    return point
+
+
+def ratio(point: Point, strategy: str) -> float:
+    return point.median(strategy) / point.median(BASELINE)
+
+
+def caramel_paths(strategies: tuple[str, ...]) -> list[str]:
+    return [name for name in strategies if STRATEGIES[name].worker == "caramel"]
+
+
+def best_path(point: Point, strategies: tuple[str, ...]) -> str | None:
+    measured = [name for name in caramel_paths(strategies) if not math.isnan(point.median(name))]
+    return min(measured, key=point.median) if measured else None
+
+
+def planner_error(cell: Cell) -> float:
+    """The plan's predicted step over what the plan's own steps measured, median over the runs
+    (NaN where no run measured its plan)."""
+    values = [
+        run.details["predicted_step_seconds"] / run.details["planned_step_seconds"]
+        for run in cell.runs
+        if run.details.get("predicted_step_seconds") and run.details.get("planned_step_seconds")
+    ]
+    return statistics.median(values) if values else math.nan
+
+
+def arms(cell: Cell) -> str:
+    """Which arm each run's steps ran at the end: P the plan, H Horovod's own way."""
+    return "".join({True: "P", False: "H"}.get(run.details.get("planned"), "?") for run in cell.runs)
+
+
+def print_table(results: dict[str, Point], workloads: dict[str, Workload], strategies: tuple[str, ...]) -> None:
+    paths = caramel_paths(strategies)
+    others = [name for name in strategies if name != BASELINE and name not in paths]
+    header = (
+        f"{'profile':18} {'regime':18} {'Mbit/s':>6} {'TFLOP/s':>7} {'C':>6} {'M':>6} | {BASELINE + ' s':^22} | "
+        + " | ".join(f"{name + ' /H':^22}" for name in [*paths, *others])
+        + f" | {'best/bnd':>8} | {'pred/meas':>9} | {'arms':>5} | {'RSS C/H':>7} {'CPU C/H':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for key, point in results.items():
+        name = key.split("@")[0]
+        horovod = point.cells.get(BASELINE, Cell())
+        best = best_path(point, strategies)
+        cells = []
+        for strategy in [*paths, *others]:
+            low, high = point.cells.get(strategy, Cell()).spread
+            baseline = horovod.median
+            measured = not math.isnan(ratio(point, strategy))
+            cells.append(f"{ratio(point, strategy):6.3f} ({low / baseline:.3f}-{high / baseline:.3f})".ljust(22) if measured else f"{'failed':^22}")
+        bound = math.nan
+        compute, comm = point.median("compute-only"), point.median("comm-only")
+        if best and not (math.isnan(compute) or math.isnan(comm)):
+            bound = point.median(best) / ordered_bounds(workloads[name].profile, compute, comm).any_schedule
+        function = point.cells.get("caramel-function", Cell())
+        best_cell = point.cells.get(best, Cell()) if best else Cell()
+        rss = best_cell.peak_rss_bytes / (horovod.peak_rss_bytes or math.nan)
+        cpu = best_cell.cpu_seconds_per_step / horovod.cpu_seconds_per_step
+        print(
+            f"{name:18} {REGIMES[name]:18} {point.rate_mbit:6g} {point.device_tflops:7.3g} {compute:6.3f} {comm:6.3f} | "
+            f"{horovod.describe()} | " + " | ".join(cells)
+            + f" | {bound:8.2f} | {planner_error(function):9.2f} | {arms(function):>5} | {rss:7.2f} {cpu:7.2f}"
+        )
+
+
+def geometric_mean(values: list[float]) -> float:
+    values = [value for value in values if value > 0 and not math.isnan(value)]
+    return math.exp(statistics.fmean(math.log(value) for value in values)) if values else math.nan
+
+
+def print_summary(results: dict[str, Point], workloads: dict[str, Workload], strategies: tuple[str, ...]) -> None:
+    print()
+    for strategy in [name for name in strategies if name != BASELINE]:
+        ratios = {key: ratio(point, strategy) for key, point in results.items() if not math.isnan(ratio(point, strategy))}
+        if not ratios:
+            continue
+        worst = max(ratios, key=ratios.get)
+        print(
+            f"{strategy}: geometric mean {geometric_mean(list(ratios.values())):.3f}x {BASELINE} over {len(ratios)} points; "
+            f"at most 1.0x on {sum(r <= 1.0 for r in ratios.values())}; worst {ratios[worst]:.3f}x ({worst})"
+        )
+    best = {key: point.median(b) / point.median(BASELINE) for key, point in results.items() if (b := best_path(point, strategies))}
+    if best:
+        print(f"best Caramel path: geometric mean {geometric_mean(list(best.values())):.3f}x; at most 1.0x on "
+              f"{sum(r <= 1.0 for r in best.values())} of {len(best)} points")  # fmt: skip
+    near = []
+    for key, point in results.items():
+        name, chosen = key.split("@")[0], best_path(point, strategies)
+        compute, comm = point.median("compute-only"), point.median("comm-only")
+        if chosen and not (math.isnan(compute) or math.isnan(comm)):
+            near.append(point.median(chosen) / ordered_bounds(workloads[name].profile, compute, comm).any_schedule <= NEAR_BOUND)
+    if near:
+        print(f"best path within {NEAR_BOUND}x of the bound of any schedule on {sum(near)} of {len(near)} points")
+    errors = [planner_error(point.cells.get("caramel-function", Cell())) for point in results.values()]
+    errors = [abs(error - 1.0) for error in errors if not math.isnan(error)]
+    if errors:
+        print(f"planner: predicted against measured off by {statistics.median(errors):.1%} (median over {len(errors)} points)")
+
+
+def plot(results: dict[str, Point], strategies: tuple[str, ...], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    paths = [name for name in strategies if name != BASELINE]
+    keys = list(results)
+    width = 0.8 / max(1, len(paths))
+    figure, axis = plt.subplots(figsize=(max(8, 0.6 * len(keys) * max(1, len(paths))), 5))
+    for index, strategy in enumerate(paths):
+        positions = [i + (index - (len(paths) - 1) / 2) * width for i in range(len(keys))]
+        axis.bar(positions, [ratio(results[key], strategy) for key in keys], width, label=strategy)
+    axis.axhline(1.0, color="black", linewidth=1)
+    axis.set_xticks(range(len(keys)), [key.replace("@", "\n") + " Mbit/s" for key in keys], rotation=90, fontsize=7)
+    axis.set(ylabel=f"step time / {BASELINE}'s", title="Caramel's public paths against Horovod, each model at its operating point")
+    axis.legend(fontsize=8)
+    axis.grid(True, axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def save_results(path: Path, results: dict[str, Point]) -> None:
+    path.write_text(json.dumps({key: asdict(point) for key, point in results.items()}, indent=1, default=str))
+
+
+def load_results(path: Path) -> dict[str, Point]:
+    results = {}
+    for key, document in json.loads(path.read_text()).items():
+        cells = {name: Cell([Run(**run) for run in cell["runs"]]) for name, cell in document["cells"].items()}
+        results[key] = Point(document["rate_mbit"], document["device_tflops"], cells)
+    return results
+
+
+# -- short jobs ---------------------------------------------------------------------------------
+
+
+def job_wall_times(bench: Bench, workloads: list[Workload], rates: list[float], strategies: tuple[str, ...], steps: int) -> None:
+    """Each strategy once for `steps` steps from a cold start: the whole run's wall time."""
+    print(f"\nwhole wall time of a {steps}-step job (start-up, traces and re-plans included), one run each:")
+    for workload in workloads:
+        for rate in rates:
+            seconds = {strategy: bench.run(workload, strategy, rate, 0, steps=steps, warmup=0).wall_seconds for strategy in strategies}
+            ratios = ", ".join(f"{name} {seconds[name]:.0f} s ({seconds[name] / seconds[BASELINE]:.3f}x)" for name in strategies if name != BASELINE)
+            print(f"  {workload.name} at {rate:g} Mbit/s, {workload.device}: {BASELINE} {seconds[BASELINE]:.0f} s; {ratios}", flush=True)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the method.")
+    parser.add_argument("--profiles", help=f"comma-separated profiles (default: the whole zoo, {len(NAMES)})")
+    parser.add_argument("--rates", default=",".join(f"{rate:g}" for rate in DEFAULT_RATES), help="link rates in Mbit/s (default 1000,4000)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and point (default 3)")
+    parser.add_argument("--steps", type=int, default=16, help="measured steps per run (default 16)")
+    parser.add_argument("--steps-per-execution", type=int, default=4, help="steps per graph execution (default 4)")
+    parser.add_argument(
+        "--strategies", default=",".join(DEFAULT_STRATEGIES),
+        help=f"comma-separated, from {', '.join(STRATEGIES)}; {BASELINE} always runs (default {','.join(DEFAULT_STRATEGIES)})",
+    )  # fmt: skip
+    parser.add_argument("--calibrate", action="store_true", help=f"measure the operating points into {ZOO_POINTS.name}, and run nothing else")
+    parser.add_argument("--job-steps", type=int, help="instead of the zoo: whole wall time of a job of this many steps, per strategy")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/zoo-<time>)")
+    parser.add_argument("--report", type=Path, metavar="RESULTS_JSON", help="print the table of an earlier run's results.json, and run nothing")
+    args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()] if args.profiles else list(NAMES)
+    unknown = [name for name in args.profile_names if name not in NAMES]
+    if unknown or not args.profile_names:
+        parser.error(f"--profiles: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(NAMES)})")
+    args.rate_list = parse_rates(parser, args.rates)
+    names = [name.strip() for name in args.strategies.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown:
+        parser.error(f"--strategies: unknown {', '.join(unknown)} (known: {', '.join(STRATEGIES)})")
+    args.strategy_names = tuple(dict.fromkeys([BASELINE, *names]))
+    for flag, value in (("--repeats", args.repeats), ("--steps", args.steps), ("--steps-per-execution", args.steps_per_execution), ("--workers", args.workers)):
+        if value < 1:
+            parser.error(f"{flag}: must be at least 1, got {value}")
+    if args.job_steps is not None and args.job_steps < 1:
+        parser.error(f"--job-steps: must be at least 1, got {args.job_steps}")
+    # What scheduling_bench's Bench reads.
+    args.compute, args.warmup, args.worker_env, args.run_timeout = "emulated", warmup_steps(args.steps_per_execution), [], None
+    args.autotune_warmup, args.memory_allocator = 65, MemoryAllocator.TCMALLOC.value
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report:
+        results = load_results(args.report)
+        workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]])[0] for key in results}
+        print_table(results, workloads, args.strategy_names)
+        print_summary(results, workloads, args.strategy_names)
+        return 0
+    if os.geteuid() != 0:
+        print("zoo_bench needs root: it builds network namespaces, veths, a bridge, tc shaping and an iptables rule", file=sys.stderr)
+        return 2
+    points = load_points()
+    if not args.calibrate:
+        missing = [point_key(name, rate) for name in args.profile_names for rate in args.rate_list if f"{rate:g}" not in points.get(name, {})]
+        if missing:
+            print(f"zoo_bench: no operating point for {', '.join(missing)} in {ZOO_POINTS}: run with --calibrate first", file=sys.stderr)
+            return 2
+    output = args.output or REPOSITORY / "runs" / time.strftime("zoo-%Y%m%d-%H%M%S")
+    output.mkdir(parents=True, exist_ok=True)
+    names = hostnames(bench_job(JOB_NAME, ["true"], args.workers, None))
+    results: dict[str, Point] = {}
+    workloads = {name: make_workloads("emulated", [name])[0] for name in args.profile_names}
+    try:
+        with EmulatedCluster(args.workers, args.rate_list[0], DEFAULT_PREFIX, DEFAULT_SUBNET, names) as cluster:
+            bench = Bench(args, cluster, output)
+            bench.say(f"{args.workers} workers; output in {output}")
+            if args.calibrate:
+                calibrate(bench, list(workloads.values()), args.rate_list, points)
+                return 0
+            at_points = {
+                point_key(name, rate): workloads[name].scaled(points[name][f"{rate:g}"]["device_tflops"])
+                for name in args.profile_names for rate in args.rate_list
+            }  # fmt: skip
+            if args.job_steps:
+                for key, workload in at_points.items():
+                    job_wall_times(bench, [workload], [float(key.split("@")[1])], args.strategy_names, args.job_steps)
+                return 0
+            for key, workload in at_points.items():
+                results[key] = measure(bench, workload, float(key.split("@")[1]), args.strategy_names, args.repeats)
+                save_results(output / "results.json", results)
+    except HarnessError as error:
+        print(f"zoo_bench: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the table holds the points that finished (also in {output / 'results.json'})", flush=True)
+    if results:
+        print()
+        print_table(results, workloads, args.strategy_names)
+        print_summary(results, workloads, args.strategy_names)
+        plot(results, args.strategy_names, output / "zoo.png")
+        print(f"\nplot: {output / 'zoo.png'}; results: {output / 'results.json'}; logs in {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

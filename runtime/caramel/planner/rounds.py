@@ -1,0 +1,32 @@
+"""How long the graph measures Horovod's own way against the plan: the arithmetic of a round of
+the arm selector (`caramel.tensorflow.selector`), which benchmarks need without TensorFlow.
+
+A round settles for some steps, then runs blocks of each arm in turn, BLOCK_PAIRS of each, and
+decides. A block is whole executions, so that each arm's measured steps carry as many execution
+boundaries, and at least MIN_BLOCK_STEPS steps, so that each block has a few measured steps (its
+first is not measured).
+"""
+
+from __future__ import annotations
+
+import math
+
+BLOCK_PAIRS = 2
+MIN_BLOCK_STEPS = 4
+
+
+def block_steps(steps_per_execution: int) -> int:
+    """Steps of one block: whole executions, at least MIN_BLOCK_STEPS."""
+    return steps_per_execution * math.ceil(MIN_BLOCK_STEPS / steps_per_execution)
+
+
+def explore_steps(steps_per_execution: int) -> int:
+    """Steps of a round's blocks, both arms."""
+    return 2 * BLOCK_PAIRS * block_steps(steps_per_execution)
+
+
+def first_decision_step(steps_per_execution: int) -> int:
+    """The last step before a `caramel.tensorflow.function` runs the arm its first measured plan's
+    round chose: its first execution runs single steps and ends with the first measured plan,
+    whose first execution (a new graph) settles, and whose blocks follow."""
+    return 2 * steps_per_execution + explore_steps(steps_per_execution)
