@@ -91,6 +91,8 @@ HAND_WRITTEN: list[BadJob] = [
     _mutated("neither script nor command", "spec", _drop("spec.script")),
     _mutated("empty command", "spec.command", lambda m: (m["spec"].pop("script"), m["spec"].update(command=[]))),
     _mutated("arguments not strings", "spec.args[1]", _set("spec.args", ["--steps", 20])),
+    # The kubelet refused it only when starting the container, and the gang failed backoffLimit times.
+    _mutated("relative working directory", "spec.workingDir", _set("spec.workingDir", "relative/dir")),
     _mutated("env name starting with a digit", "spec.env[0].name", _set("spec.env[0].name", "1DATA")),
     _mutated("env without a name", "spec.env[0].name", _drop("spec.env[0].name")),
     _mutated("negative backoff limit", "spec.runPolicy.backoffLimit", _set("spec.runPolicy.backoffLimit", -1)),

@@ -83,6 +83,8 @@ def test_every_field_is_documented():
         ({"image": "my image:1"}, "spec.image: must be a container image reference"),
         ({"image": "Team/Train:1"}, "spec.image: must be a container image reference"),
         ({"image": "train:"}, "spec.image: must be a container image reference"),
+        # The kubelet refused it only when starting each container: the gang failed backoffLimit times.
+        ({"workingDir": "relative/dir"}, "spec.workingDir: must be an absolute path, starting with / (got 'relative/dir')"),
     ],
 )
 def test_invalid_fields_are_named(spec, expected):
@@ -93,6 +95,12 @@ def test_invalid_job_name_is_named():
     document = manifest()
     document["metadata"]["name"] = "Bad_Name"
     assert "metadata.name: must be lower-case letters, digits and '-', starting with a letter" in error_of(document)
+
+
+def test_an_unknown_api_version_names_the_versions_there_are():
+    document = manifest()
+    document["apiVersion"] = "caramel.dev/v2"
+    assert "apiVersion: not a version of CaramelJob; its versions are: caramel.dev/v1alpha1 (got 'caramel.dev/v2')" in error_of(document)
 
 
 def test_wrong_kind_is_named():

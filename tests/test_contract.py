@@ -6,7 +6,7 @@ import pytest
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
 from caramel.job.api import MemoryAllocator
-from caramel.job.contract import WorkerContract, slot_env, worker_command, worker_env, worker_name
+from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract, slot_env, worker_command, worker_env, worker_name
 from caramel.job.jobfile import parse_job
 from caramel.topology.simulate import choose_allreduce
 from caramel.topology.synthetic import racks
@@ -157,3 +157,18 @@ def test_topology_must_have_one_host_per_rank():
     env = worker_env(job(), 0, CLUSTER_PEERS)
     with pytest.raises(RuntimeError, match="CARAMEL_TOPOLOGY: not a topology"):
         WorkerContract.from_env({**env, "CARAMEL_TOPOLOGY": '{"v": 2}'})
+
+
+def test_every_worker_waits_for_the_others_as_long_as_the_contract_says():
+    """Worker 0's Gloo obeys HOROVOD_GLOO_TIMEOUT_SECONDS (30 s unset, which a peer pending for
+    CPU or pulling its image outlasted); the others' wait for worker 0 reads the same variable."""
+    the_job = job()
+    for index in range(3):
+        env = worker_env(the_job, index, CLUSTER_PEERS)
+        assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == str(RENDEZVOUS_TIMEOUT_SECONDS)
+        assert WorkerContract.from_env(env).rendezvous_timeout_seconds == RENDEZVOUS_TIMEOUT_SECONDS
+    longer = worker_env(the_job, 0, CLUSTER_PEERS, rendezvous_timeout_seconds=900.5)
+    assert longer["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "901"
+    # spec.env has the last word, as for every variable.
+    chosen = job(env=[{"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": "60"}])
+    assert WorkerContract.from_env(worker_env(chosen, 1, CLUSTER_PEERS)).rendezvous_timeout_seconds == 60

@@ -1,12 +1,13 @@
 """The worker entrypoint's termination message: rank 0's last progress report when the worker
-succeeds (the operator records the final step from it), nothing when it fails (the kubelet then
-takes the end of the log, FallbackToLogsOnError). And the memory allocator it gives the
-training processes."""
+succeeds (the operator records the final step from it), a failure summary when a rank fails (its
+first error line and last lines). Its wait for the rendezvous: as long as the contract says, and
+cut short by SIGTERM. And the memory allocator it gives the training processes."""
 
 from __future__ import annotations
 
 import ctypes.util
 import os
+import signal
 import subprocess
 import sys
 
@@ -15,18 +16,27 @@ import pytest
 from caramel.job.contract import worker_command, worker_env
 from caramel.job.jobfile import parse_job
 from caramel.job.progress import parse_report
+from caramel.launch.entrypoint import TERMINATION_MESSAGE_BYTES
 from conftest import REPO, free_port
 
 REPORT = "caramel-progress step=7 total=7 loss=0.5 step_seconds=0.01 examples_per_second=100 final=1"
 
 
-def run_worker(tmp_path, training: str, message_path=None, workers=None) -> tuple[int, str | None, str]:
+def worker_of(tmp_path, training: str, index=0, message_path=None, workers=None, **env):
+    """The argv and environment of worker `index` of a job of `training` (Python code); no
+    process listens on its rendezvous port unless worker 0 runs."""
+    replicas = max(index + 1, (workers or {}).get("replicas", 1))
     job = parse_job({"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "one"},
-                     "spec": {"command": [sys.executable, "-c", training], "workers": {"replicas": 1, **(workers or {})},
+                     "spec": {"command": [sys.executable, "-c", training], "workers": {**(workers or {}), "replicas": replicas},
                               "rendezvous": {"port": free_port()}, "metrics": {"enabled": False}}})
     message = message_path or tmp_path / "termination-log"
-    env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"]), "CARAMEL_TERMINATION_MESSAGE_PATH": str(message)}
-    result = subprocess.run(worker_command(job, python=sys.executable), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    environ = {**os.environ, **worker_env(job, index, ["127.0.0.1"] * replicas), "CARAMEL_TERMINATION_MESSAGE_PATH": str(message), **env}
+    return worker_command(job, python=sys.executable), environ, message
+
+
+def run_worker(tmp_path, training: str, message_path=None, workers=None, **env) -> tuple[int, str | None, str]:
+    argv, environ, message = worker_of(tmp_path, training, message_path=message_path, workers=workers, **env)
+    result = subprocess.run(argv, env=environ, cwd=REPO, capture_output=True, text=True, timeout=120)
     return result.returncode, message.read_text() if message.exists() else None, result.stdout
 
 
@@ -36,9 +46,20 @@ def test_a_successful_worker_leaves_rank0s_last_report_as_its_termination_messag
     assert parse_report(message).step == 7 and parse_report(message).final
 
 
-def test_a_failed_worker_leaves_no_termination_message(tmp_path):
-    code, message, _ = run_worker(tmp_path, f"print({REPORT!r}); raise SystemExit(3)")
-    assert code == 3 and message is None
+def test_a_failed_worker_leaves_its_first_error_and_last_lines(tmp_path):
+    """The kubelet's own fallback, the end of the log, lost the cause behind later lines (Gloo's
+    "See exception message above")."""
+    training = (
+        f"print({REPORT!r}); print('loading shard 7'); print('ValueError: bad shard 7', flush=True)\n"
+        "for i in range(300): print(f'follow-on noise {i} ' + 'x' * 40)\n"
+        "raise SystemExit(3)"
+    )
+    code, message, _ = run_worker(tmp_path, training)
+    assert code == 3
+    lines = message.splitlines()
+    assert lines[:3] == ["rank 0 exited with code 3", "rank 0 | ValueError: bad shard 7", "..."]
+    assert lines[-1].startswith("rank 0 | follow-on noise 299 ")
+    assert TERMINATION_MESSAGE_BYTES - 100 < len(message.encode()) <= TERMINATION_MESSAGE_BYTES
 
 
 def test_a_worker_whose_termination_log_cannot_be_written_still_succeeds(tmp_path):
@@ -70,3 +91,29 @@ def test_training_processes_keep_tensorflows_allocator_when_the_job_asks(tmp_pat
     code, _, output = run_worker(tmp_path, REPORT_ALLOCATOR, workers={"memoryAllocator": "tensorflow"})
     assert code == 0, output
     assert "rank 0 | allocator False None" in output
+
+
+def test_sigterm_stops_a_worker_waiting_for_the_rendezvous(tmp_path):
+    """The handler came only after the wait: as a pod's PID 1, which ignores a signal it has no
+    handler for, a waiting worker held every deletion for the whole grace period. (Here it is
+    no PID 1: without the handler SIGTERM would kill it, not let it exit 143 saying why.)"""
+    argv, environ, message = worker_of(tmp_path, "print('never started')", index=1)
+    process = subprocess.Popen(argv, env=environ, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in process.stdout:
+            if "waiting for the rendezvous" in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=5)[0]
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, output
+    assert "worker 1 | stopped by SIGTERM while waiting for the rendezvous" in output
+
+
+def test_the_rendezvous_wait_lasts_as_long_as_the_contract_says(tmp_path):
+    """HOROVOD_GLOO_TIMEOUT_SECONDS, which worker 0's Gloo obeys, bounds the others' wait too."""
+    argv, environ, message = worker_of(tmp_path, "print('never started')", index=1, HOROVOD_GLOO_TIMEOUT_SECONDS="1")
+    result = subprocess.run(argv, env=environ, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout
+    assert message.read_text().startswith("timed out after 1 s waiting for the rendezvous at 127.0.0.1:")

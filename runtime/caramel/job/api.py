@@ -25,6 +25,9 @@ JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 JOB_NAME_MAX_LENGTH = 52
 
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# The kubelet refuses a relative working directory only when it starts the container ("Cwd must
+# be an absolute path"), after the gang was created: every restart would fail the same way.
+ABSOLUTE_PATH_PATTERN = r"^/"
 
 
 def _image_pattern() -> str:
@@ -55,6 +58,7 @@ PATTERN_MEANINGS = {
     IMAGE_PATTERN: "a container image reference such as caramel:0.1.0 or registry.example.com/team/train:2 "
     "(lower-case repository, no spaces)",
     QUANTITY_PATTERN: "a Kubernetes quantity such as 2, 500m or 4Gi",
+    ABSOLUTE_PATH_PATTERN: "an absolute path, starting with /",
 }
 
 MiB = 1024 * 1024
@@ -370,9 +374,9 @@ class CaramelJobSpec(ApiModel):
     args: list[str] = []
     """Arguments appended to the script or command."""
 
-    working_dir: str | None = None
-    """Working directory of the training processes; defaults to the image's (in a cluster) or the
-    current directory (under `caramel run`)."""
+    working_dir: str | None = Field(None, pattern=ABSOLUTE_PATH_PATTERN)
+    """Working directory of the training processes, an absolute path; defaults to the image's (in a
+    cluster) or the current directory (under `caramel run`)."""
 
     env: list[EnvVar] = []
     """Extra environment variables for the training processes."""
@@ -417,10 +421,17 @@ class ObjectMeta(BaseModel):
     """Namespace of the job."""
 
 
+def _api_version(value: Any) -> str:
+    # Pydantic's Literal error names the expected value only; this one says what was wrong with it.
+    if value != API_VERSION:
+        raise ValueError(f"not a version of {KIND}; its versions are: {API_VERSION}")
+    return value
+
+
 class CaramelJob(ApiModel):
     """A data-parallel TensorFlow training job run as a gang of Horovod workers."""
 
-    api_version: Literal["caramel.dev/v1alpha1"] = API_VERSION
+    api_version: Annotated[str, PlainValidator(_api_version)] = API_VERSION
     """API version: caramel.dev/v1alpha1."""
 
     kind: Literal["CaramelJob"] = KIND
@@ -527,8 +538,13 @@ class WorkerFailure(ApiModel):
     exit_code: int | None = None
     """Exit code of the worker's container, when it exited."""
 
+    cause: str = ""
+    """The first line of the worker's output that reads as an error (an exception, an abort), which
+    says why more often than its last lines do."""
+
     message: str = ""
-    """More detail, such as the end of the container's termination message."""
+    """The worker's termination message, whole: its summary of the failure (the failed rank, the
+    first error line, the last lines of output), or the end of its log where it wrote none."""
 
 
 class TrainingProgress(ApiModel):
@@ -612,6 +628,10 @@ class CaramelJobStatus(ApiModel):
     message: str = ""
     """What is happening now, for people: why the job is pending, or why it failed."""
 
+    pending_reason: str = ""
+    """While workers of the gang wait: the reason of the first one's wait (Unschedulable,
+    ImagePullFailed, ...). A Warning Event is posted when it changes, not each time the detail does."""
+
     workers: WorkerCounts = WorkerCounts()
     """Worker pods of the current gang, by state."""
 
@@ -628,7 +648,8 @@ class CaramelJobStatus(ApiModel):
     """While Restarting: when the backoff ends and the new gang is created (RFC 3339)."""
 
     start_time: str | None = None
-    """When the job first started running (RFC 3339)."""
+    """When the job started: the operator's first pass over it, or its resumption after a suspend
+    (RFC 3339). spec.runPolicy.activeDeadlineSeconds counts from it."""
 
     completion_time: str | None = None
     """When the job finished (RFC 3339)."""

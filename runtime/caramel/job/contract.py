@@ -16,6 +16,7 @@ transport's ports follow this rule.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,13 @@ from caramel.job.api import Allreduce, CaramelJob, Checkpoint, MemoryAllocator, 
 from caramel.topology.model import Topology
 from caramel.topology.synthetic import racks
 from caramel.topology.wire import from_json, to_json
+
+# How long the workers of a gang wait for each other at the rendezvous: the others for worker 0's
+# server (a slow image pull or a busy scheduler can hold it back), and worker 0's Gloo for the others
+# (HOROVOD_GLOO_TIMEOUT_SECONDS, whose default of 30 s failed whole gangs whenever one pod started
+# late). Gloo also bounds each collective's wait for a peer by it; a peer that dies is seen sooner,
+# by `caramel run` or the operator, which stop the whole gang.
+RENDEZVOUS_TIMEOUT_SECONDS = 600
 
 TENSORFLOW_ENV = {
     # Horovod 0.28.1 on TensorFlow 2.16+ works only with legacy Keras (the tf-keras package).
@@ -65,6 +73,7 @@ def worker_env(
     peers: Sequence[str],
     tuning: Tuning | None = None,
     topology: Topology | None = None,
+    rendezvous_timeout_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS,
 ) -> dict[str, str]:
     """The environment of one worker.
 
@@ -74,6 +83,7 @@ def worker_env(
     `tuning` is what an earlier gang of the same job tuned, for a restarted gang to start from.
     `topology` is the network under the job, one host per rank in rank order (the placed
     nodes in a cluster, a topology file locally); without one the job's network is flat.
+    `rendezvous_timeout_seconds` is how long every worker waits for the others (worker 0 included).
     """
     spec = job.spec
     replicas, slots = spec.workers.replicas, spec.workers.slots_per_worker
@@ -93,6 +103,7 @@ def worker_env(
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": peers[0],
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(spec.rendezvous.port),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(rendezvous_timeout_seconds)),
         "HOROVOD_HOSTNAME": worker_name(job, worker_index),
         "HOROVOD_SIZE": str(job.world_size),
         "HOROVOD_LOCAL_SIZE": str(slots),
@@ -151,6 +162,9 @@ class WorkerContract:
     slots_per_worker: int
     rendezvous_addr: str
     rendezvous_port: int
+    rendezvous_timeout_seconds: float
+    """How long to wait for the other workers (HOROVOD_GLOO_TIMEOUT_SECONDS, which worker 0's Gloo
+    obeys too)."""
     scheduling: Scheduling
     memory_allocator: MemoryAllocator
     checkpoint: Checkpoint | None
@@ -189,6 +203,7 @@ class WorkerContract:
             slots_per_worker=int(environ["HOROVOD_LOCAL_SIZE"]),
             rendezvous_addr=environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
+            rendezvous_timeout_seconds=float(environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or RENDEZVOUS_TIMEOUT_SECONDS),
             scheduling=Scheduling.model_validate_json(environ.get("CARAMEL_SCHEDULING", "{}")),
             memory_allocator=_memory_allocator(environ.get("CARAMEL_MEMORY_ALLOCATOR")),
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,

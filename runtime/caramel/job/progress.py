@@ -3,7 +3,8 @@
     caramel-progress step=120 total=200 loss=0.4312 step_seconds=0.0521 examples_per_second=1228.4
 
 In a cluster the same lines land in the pod log. The last report of a run has final=1 and
-carries the run's averages instead of the last step's figures.
+carries the run's averages instead of the last step's figures; a run resumed from a checkpoint at
+its last step runs no step, and its final report has only the step (step_seconds=0, loss=nan).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ class ProgressReport:
     step_seconds: float
     examples_per_second: float
     final: bool = False
+
+    @property
+    def timed(self) -> bool:
+        """Whether a step was run and timed: not so in the final report of a run that had none left."""
+        return self.step_seconds > 0
 
 
 def format_report(report: ProgressReport) -> str:

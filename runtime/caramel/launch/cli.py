@@ -141,7 +141,9 @@ def print_outcome(console: Console, name: str, outcome: RunOutcome) -> None:
         restarted = f" after {outcome.restarts} whole-gang restart(s)" if outcome.restarts else ""
         console.print(f"[green bold]Succeeded[/] {name} in {outcome.wall_seconds:.1f} s{restarted}")
         first, last = outcome.first_report, outcome.last_report
-        if first and last:
+        if last and not last.timed:
+            console.print(f"  steps {last.step}/{last.total}   none left to run: resumed from a checkpoint at step {last.step}")
+        elif first and last:
             console.print(
                 f"  steps {last.step}/{last.total}   loss {first.loss:.4f} -> {last.loss:.4f}   "
                 f"median step {last.step_seconds * 1000:.1f} ms   {last.examples_per_second:,.0f} examples/s"

@@ -4,28 +4,58 @@ It reads the environment contract, serves (worker 0) or awaits (the others) the 
 then runs one training process per slot with that slot's ranks and the job's memory allocator.
 Every output line is prefixed with its rank. If any training process fails, the others are
 stopped and the worker exits with the failed process's status, so the whole gang can be
-restarted together. When the job succeeds, worker 0 writes rank 0's last progress report to
-CARAMEL_TERMINATION_MESSAGE_PATH (a pod's termination message), from which the operator
-records the step the job ended at.
+restarted together. SIGTERM and SIGINT stop it at any point, the rendezvous wait included: as a
+pod's PID 1 it would otherwise ignore SIGTERM and hold up every deletion for the whole grace
+period.
+
+Its last words go to CARAMEL_TERMINATION_MESSAGE_PATH (a pod's termination message): when the
+job succeeds, worker 0 writes rank 0's last progress report, from which the operator records the
+step the job ended at; when a rank fails, the worker writes which rank, the first line of its
+output that reads as an error, and its last lines (caramel.job.failure).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import sys
-import time
+import threading
 from collections.abc import Callable
 
 from caramel.job.contract import WorkerContract, slot_env
+from caramel.job.failure import first_error_line, fit, is_error_line
 from caramel.job.progress import ProgressReport, format_report, parse_report
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
 from caramel.launch.rendezvous import RendezvousServer, wait_for_rendezvous
 
-# Worker 0 may start well after the others (a slow image pull, a busy scheduler).
-RENDEZVOUS_WAIT_SECONDS = 600
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
+EXIT_RENDEZVOUS_TIMEOUT = 1
+# The kubelet keeps at most 4096 bytes of a termination message.
+TERMINATION_MESSAGE_BYTES = 4096
+# Lines of each rank kept for its failure summary (more than a termination message holds).
+LAST_LINES_KEPT = 100
+
+
+class Stop:
+    """The signal that stops the worker, noted by its handler and acted on by the loops."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum = 0
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._note)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.signum = self.signum or signum
+        self.event.set()
+
+    @property
+    def exit_status(self) -> int:
+        return exit_code(-self.signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,37 +74,59 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         print(f"worker {contract.worker_index} | {message}", flush=True)
 
+    stop = Stop()
+    stop.install()
     server = None
     if contract.worker_index == 0:
         server = RendezvousServer(contract.rendezvous_port, contract.hosts, contract.world_size)
         server.start()
         say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
     else:
-        wait_for_rendezvous(
-            contract.rendezvous_addr,
-            contract.rendezvous_port,
-            RENDEZVOUS_WAIT_SECONDS,
-            on_wait=lambda waited: say(
-                f"waiting for the rendezvous at {contract.rendezvous_addr}:{contract.rendezvous_port} ({waited:.0f} s)"
-            ),
-        )
+        try:
+            reached = wait_for_rendezvous(
+                contract.rendezvous_addr,
+                contract.rendezvous_port,
+                contract.rendezvous_timeout_seconds,
+                stop.event,
+                on_wait=lambda waited: say(
+                    f"waiting for the rendezvous at {contract.rendezvous_addr}:{contract.rendezvous_port} ({waited:.0f} s)"
+                ),
+            )
+        except TimeoutError as error:
+            say(str(error))
+            _leave_message(str(error), say)
+            return EXIT_RENDEZVOUS_TIMEOUT
+        if not reached:
+            say(f"stopped by {signal.Signals(stop.signum).name} while waiting for the rendezvous")
+            return stop.exit_status
     try:
-        return _run_slots(contract, argv, say)
+        return _run_slots(contract, argv, say, stop)
     finally:
         if server:
             server.stop()
 
 
-def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None]) -> int:
+def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop) -> int:
     processes = {}
     pumps = []
     reports: list[ProgressReport] = []
+    # Per rank, for a failure summary: its first error line and the line after it (a C++
+    # exception's what()), and its last lines.
+    first_errors: dict[int, list[str]] = {}
+    last_lines: dict[int, collections.deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=LAST_LINES_KEPT))
 
     def relay(rank: int, line: str) -> None:
-        print(f"rank {rank} | {line}", flush=True)
+        prefixed = f"rank {rank} | {line}"
+        print(prefixed, flush=True)
         report = parse_report(line) if rank == 0 else None
         if report:
             reports[:] = [report]
+        elif rank not in first_errors and is_error_line(line):
+            first_errors[rank] = [prefixed]
+        elif len(first_errors.get(rank, ())) == 1:
+            first_errors[rank].append(prefixed)
+        last_lines[rank].append(prefixed)
+
     allocator = allocator_setup(contract.memory_allocator, os.environ)
     say(f"training processes: {allocator.description}")
     for slot in range(contract.slots_per_worker):
@@ -89,42 +141,44 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
         processes[rank] = process
         pumps.append(pump_lines(process.stdout, lambda line, rank=rank: relay(rank, line)))
 
-    stopping = False
-
-    def stop(signum, frame):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-
     status = 0
-    while processes and not stopping:
+    failure = None
+    while processes and failure is None and not stop.event.is_set():
         for rank, process in list(processes.items()):
             returncode = process.poll()
             if returncode is None:
                 continue
             del processes[rank]
             if returncode != 0:
-                say(f"rank {rank} {describe_exit(returncode)}; stopping the other ranks")
+                failure = (rank, f"rank {rank} {describe_exit(returncode)}")
+                say(f"{failure[1]}; stopping the other ranks")
                 status = exit_code(returncode)
-                stopping = True
                 break
-        time.sleep(0.1)
+        stop.event.wait(0.1)
     if processes:
         stop_groups(list(processes.values()))
-        status = status or exit_code(-signal.SIGTERM)
+        status = status or stop.exit_status or exit_code(-signal.SIGTERM)
     for pump in pumps:
         pump.join(timeout=5)
-    termination_message = os.environ.get("CARAMEL_TERMINATION_MESSAGE_PATH")
-    if status == 0 and reports and termination_message:
-        # Only on success: a failed worker's message is the end of its log (FallbackToLogsOnError).
-        try:
-            with open(termination_message, "w") as message:
-                message.write(format_report(reports[0]) + "\n")
-        except OSError as error:  # no kubelet made the file: the training still succeeded
-            say(f"cannot write the final report to {termination_message}: {error.strerror}")
+    if failure is not None:
+        rank, headline = failure
+        cause = first_error_line(first_errors.get(rank, []))
+        _leave_message(fit([headline, cause], last_lines[rank], TERMINATION_MESSAGE_BYTES), say)
+    elif status == 0 and reports:
+        _leave_message(format_report(reports[0]), say)
     return status
+
+
+def _leave_message(text: str, say: Callable[[str], None]) -> None:
+    """Write the worker's termination message, where the kubelet gave a file for it."""
+    path = os.environ.get("CARAMEL_TERMINATION_MESSAGE_PATH")
+    if not path:
+        return
+    try:
+        with open(path, "w") as message:
+            message.write(text + "\n")
+    except OSError as error:  # no kubelet made the file (docker, say): the outcome stands
+        say(f"cannot write the termination message to {path}: {error.strerror}")
 
 
 if __name__ == "__main__":

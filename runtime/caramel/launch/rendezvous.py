@@ -37,22 +37,25 @@ def wait_for_rendezvous(
     address: str,
     port: int,
     timeout_seconds: float,
+    stop: threading.Event,
     on_wait: Callable[[float], None] = lambda waited: None,
-) -> None:
-    """Block until the rendezvous accepts connections; on_wait reports progress about every 10 s."""
+) -> bool:
+    """Block until the rendezvous accepts connections (True) or `stop` is set (False); on_wait
+    reports progress at once and then about every 10 s. Raises TimeoutError after `timeout_seconds`."""
     started = time.monotonic()
-    next_report = started + 10
-    while True:
+    next_report = started
+    while not stop.is_set():
         try:
             with socket.create_connection((address, port), timeout=2):
-                return
+                return True
         except OSError as error:
             now = time.monotonic()
             if now - started > timeout_seconds:
                 raise TimeoutError(
-                    f"rendezvous at {address}:{port} not reachable after {timeout_seconds:.0f} s: {error}"
+                    f"timed out after {timeout_seconds:.0f} s waiting for the rendezvous at {address}:{port}: {error}"
                 ) from None
             if now >= next_report:
                 on_wait(now - started)
                 next_report = now + 10
-            time.sleep(0.25)
+            stop.wait(0.25)
+    return False

@@ -110,9 +110,11 @@ class Ledger:
         every_rank = hvd.allgather(tf.constant(prefix), name="caramel_weights_digest").numpy()
         if len(set(every_rank.tolist())) != 1:
             raise RuntimeError(f"ranks finished with different weights: digest prefixes {every_rank.tolist()}")
-        if self.rank == 0 and self._step_seconds:
-            # The first execution traces and compiles the graph: leave it out of the averages.
-            steady = self._step_seconds[1:] or self._step_seconds
+        if self.rank == 0:
+            # The first execution traces and compiles the graph: leave it out of the averages. A
+            # run restored at its last step runs none, and still reports the step it ended at
+            # (the job's final step comes from this line), with no step time and no loss.
+            steady = self._step_seconds[1:] or self._step_seconds or [0.0]
             print(format_report(self._report(self.completed_steps, statistics.median(steady), final=True)), flush=True)
 
     def _save(self) -> None:

@@ -1,0 +1,66 @@
+"""Why a worker failed, in a few lines: the first line of its output that reads as an error, and
+its last lines.
+
+The last lines alone rarely say why. Gloo's abort ends with "See exception message above", a
+failed rank's peers end with their own follow-on errors, and a Python traceback's first lines
+are cut off. The first error line is the cause far more often. The worker entrypoint writes such
+a summary as its pod's termination message; the operator keeps it whole in the job's status,
+finds the cause in it (or in the kubelet's tail of the log, where the worker wrote nothing), and
+puts the cause and the last lines into the Event of each restart, so that a failed gang's logs
+outlive its deleted pods.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+# What an error line says: an exception or error with its message ("ValueError: ...", not the
+# source line "raise ValueError(x)"), a C++ abort, a timeout, a kill.
+_ERROR = re.compile(
+    r"\w*(error|exception)(:|$)|what\(\):|terminate called|\babort|\bfatal\b|\btimed? ?out\b|\bkilled\b", re.IGNORECASE
+)
+# A traceback's source lines name files such as errors.py: they are where, not why.
+_TRACEBACK_SOURCE = re.compile(r'^\s*File "')
+# Marks the lines left out between the head and the last lines.
+GAP = "..."
+
+
+def is_error_line(line: str) -> bool:
+    text = line.split(" | ", 1)[-1]  # after a worker's "rank N | " prefix
+    return bool(_ERROR.search(text)) and not _TRACEBACK_SOURCE.match(text)
+
+
+def first_error_line(lines: Sequence[str]) -> str:
+    """The first line that reads as an error, with the next one where that is a C++ exception's
+    `what():` (the line that says what went wrong); empty when no line does."""
+    for index, line in enumerate(lines):
+        if is_error_line(line):
+            following = lines[index + 1] if index + 1 < len(lines) else ""
+            if "what():" in following and "what():" not in line:
+                return f"{line.strip()} {following.strip()}"
+            return line.strip()
+    return ""
+
+
+def fit(head: Sequence[str], lines: Sequence[str], limit_bytes: int) -> str:
+    """The `head` lines whole (cut only if they alone exceed the limit), then as many of the last
+    `lines` as fit within `limit_bytes` (UTF-8), with a "..." line where lines were left out.
+    Lines already in the head are not repeated."""
+    kept_head = [line for line in head if line]
+    text = "\n".join(kept_head)
+    if len(text.encode()) >= limit_bytes:
+        return text.encode()[:limit_bytes].decode(errors="ignore")
+    rest = [line for line in lines if line not in kept_head]
+    budget = limit_bytes - len(text.encode())
+    tail: list[str] = []
+    for line in reversed(rest):
+        cost = len(line.encode()) + 1
+        # Room for the gap marker too, unless every line fits.
+        reserve = 0 if len(tail) + 1 == len(rest) else len(GAP) + 1
+        if cost + reserve > budget:
+            break
+        tail.insert(0, line)
+        budget -= cost
+    gap = [GAP] if len(tail) < len(rest) else []
+    return "\n".join([*kept_head, *gap, *tail])
