@@ -1,7 +1,7 @@
 """A Kubernetes API emulator on a local port: kmock's KubernetesEmulator, serving the CaramelJob resource.
 
-Run as `python -m testbed.kube_emulator URL_FILE [--forbid PLURAL ...]`; it writes its base URL
-to URL_FILE and serves until SIGTERM. It stands in for kube-apiserver, which cannot run on these machines: it keeps
+Run as `python -m testbed.kube_emulator URL_FILE [--forbid PLURAL ...] [--discovery-lag SECONDS]
+[--record FILE]`; it writes its base URL to URL_FILE and serves until SIGTERM. It stands in for kube-apiserver, which cannot run on these machines: it keeps
 objects and serves real HTTP lists, watches, patches and deletes. On top of kmock it plays, in
 their simplest form, the parts of a control plane the operator's behaviour depends on:
 - the garbage collector: objects whose every owner is gone are deleted (background propagation);
@@ -11,6 +11,16 @@ their simplest form, the parts of a control plane the operator's behaviour depen
   every CaramelJob (waiting for their finalizers) and only then the CRD and the resource;
 - RBAC at its coarsest: `--forbid nodes` refuses every list of nodes with 403 Forbidden, as the
   API server refuses an operator whose Roles grant nothing cluster-scoped.
+And what tests of the operator's robustness need:
+- discovery that lags the CRD: with `--discovery-lag`, the API's discovery lists CaramelJobs only
+  that long after their CRD's creation, and so after the CRD's last event (kube-apiserver's
+  discovery controller works asynchronously: seen on v1.36 after a CRD was re-created);
+- stalled requests: POST /testbed/stall with {"method", "path" (a regular expression searched in
+  the URL's path), "watch" (optional: only watches, or no watches), "seconds", "when"} holds every
+  matching request that long before handling it ("before": a call, or a watch that delivers
+  nothing, hanging) or after ("after": done, but answered late);
+- a record of the requests with `--record FILE`: a JSON line each, with the Kubernetes verb, API
+  group and resource, and the client's User-Agent, for comparing RBAC rules with what is used.
 It has no scheduler, kubelet, label or field selectors, real RBAC, admission plugins (Pod
 Security), CEL or OpenAPI validation: tests play the kubelet by patching pod status, and
 testbed/crd_validation.py checks the CRD's rules offline.
@@ -19,6 +29,8 @@ testbed/crd_validation.py checks the CRD's rules offline.
 import argparse
 import asyncio
 import datetime
+import json
+import re
 import secrets
 import signal
 import uuid
@@ -53,7 +65,51 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     forbidden: frozenset[str] = frozenset()
     """Resources (plurals) that may not be listed, as RBAC would refuse them."""
 
+    discovery_lag: float = 0.0
+    """Seconds after the CRD's creation before discovery lists its resource."""
+
+    record: Path | None = None
+    """Where to append a line per request (verb, group, resource, User-Agent)."""
+
+    stalls: list[dict] = attrs.field(factory=list)
+    """The rules of POST /testbed/stall."""
+
     async def _handle(self, request: kmock.Request):
+        if request.url.path == "/testbed/stall":
+            self.stalls.append(request.data)
+            return aiohttp.web.json_response({"stalls": self.stalls})
+        self._record(request)
+        stalls = [rule for rule in self.stalls if self._stalls(rule, request)]
+        for rule in stalls:
+            if rule.get("when", "before") == "before":
+                await asyncio.sleep(rule["seconds"])
+        response = await self._respond(request)
+        for rule in stalls:
+            if rule.get("when") == "after":
+                await asyncio.sleep(rule["seconds"])
+        return response
+
+    @staticmethod
+    def _stalls(rule: dict, request: kmock.Request) -> bool:
+        watch = request.action == kmock.action.WATCH
+        return (
+            request.method.value.upper() == rule["method"].upper()
+            and re.search(rule["path"], request.url.path) is not None
+            and rule.get("watch", watch) == watch
+        )
+
+    def _record(self, request: kmock.Request) -> None:
+        if self.record is None or request.resource is None or not request.resource.plural:
+            return  # discovery, which everyone may read
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete" if request.name else "deletecollection"}.get(
+            request.method.value.upper()
+        ) or {kmock.action.WATCH: "watch", kmock.action.LIST: "list"}.get(request.action, "get")
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        line = {"verb": verb, "group": request.resource.group or "", "resource": resource, "agent": request.headers.get("User-Agent", "")}
+        with self.record.open("a") as record:
+            record.write(json.dumps(line) + "\n")
+
+    async def _respond(self, request: kmock.Request):
         if request.action == kmock.action.LIST and request.resource is not None and request.resource.plural in self.forbidden:
             plural = request.resource.plural
             raise k8s.KubernetesError(
@@ -73,7 +129,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 self._admit_pod(request.namespace or metadata.get("namespace"), metadata["name"])
             if request.resource is not None and request.resource.plural == "customresourcedefinitions" and metadata["name"] == CRD_NAME:
                 metadata["finalizers"] = [CRD_CLEANUP_FINALIZER]
-                self._serve_jobs(True)
+                asyncio.get_running_loop().call_later(self.discovery_lag, self._serve_jobs, True)
         return await super()._handle(request)
 
     def _admit_pod(self, namespace: str, name: str) -> None:
@@ -152,10 +208,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             await self._buses[resource].put({"type": "DELETED", "object": obj.last.raw})
 
 
-async def serve(url_file: Path, forbidden: frozenset[str]) -> None:
+async def serve(url_file: Path, forbidden: frozenset[str], discovery_lag: float, record: Path | None) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with ApiServerEmulator(forbidden=forbidden) as emulator:
+    async with ApiServerEmulator(forbidden=forbidden, discovery_lag=discovery_lag, record=record) as emulator:
         emulator.resources.load_bundled()
         async with kmock.Server(emulator) as server:
             url = str(server.url).rstrip("/")
@@ -163,6 +219,7 @@ async def serve(url_file: Path, forbidden: frozenset[str]) -> None:
                 crds = f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
                 async with session.post(crds, json=custom_resource_definition()) as response:
                     assert response.status < 300, await response.text()
+            await asyncio.sleep(discovery_lag)  # the operator starts against a served CRD
             controllers = asyncio.create_task(emulator.control_loop())
             url_file.write_text(url)
             await stop.wait()
@@ -173,5 +230,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="A Kubernetes API emulator serving the CaramelJob resource.")
     parser.add_argument("url_file", type=Path, help="where to write the emulator's base URL")
     parser.add_argument("--forbid", action="append", default=[], metavar="PLURAL", help="refuse lists of this resource (403)")
+    parser.add_argument("--discovery-lag", type=float, default=0.0, metavar="SECONDS", help="list CaramelJobs in discovery this long after their CRD is created")
+    parser.add_argument("--record", type=Path, metavar="FILE", help="append a JSON line per request: verb, group, resource, User-Agent")
     arguments = parser.parse_args()
-    asyncio.run(serve(arguments.url_file, frozenset(arguments.forbid)))
+    asyncio.run(serve(arguments.url_file, frozenset(arguments.forbid), arguments.discovery_lag, arguments.record))

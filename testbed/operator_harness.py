@@ -160,11 +160,23 @@ def eventually(check: Callable[[], T], timeout: float = 20, what: str = "conditi
 class Emulator:
     """The emulator process."""
 
-    def __init__(self, directory: Path, nodes: Sequence[dict[str, Any]] = DEFAULT_NODES, forbid: Sequence[str] = ()) -> None:
-        """`nodes`: the cluster's Node objects; `forbid`: resources whose lists are refused (403)."""
+    def __init__(
+        self,
+        directory: Path,
+        nodes: Sequence[dict[str, Any]] = DEFAULT_NODES,
+        forbid: Sequence[str] = (),
+        discovery_lag: float = 0.0,
+        record: Path | None = None,
+    ) -> None:
+        """`nodes`: the cluster's Node objects; `forbid`: resources whose lists are refused (403);
+        `discovery_lag`: how long after a CaramelJob CRD's creation discovery lists the resource;
+        `record`: a file that gets a JSON line per request (see testbed/kube_emulator.py)."""
         url_file = directory / "emulator-url"
+        options = [*(f"--forbid={plural}" for plural in forbid), f"--discovery-lag={discovery_lag}"]
+        if record is not None:
+            options.append(f"--record={record}")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "testbed.kube_emulator", str(url_file), *(f"--forbid={plural}" for plural in forbid)],
+            [sys.executable, "-m", "testbed.kube_emulator", str(url_file), *options],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=(directory / "emulator.log").open("wb"),
@@ -186,6 +198,15 @@ class Emulator:
                 }
             )
         )
+
+    def stall(self, method: str, path: str, seconds: float, when: str = "before", watch: bool | None = None) -> None:
+        """Hold every request of `method` whose path matches the regular expression `path`
+        `seconds` long, before handling it (a hung call) or after (an answer that comes late);
+        `watch`: only watches (True), or no watches (False)."""
+        rule: dict[str, Any] = {"method": method, "path": path, "seconds": seconds, "when": when}
+        if watch is not None:
+            rule["watch"] = watch
+        self.api.request("POST", "/testbed/stall", rule)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -217,12 +238,23 @@ class Operator:
         eventually(self.healthy, timeout=30, what=f"the operator's liveness endpoint (log: {self.log})")
 
     def healthy(self) -> bool:
+        """Whether the liveness endpoint answers 200."""
+        return self.probe(self.health_port, "/healthz") == 200
+
+    def ready(self) -> bool:
+        """Whether the readiness endpoint answers 200."""
+        return self.probe(self.metrics_port, "/readyz") == 200
+
+    def probe(self, port: int, path: str) -> int | None:
+        """The HTTP status of a probe of the operator, as the kubelet's (None: no answer)."""
         assert self.process.poll() is None, f"the operator exited:\n{self.log.read_text()}"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1):
-                return True
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
         except OSError:
-            return False
+            return None
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:

@@ -11,10 +11,11 @@ from caramel.job.api import CaramelJobStatus, Phase, Tuning, WorkerNode
 from caramel.job.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
 from caramel.job.progress import ProgressReport
-from caramel.job.contract import WorkerContract
+from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract
 from caramel.topology.wire import to_json
 from caramel_operator.gang_placement import NoRoom, Placed, Unreadable, placed_topology
 from caramel_operator.lifecycle import (
+    EVENT_MESSAGE_BYTES,
     CreateObject,
     CreatePods,
     DeletePods,
@@ -75,12 +76,55 @@ def test_only_missing_pods_are_created_while_pending():
     assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-1"]
 
 
-def test_all_running_is_running_with_a_start_time():
-    decision = decide(job(), status(), [worker(0), worker(1)], ALL, NOW, SETTINGS)
+def test_all_running_is_running():
+    started = status(start_time=timestamp(NOW - timedelta(minutes=3)))
+    decision = decide(job(), started, [worker(0), worker(1)], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.RUNNING
-    assert decision.status.start_time == timestamp(NOW)
+    assert decision.status.start_time == started.start_time  # the job's start, not its gang's
     assert decision.status.ready_workers == "2/2"
     assert decision.transitions == [Phase.RUNNING]
+
+
+def test_a_deadline_counts_from_the_first_pass_even_for_a_gang_that_never_runs():
+    """It counted from when every worker ran: a gang whose image could not be pulled waited forever."""
+    deadline = job(runPolicy={"activeDeadlineSeconds": 40}, **BY_SCHEDULER)
+    first = decide(deadline, status(), [], ALL, NOW, SETTINGS)
+    assert first.status.start_time == timestamp(NOW)
+    pulling = worker(0, WorkerState.PENDING, pending_reason="ImagePullFailed", pending_message="ImagePullBackOff")
+    waiting = decide(deadline, first.status, [pulling, worker(1)], ALL, NOW + timedelta(seconds=39), SETTINGS)
+    assert waiting.status.phase is Phase.PENDING
+    late = decide(deadline, waiting.status, [pulling, worker(1)], ALL, NOW + timedelta(seconds=40), SETTINGS)
+    assert late.status.phase is Phase.FAILED
+    assert any(c.reason == "DeadlineExceeded" for c in late.status.conditions)
+
+
+def test_a_resumed_job_starts_its_deadline_again():
+    """As a Kubernetes Job's: a suspended job is not running."""
+    suspended = status(phase=Phase.SUSPENDED, start_time=timestamp(NOW - timedelta(hours=1)))
+    resumed = decide(job(runPolicy={"activeDeadlineSeconds": 60}), suspended, [], ALL, NOW, SETTINGS)
+    assert resumed.status.phase is Phase.PENDING and resumed.status.start_time == timestamp(NOW)
+
+
+@pytest.mark.parametrize(
+    ("spec", "workers", "counts"),
+    [
+        ({"runPolicy": {"activeDeadlineSeconds": 60}}, [worker(0), worker(1)], {"running": 0, "pending": 0, "failed": 0}),
+        (
+            {"runPolicy": {"backoffLimit": 0}},
+            [worker(0, WorkerState.FAILED, failure_reason="Error"), worker(1)],
+            {"running": 0, "pending": 0, "failed": 1},
+        ),
+        ({"runPolicy": {"activeDeadlineSeconds": 60, "cleanPodPolicy": "None"}}, [worker(0), worker(1, WorkerState.PENDING)], {"running": 0, "pending": 0}),
+    ],
+    ids=["deadline", "backoff-limit", "pods-kept"],
+)
+def test_a_finished_job_counts_no_ready_workers(spec, workers, counts):
+    """READY kept 2/2 after DeadlineExceeded and 1/2 after BackoffLimitExceeded."""
+    started = status(phase=Phase.RUNNING, start_time=timestamp(NOW - timedelta(seconds=61)))
+    decision = decide(job(**spec), started, workers, ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.FAILED
+    assert decision.status.ready_workers == "0/2"
+    assert decision.status.workers.model_dump(include=set(counts)) == counts
 
 
 def test_all_succeeded_is_succeeded_and_keeps_finished_pods_by_default():
@@ -191,6 +235,22 @@ def test_pending_reason_is_reported_once():
     assert again.events == []
 
 
+def test_a_pending_reason_gets_one_event_however_often_its_detail_flips():
+    """The kubelet flips between ErrImagePull and ImagePullBackOff: 10 Events in 4 minutes."""
+    current = status()
+    events = []
+    for flip in range(10):
+        detail = ("ErrImagePull", "ImagePullBackOff")[flip % 2]
+        pulling = worker(0, WorkerState.PENDING, pending_reason="ImagePullFailed", pending_message=f"{detail}: no such image")
+        decision = decide(job(), current, [pulling, worker(1)], ALL, NOW, SETTINGS)
+        assert decision.status.message.endswith(f"ImagePullFailed: {detail}: no such image")
+        events += decision.events
+        current = decision.status
+    assert [e.reason for e in events] == ["ImagePullFailed"]
+    stuck = worker(0, WorkerState.PENDING, pending_reason="Unschedulable", pending_message="0/3 nodes are available")
+    assert [e.reason for e in decide(job(), current, [stuck, worker(1)], ALL, NOW, SETTINGS).events] == ["Unschedulable"]
+
+
 def test_condition_transition_time_moves_only_on_change():
     running = decide(job(), status(), [worker(0), worker(1)], ALL, NOW, SETTINGS).status
     later = decide(job(), running, [worker(0), worker(1)], ALL, NOW + timedelta(minutes=5), SETTINGS).status
@@ -273,6 +333,39 @@ def test_success_records_the_final_progress_from_rank0():
     assert decision.status.phase is Phase.SUCCEEDED
     assert decision.status.progress.step == 200 and decision.status.progress.loss == 0.15
     assert decision.status.progress.bandwidth == "1.0 GB/s"
+
+
+def test_a_gang_resumed_at_the_last_step_still_records_the_final_step():
+    """A checkpoint already at the last step left the new gang nothing to run: it wrote no final
+    report, and the job showed Succeeded at STEP 36 of a run that ended at 120. Now its report
+    has the step, and no step time or loss: the last scrape's figures stand."""
+    report = ProgressReport(step=120, total=120, loss=float("nan"), step_seconds=0.0, examples_per_second=0.0, final=True)
+    running = status(phase=Phase.RUNNING, progress={"step": 36, "stepSeconds": 0.2, "loss": 0.5})
+    workers = [worker(0, WorkerState.SUCCEEDED, final_report=report), worker(1, WorkerState.SUCCEEDED)]
+    progress = decide(job(), running, workers, ALL, NOW, SETTINGS).status.progress
+    assert (progress.step, progress.step_seconds, progress.loss) == (120, 0.2, 0.5)
+
+
+def test_a_failure_names_its_cause_and_its_event_keeps_the_last_lines():
+    summary = "\n".join(["rank 1 exited with code 1", "rank 1 | ValueError: bad shard", "...", *(f"rank 1 | line {i}" for i in range(200))])
+    failed = worker(1, WorkerState.FAILED, failure_reason="Error", exit_code=1, failure_cause="rank 1 | ValueError: bad shard", failure_message=summary)
+    decision = decide(job(), status(phase=Phase.RUNNING), [worker(0), failed], ALL, NOW, SETTINGS)
+    assert decision.status.message.startswith("worker demo-worker-1 failed: Error, exit code 1: rank 1 | ValueError: bad shard;")
+    assert decision.status.last_failure.message == summary
+    [event] = decision.events
+    lines = event.message.splitlines()
+    assert lines[0] == decision.status.message  # which names the cause
+    assert lines[-1] == "rank 1 | line 199" and len(event.message.encode()) <= EVENT_MESSAGE_BYTES
+
+
+@pytest.mark.parametrize(("gang_timeout", "expected"), [(120, RENDEZVOUS_TIMEOUT_SECONDS), (900, 900)])
+def test_the_workers_wait_for_each_other_at_least_as_long_as_the_gang_may_wait(gang_timeout, expected):
+    """Worker 0's Gloo gave up after 30 s, its default, on a peer still pending for CPU."""
+    settings = replace(SETTINGS, gang_scheduling_timeout_seconds=gang_timeout)
+    [create] = actions_of(decide(job(**BY_SCHEDULER), status(), [], ALL, NOW, settings), CreatePods)
+    for pod in create.manifests:
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+        assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == str(expected)
 
 
 def test_creation_refusals_reach_the_status_and_one_event():

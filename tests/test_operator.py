@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from caramel.topology.labels import ClusterLinks
 from conftest import free_port
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import placed_topology
-from testbed.operator_harness import NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
+from testbed.operator_harness import EVENTS, NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
 
@@ -88,7 +89,7 @@ def test_a_failed_worker_restarts_the_whole_gang(emulator, operator):
         what="a new gang of two pods",
     )
     status = api.status("demo")
-    assert status["lastFailure"] == {"worker": "demo-worker-1", "reason": "OOMKilled", "exitCode": 137, "message": ""}
+    assert status["lastFailure"] == {"worker": "demo-worker-1", "reason": "OOMKilled", "exitCode": 137, "cause": "", "message": ""}
     assert any(c["type"] == "Restarting" and c["status"] == "True" for c in status["conditions"])
     assert api.events("WorkerFailed"), "a Warning event explains the restart"
     api.run_pods("demo")
@@ -111,8 +112,10 @@ def test_exhausted_backoff_fails_the_job_with_the_workers_reason(emulator, opera
     status = api.status("demo")
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded"
-    assert "worker demo-worker-0 failed: Error, exit code 3" in failed["message"]
-    assert status["lastFailure"]["message"].endswith("ValueError: bad shard")
+    assert "worker demo-worker-0 failed: Error, exit code 3: ValueError: bad shard" in failed["message"]
+    assert status["lastFailure"]["cause"] == "ValueError: bad shard"
+    # The finished job counts no worker as ready, though one still ran when it failed.
+    assert status["readyWorkers"] == "0/2" and status["workers"]["running"] == 0 and status["workers"]["failed"] == 1
     # cleanPodPolicy Running deletes the worker still running and keeps the failed one and its log.
     eventually(lambda: [p["metadata"]["name"] for p in api.pods("demo")] == ["demo-worker-0"], what="clean-up")
 
@@ -195,8 +198,11 @@ def test_suspend_deletes_the_pods_and_resume_brings_a_new_gang(emulator, operato
     assert suspended["status"] == "False" and suspended["reason"] == "Resumed"
 
 
-def test_ttl_after_finished_deletes_the_job(emulator, operator):
+def test_ttl_after_finished_deletes_the_job_quietly(emulator, operator):
     api = emulator.api
+    # As a real API server may: the deletion's watch event comes before its answer, and stops the
+    # daemon that asked for it. Cancelled while it waited, it logged a WARNING every time.
+    emulator.stall("DELETE", "/carameljobs/demo$", 1.0, when="after")
     api.create_job("demo", {**SPEC, "runPolicy": {"ttlSecondsAfterFinished": 1, "cleanPodPolicy": "All"}})
     eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
     for pod in api.pods("demo"):
@@ -204,6 +210,9 @@ def test_ttl_after_finished_deletes_the_job(emulator, operator):
     eventually(lambda: phase(api, "demo") == "Succeeded", what="phase Succeeded")
     eventually(lambda: api.job("demo") is None, timeout=15, what="the job deleted after its TTL")
     assert api.pods("demo") == []
+    eventually(lambda: "CaramelJob default/demo: Expired" in operator.log.read_text(), what="the deletion logged")
+    time.sleep(2)  # the deletion answered, and the daemon gone
+    assert "WARNING" not in operator.log.read_text() and "cancelled" not in operator.log.read_text()
 
 
 def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emulator, operator):
@@ -312,3 +321,82 @@ def test_a_deleted_and_recreated_crd_releases_jobs_and_serves_new_ones_at_once(e
     print(f"\nnew job served {time.monotonic() - started:.1f} s after the CRD came back")
     time.sleep(2)
     assert not api.pods("old"), "no pods for a job deleted with its CRD"
+    # The CRD's deletion is no error: it once logged a 40-line traceback, each time.
+    log = operator.log.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log
+
+
+GLOO_ABORT = "\n".join(
+    [
+        "rank 0 | caramel: restored /ckpt/ckpt-100 at step 100",
+        "rank 0 | terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "rank 0 |   what():  [enforce fail at gloo/rendezvous/store.cc:24] Wait timeout after 30 seconds for key(s): 1. "
+        "You may want to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS",
+        *(f"rank 0 | [{i}] horovod/common/operations.cc:{i}: frame {i} of the stack" for i in range(12)),
+        "rank 0 | See exception message above",
+    ]
+)
+
+
+def test_a_failure_keeps_its_cause_and_the_restart_event_its_last_lines(emulator, operator):
+    """The status kept the last 400 characters, which for Gloo's abort said only "See exception
+    message above"; and the failed pod went with its gang, its log with it."""
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    api.run_pods("demo")
+    eventually(lambda: phase(api, "demo") == "Running", what="phase Running")
+    api.set_pod_status("demo-worker-0", terminated(134, message=GLOO_ABORT))
+    eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
+    failure = api.status("demo")["lastFailure"]
+    assert failure["message"] == GLOO_ABORT and len(GLOO_ABORT) > 400
+    assert failure["cause"].startswith("rank 0 | terminate called after throwing an instance of 'gloo::EnforceNotMet' rank 0 |   what():")
+    assert "Wait timeout after 30 seconds" in api.status("demo")["message"]
+    [event] = api.events("WorkerFailed")
+    assert "Wait timeout after 30 seconds" in event["message"] and event["message"].endswith("See exception message above")
+    assert len(event["message"]) <= 1024
+
+
+def test_a_deadline_counts_from_the_start_and_a_pending_reason_is_posted_once(emulator, operator):
+    """A gang that never ran (its image could not be pulled) stayed Pending past its deadline,
+    holding its pods, with an Event each time the kubelet's reason flipped."""
+    api = emulator.api
+    api.create_job("demo", {**SPEC, "runPolicy": {"activeDeadlineSeconds": 4}})
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    api.set_pod_status("demo-worker-1", {"phase": "Running"})
+    for flip in range(6):
+        reason = ("ErrImagePull", "ImagePullBackOff")[flip % 2]
+        waiting = {"waiting": {"reason": reason, "message": f'{reason} of "caramel:test" ({flip})'}}
+        api.set_pod_status("demo-worker-0", {"phase": "Pending", "containerStatuses": [{"name": "worker", "state": waiting}]})
+        eventually(lambda: f"({flip})" in api.status("demo").get("message", ""), what=f"flip {flip} in the status")
+    eventually(lambda: phase(api, "demo") == "Failed", timeout=10, what="phase Failed at the deadline")
+    status = api.status("demo")
+    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
+    assert status["readyWorkers"] == "0/2" and status["workers"]["pending"] == status["workers"]["running"] == 0
+    assert len(api.events("ImagePullFailed")) == 1
+    eventually(lambda: not api.pods("demo"), what="the pods deleted")
+
+
+def test_one_log_line_per_change_none_per_probe_and_events_name_the_operator(emulator, operator):
+    api = emulator.api
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    api.run_pods("demo")
+    eventually(lambda: phase(api, "demo") == "Running", what="phase Running")
+    api.set_pod_status("demo-worker-1", terminated(1, message="ValueError: bad shard"))
+    eventually(lambda: [p["metadata"]["labels"]["caramel.dev/gang"] for p in api.pods("demo")] == ["1", "1"], what="a new gang")
+    for pod in api.pods("demo"):
+        api.set_pod_status(pod["metadata"]["name"], terminated(0, reason="Completed"))
+    eventually(lambda: phase(api, "demo") == "Succeeded", what="phase Succeeded")
+    for _ in range(5):
+        assert operator.healthy() and operator.ready()
+    time.sleep(1)
+    events = [e for e in api.items(EVENTS) if e["involvedObject"]["name"] == "demo"]
+    lines = [line for line in operator.log.read_text().splitlines() if "CaramelJob default/demo:" in line]
+    assert sorted(line.split("CaramelJob default/demo: ")[1].split(":")[0] for line in lines) == sorted(e["reason"] for e in events)
+    assert [e["reason"] for e in events].count("WorkerFailed") == 1
+    log = operator.log.read_text()
+    assert "/healthz" not in log and "/readyz" not in log and "succeeded." not in log, log
+    assert {(e["reportingComponent"], e["source"]["component"], e["reportingInstance"]) for e in events} == {
+        ("caramel-operator", "caramel-operator", socket.gethostname())
+    }

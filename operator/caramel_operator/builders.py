@@ -11,7 +11,7 @@ import copy
 from typing import Any
 
 from caramel.job.api import CaramelJob, Tuning
-from caramel.job.contract import worker_command, worker_env, worker_name
+from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS, worker_command, worker_env, worker_name
 from caramel.topology.model import Topology
 from caramel_operator.podsecurity import restricted_violations
 
@@ -97,15 +97,17 @@ def build_worker_pod(
     tuning: Tuning | None = None,
     node: str | None = None,
     topology: Topology | None = None,
+    rendezvous_timeout_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
     """Worker pod `worker_index` of gang generation `gang`, with spec.workers.template merged in.
 
     `node`: the node placement chose for the worker, which the pod is pinned to; `topology`: the
-    network under the placed gang, one host per rank, handed to the worker (CARAMEL_TOPOLOGY).
+    network under the placed gang, one host per rank, handed to the worker (CARAMEL_TOPOLOGY);
+    `rendezvous_timeout_seconds`: how long its workers wait for each other.
     """
     spec = job.spec
     name = worker_name(job, worker_index)
-    env = worker_env(job, worker_index, peer_addresses(job), tuning, topology)
+    env = worker_env(job, worker_index, peer_addresses(job), tuning, topology, rendezvous_timeout_seconds)
     labels = {**job_labels(job), WORKER_INDEX_LABEL: str(worker_index), GANG_LABEL: str(gang)}
     annotations: dict[str, str] = {}
     if spec.run_policy.scheduling_policy:

@@ -2,13 +2,17 @@
 workers' metrics.
 
 The kubernetes client is synchronous: every call runs in a worker thread so that kopf's event
-loop keeps serving other jobs. Responses are not deserialized (`_preload_content=False`): the
-operator needs none of them, and skipping it saves time at hundreds of pods. Creations that find
+loop keeps serving other jobs. Every call has a connect and a request timeout (the client waits
+forever by default): a hung call would hold its thread, and a few of them every thread of the
+pool that all calls share, which stops every job's reconciliation. Responses are not deserialized
+(`_preload_content=False`): the operator needs none of them, and skipping it saves time at
+hundreds of pods. Creations that find
 the object already there and deletions that find it gone count as done, which makes every action
 safe to repeat after an operator restart. Other refusals of a creation (Pod Security, quota,
 admission webhooks, RBAC) are returned as the API server's messages, for the job's status.
 
-PERMISSIONS lists what these calls and kopf need; tests check that every RBAC variant grants it.
+PERMISSIONS lists what these calls and kopf need, no more: tests check it against the requests
+the operator makes, and that every RBAC variant grants exactly it.
 PLACEMENT_READS is what R-Storm placement reads at cluster scope, which only the cluster-wide
 variants grant: nodes are cluster-scoped, and a node's free resources depend on the pods of every
 namespace. Without them, spec.placement.policy Auto leaves placement to the scheduler.
@@ -30,17 +34,24 @@ from caramel_operator.crd import PLURAL
 SCRAPE_TIMEOUT_SECONDS = 2.0
 
 
-# (API group, resource, verb) the operator uses: its own calls below, and kopf's (watching jobs,
-# pods, services and network policies, its finalizer and annotations, events, CRD discovery).
+# (API group, resource, verb) the operator uses in the namespaces it serves: its own calls below
+# (read a job, list jobs, release their finalizers, delete expired ones; create pods, Services and
+# NetworkPolicies; delete pods), and kopf's (list and watch what it indexes and serves, patch its
+# finalizer, annotations and the status, post core/v1 Events). Pods, Services and NetworkPolicies
+# are deleted by the garbage collector, through their owner reference, or not at all.
 PERMISSIONS = {
-    *((GROUP, "carameljobs", verb) for verb in ("get", "list", "watch", "patch", "update", "delete")),
-    *((GROUP, "carameljobs/status", verb) for verb in ("get", "patch", "update")),
-    *(("", resource, verb) for resource in ("pods", "services") for verb in ("get", "list", "watch", "create", "delete")),
-    *(("networking.k8s.io", "networkpolicies", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    *((GROUP, "carameljobs", verb) for verb in ("get", "list", "watch", "patch", "delete")),
+    (GROUP, "carameljobs/status", "patch"),
+    *(("", "pods", verb) for verb in ("list", "watch", "create", "delete")),
+    *(("", "services", verb) for verb in ("list", "watch", "create")),
+    *(("networking.k8s.io", "networkpolicies", verb) for verb in ("list", "watch", "create")),
     ("", "events", "create"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 }
+# What kopf reads at cluster scope whatever it serves: the CRDs, so that it notices the CaramelJob
+# CRD being installed, upgraded or deleted while it runs. Confined to namespaces, it also lists and
+# watches namespaces (NAMESPACE_READS), to learn which of the served ones exist.
+CRD_READS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
+NAMESPACE_READS = {("", "namespaces", verb) for verb in ("list", "watch")}
 PLACEMENT_READS = {("", "nodes", "list"), ("", "pods", "list")}
 # The pods whose requests hold their nodes' resources, as the scheduler selects them.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -51,7 +62,7 @@ class ReadForbidden(Exception):
 
 
 class Cluster:
-    def __init__(self) -> None:
+    def __init__(self, *, connect_timeout_seconds: float, request_timeout_seconds: float) -> None:
         try:
             kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
@@ -60,6 +71,12 @@ class Cluster:
         self.core = kubernetes.client.CoreV1Api(client)
         self.networking = kubernetes.client.NetworkingV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+        # urllib3's (connect, read) timeouts: the read timeout bounds each wait for the server.
+        self._timeout = (connect_timeout_seconds, request_timeout_seconds)
+
+    async def _call(self, method, *args: Any, **kwargs: Any) -> Any:
+        """One API call, in a worker thread, with the timeouts, its response left raw."""
+        return await asyncio.to_thread(method, *args, **kwargs, _request_timeout=self._timeout, _preload_content=False)
 
     async def nodes_and_pods(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Every node, and every pod not finished, cluster-wide: what placement reads.
@@ -69,10 +86,8 @@ class Cluster:
         """
         try:
             nodes, pods = await asyncio.gather(
-                asyncio.to_thread(self.core.list_node, resource_version="0", _preload_content=False),
-                asyncio.to_thread(
-                    self.core.list_pod_for_all_namespaces, field_selector=LIVE_PODS, resource_version="0", _preload_content=False
-                ),
+                self._call(self.core.list_node, resource_version="0"),
+                self._call(self.core.list_pod_for_all_namespaces, field_selector=LIVE_PODS, resource_version="0"),
             )
         except ApiException as error:
             if error.status == 403:
@@ -97,37 +112,40 @@ class Cluster:
     async def job_uid(self, namespace: str, name: str) -> str | None:
         """The uid of the job now in the API, or None if it is gone (its CRD too, perhaps)."""
         try:
-            response = await asyncio.to_thread(
-                self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
-            )
+            response = await self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
         return json.loads(response.data)["metadata"].get("uid")
 
+    async def jobs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Every job in `namespaces` (all when empty); none when the CRD is gone."""
+        if namespaces:
+            lists = [self._call(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL) for namespace in namespaces]
+        else:
+            lists = [self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)]
+        try:
+            responses = await asyncio.gather(*lists)
+        except ApiException as error:
+            if error.status == 404:  # the CRD, and with it every job, is gone
+                return []
+            raise
+        return [job for response in responses for job in json.loads(response.data)["items"]]
+
     async def release_jobs(self, finalizer: str, namespaces: tuple[str, ...]) -> int:
         """Remove the operator's finalizer from every job it serves (in `namespaces`, or all when
         empty): the CRD is being deleted, and its jobs must be able to go even when no handler of
         theirs runs again."""
-        if namespaces:
-            lists = [
-                asyncio.to_thread(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, _preload_content=False)
-                for namespace in namespaces
-            ]
-        else:
-            lists = [asyncio.to_thread(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, _preload_content=False)]
-        jobs = [job for response in await asyncio.gather(*lists) for job in json.loads(response.data)["items"]]
         released = 0
-        for job in jobs:
+        for job in await self.jobs(namespaces):
             metadata = job["metadata"]
             if finalizer in (metadata.get("finalizers") or []):
                 remaining = [f for f in metadata["finalizers"] if f != finalizer]
                 body = {"metadata": {"finalizers": remaining, "resourceVersion": metadata.get("resourceVersion")}}
                 try:
-                    await asyncio.to_thread(
-                        self.custom.patch_namespaced_custom_object, GROUP, VERSION, metadata["namespace"], PLURAL,
-                        metadata["name"], body, _preload_content=False,
+                    await self._call(
+                        self.custom.patch_namespaced_custom_object, GROUP, VERSION, metadata["namespace"], PLURAL, metadata["name"], body
                     )
                     released += 1
                 except ApiException as error:
@@ -146,7 +164,7 @@ class Cluster:
 
     async def _create(self, create, manifest: dict[str, Any]) -> str | None:
         try:
-            await asyncio.to_thread(create, manifest["metadata"]["namespace"], manifest, _preload_content=False)
+            await self._call(create, manifest["metadata"]["namespace"], manifest)
         except ApiException as error:
             if error.status == 409:  # already there: an earlier pass or operator created it
                 return None
@@ -157,7 +175,7 @@ class Cluster:
 
     async def _delete(self, delete, *args: Any, **kwargs: Any) -> None:
         try:
-            await asyncio.to_thread(delete, *args, **kwargs, _preload_content=False)
+            await self._call(delete, *args, **kwargs)
         except ApiException as error:
             if error.status != 404:  # already gone
                 raise

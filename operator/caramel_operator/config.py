@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pydantic
 
+from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS
 from caramel.job.jobfile import describe_validation_error
 from caramel.topology.labels import DEFAULT_RACK_LABEL, ClusterLinks
 
@@ -37,7 +38,19 @@ class OperatorSettings:
     """Port of the operator's own /metrics (CARAMEL_OPERATOR_METRICS_PORT)."""
 
     health_port: int = 8080
-    """Port of the liveness endpoint /healthz (CARAMEL_OPERATOR_HEALTH_PORT)."""
+    """Port of the liveness endpoint /healthz (CARAMEL_OPERATOR_HEALTH_PORT). The readiness
+    endpoint /readyz is on the metrics port."""
+
+    api_request_timeout_seconds: float = 10.0
+    """Longest wait for the answer to one Kubernetes API request of the operator's, its own and
+    kopf's (CARAMEL_API_REQUEST_TIMEOUT_SECONDS); watches have their own, longer timeouts."""
+
+    api_connect_timeout_seconds: float = 5.0
+    """Longest wait for a connection to the Kubernetes API server (CARAMEL_API_CONNECT_TIMEOUT_SECONDS)."""
+
+    watch_stall_seconds: float = 60.0
+    """How long a change to a CaramelJob may go undelivered by the operator's watch before its
+    liveness probe fails and the kubelet restarts it (CARAMEL_WATCH_STALL_SECONDS)."""
 
     reconcile_interval_seconds: float = 2.0
     """Seconds between two reconciliations of a job (CARAMEL_RECONCILE_INTERVAL_SECONDS)."""
@@ -96,6 +109,9 @@ class OperatorSettings:
             watch_namespaces=namespaces,
             metrics_port=int(number("CARAMEL_OPERATOR_METRICS_PORT", cls.metrics_port, int)),
             health_port=int(number("CARAMEL_OPERATOR_HEALTH_PORT", cls.health_port, int)),
+            api_request_timeout_seconds=number("CARAMEL_API_REQUEST_TIMEOUT_SECONDS", cls.api_request_timeout_seconds),
+            api_connect_timeout_seconds=number("CARAMEL_API_CONNECT_TIMEOUT_SECONDS", cls.api_connect_timeout_seconds),
+            watch_stall_seconds=number("CARAMEL_WATCH_STALL_SECONDS", cls.watch_stall_seconds),
             reconcile_interval_seconds=number("CARAMEL_RECONCILE_INTERVAL_SECONDS", cls.reconcile_interval_seconds),
             restart_backoff_seconds=number("CARAMEL_RESTART_BACKOFF_SECONDS", cls.restart_backoff_seconds),
             restart_backoff_max_seconds=number("CARAMEL_RESTART_BACKOFF_MAX_SECONDS", cls.restart_backoff_max_seconds),
@@ -108,6 +124,13 @@ class OperatorSettings:
             rack_label=_rack_label(environ.get("CARAMEL_TOPOLOGY_RACK_LABEL", "").strip()),
             links=_links(environ.get("CARAMEL_TOPOLOGY_LINKS", "").strip()),
         )
+
+    @property
+    def rendezvous_timeout_seconds(self) -> float:
+        """How long the workers of a gang wait for each other: at least as long as part of a gang
+        may wait for the rest to be scheduled, or worker 0 gives up on a peer the operator still
+        waits for, and the gang fails instead of being released."""
+        return max(RENDEZVOUS_TIMEOUT_SECONDS, self.gang_scheduling_timeout_seconds)
 
     def restart_backoff(self, restarts_so_far: int) -> float:
         """Exponential backoff before restart number restarts_so_far + 1."""

@@ -6,18 +6,24 @@ duplicates. Each unfinished job is reconciled by a timer; the state lives only i
 status. Finished jobs leave the timer (and lose kopf's finalizer); one with a TTL gets a daemon
 that sleeps until it is due. The job's pods and objects are owned by it: the garbage collector
 deletes them with it.
+
+The log has a line per change of a job (each Event posted), and kopf's own lines only where
+something failed (__main__ filters the rest). The probes: see health.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 import pydantic
-from prometheus_client import start_http_server
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from caramel.job.api import GROUP, VERSION, CaramelJob, Phase
 from caramel.job.jobfile import describe_validation_error
@@ -27,6 +33,7 @@ from caramel_operator.cluster import Cluster, ReadForbidden, scrape
 from caramel_operator.config import OperatorSettings
 from caramel_operator.crd import PLURAL
 from caramel_operator.gang_placement import Unreadable, place
+from caramel_operator.health import Lag, WatchCheck, serve
 from caramel_operator.lifecycle import (
     FINISHED,
     CreateObject,
@@ -45,6 +52,10 @@ from caramel_operator.observe import WorkerObservation, WorkerState, observe_pod
 from caramel_operator.progress import read_progress
 
 SETTINGS = OperatorSettings.from_env()
+LOG = logging.getLogger("caramel_operator")
+# Who posts the Events (`kubectl describe`'s "From"): the operator, and which pod of it (a pod's
+# hostname is its name).
+COMPONENT = "caramel-operator"
 JOBS = (GROUP, VERSION, PLURAL)
 FINALIZER = f"{GROUP}/finalizer"
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -52,22 +63,80 @@ WORKERS = {JOB_LABEL: kopf.PRESENT}
 # Watches that silently stall are a known kopf failure mode: bound every stream.
 WATCH_SERVER_TIMEOUT_SECONDS = 300
 WATCH_CLIENT_TIMEOUT_SECONDS = 330
+# What a look at the API server for the probes can fail with: the API server's trouble, which a
+# restart of the operator would not cure.
+API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError)
+# A probe answers within the kubelet's timeout (timeoutSeconds 5 in the chart and the manifests),
+# however slowly the API server lists the jobs.
+PROBE_LOOK_SECONDS = 4.0
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, job_versions: kopf.Index, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     # Progress and diff-bases in annotations: the job's status is Caramel's alone.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_SECONDS
+    # kopf's own requests get the timeouts of the operator's (its default is 300 s per request).
+    settings.networking.request_timeout = SETTINGS.api_request_timeout_seconds
+    settings.networking.connect_timeout = SETTINGS.api_connect_timeout_seconds
+    settings.watching.connect_timeout = SETTINGS.api_connect_timeout_seconds
     settings.posting.level = logging.WARNING
-    # A pass every few seconds per job is the design; kopf's line for each successful one says
-    # nothing (it was 149 lines a minute with 7 jobs). Failures are still logged.
-    logging.getLogger("kopf.objects").addFilter(lambda record: not record.getMessage().startswith("Timer 'reconcile' succeeded"))
-    memo.cluster = Cluster()
-    start_http_server(SETTINGS.metrics_port, registry=metrics.REGISTRY)
+    settings.posting.reporting_component = COMPONENT
+    settings.posting.reporting_instance = socket.gethostname()
+    memo.cluster = Cluster(
+        connect_timeout_seconds=SETTINGS.api_connect_timeout_seconds,
+        request_timeout_seconds=SETTINGS.api_request_timeout_seconds,
+    )
+    memo.watch = WatchCheck()
+    memo.server = await serve(SETTINGS.metrics_port, metrics.REGISTRY, lambda: _unready(memo, job_versions))
+
+
+@kopf.on.cleanup()
+async def stop_serving(memo: kopf.Memo, **_: Any) -> None:
+    await memo.server.cleanup()
+
+
+@kopf.index(*JOBS)
+def job_versions(namespace: str, name: str, meta: kopf.Meta, **_: Any) -> dict[str, str]:
+    """The version of each job the watch delivered last, for the probes (health.py)."""
+    return {f"{namespace}/{name}": meta["resourceVersion"]}
+
+
+async def _look(memo: kopf.Memo, job_versions: kopf.Index) -> Lag:
+    """The watch's lag behind the API server, now (raises API_ERRORS where it cannot be reached)."""
+    jobs = await asyncio.wait_for(memo.cluster.jobs(SETTINGS.watch_namespaces), PROBE_LOOK_SECONDS)
+    listed = {f"{job['metadata']['namespace']}/{job['metadata']['name']}": job["metadata"]["resourceVersion"] for job in jobs}
+    delivered = {job: next(iter(versions)) for job, versions in job_versions.items()}
+    return memo.watch.look(listed, delivered, time.monotonic())
+
+
+@kopf.on.probe(id="watch")
+async def watch_delivers_the_jobs(memo: kopf.Memo, job_versions: kopf.Index, **_: Any) -> dict[str, Any]:
+    """Liveness: fails when the watch has not delivered a job's change for too long."""
+    try:
+        lag = await _look(memo, job_versions)
+    except API_ERRORS as error:
+        return {"apiServer": f"unreachable: {error}"}
+    if lag.seconds > SETTINGS.watch_stall_seconds:
+        message = (
+            f"the watch has not delivered the latest change of CaramelJob {lag.job} for {lag.seconds:.0f} s "
+            f"(CARAMEL_WATCH_STALL_SECONDS {SETTINGS.watch_stall_seconds:.0f}): failing liveness, for a restart"
+        )
+        LOG.error(message)
+        raise kopf.PermanentError(message)
+    return {"behindSeconds": round(lag.seconds, 1)}
+
+
+async def _unready(memo: kopf.Memo, job_versions: kopf.Index) -> str | None:
+    """Why the operator is not ready (the readiness endpoint), or None."""
+    try:
+        await _look(memo, job_versions)
+    except API_ERRORS as error:
+        return f"cannot reach the Kubernetes API server: {error}"
+    return None if memo.watch.caught_up else "the watch has not yet delivered every CaramelJob"
 
 
 @kopf.index("pods", labels=WORKERS)
@@ -128,6 +197,7 @@ async def reconcile(
             await _read_progress(decision, job, workers, memo, now)
         for event in decision.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+            LOG.info(f"CaramelJob {namespace}/{name}: {event.reason}: {event.message.splitlines()[0]}")
         for phase in decision.transitions:
             metrics.count_transition(phase)
         patch.status.update(decision.status.model_dump(mode="json", by_alias=True))
@@ -189,22 +259,30 @@ async def _read_progress(
     )
 
 
-@kopf.daemon(*JOBS, when=finished_with_ttl, cancellation_timeout=1.0)
-async def expire(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+# The deletion's own watch event stops the daemon, often before the deletion's answer comes back:
+# kopf gives it this long to return instead of cancelling it (a WARNING each time), and removes
+# its finalizer only then, so this is also how long the deletion may take.
+EXPIRE_EXIT_SECONDS = 3.0
+
+
+@kopf.daemon(*JOBS, when=finished_with_ttl, cancellation_backoff=EXPIRE_EXIT_SECONDS, cancellation_timeout=1.0)
+async def expire(
+    body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
     """Delete a finished job when spec.runPolicy.ttlSecondsAfterFinished has passed."""
     # Read raw: a job that failed with InvalidSpec expires too.
     due = expires_at(body.spec.get("runPolicy", {}).get("ttlSecondsAfterFinished"), status_from(body.get("status")))
-    if due is not None:
-        await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
+    if due is not None and not await stopped.wait(max(0.0, (due - datetime.now(UTC)).total_seconds())):
         await memo.cluster.delete_job(namespace, name)
+        LOG.info(f"CaramelJob {namespace}/{name}: Expired: deleted, spec.runPolicy.ttlSecondsAfterFinished after it finished")
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", field="metadata.name", value=CRD_NAME)
-async def release_jobs_of_a_deleted_crd(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def release_jobs_of_a_deleted_crd(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     """Deleting the CRD deletes every job, and each waits on kopf's finalizer; kopf stops serving
     a resource whose CRD is going, so the finalizers are removed here, or the CRD stays Terminating."""
     crd = event["object"]
     if event["type"] == "DELETED" or (crd.get("metadata") or {}).get("deletionTimestamp"):
         released = await memo.cluster.release_jobs(FINALIZER, SETTINGS.watch_namespaces)
         if released:
-            logger.warning(f"CRD {CRD_NAME} is being deleted: released {released} CaramelJobs")
+            LOG.info(f"CRD {CRD_NAME} is being deleted: released {released} CaramelJobs from the operator's finalizer")

@@ -37,12 +37,15 @@ from caramel.job.api import (
     WorkerFailure,
 )
 from caramel.job.contract import worker_name
+from caramel.job.failure import fit
 from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
 from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable, placed_by, placed_topology, placement_problems
 from caramel_operator.observe import INVALID_IMAGE, NODE_LOST_REASONS, WorkerObservation, WorkerState
 
 FINISHED = {Phase.SUCCEEDED, Phase.FAILED}
+# kopf cuts longer Event messages in the middle; the restart Event fits its own lines to it.
+EVENT_MESSAGE_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,8 @@ class _Reconciliation:
         self.decision.events.append(Event(kind, reason, message))
 
     def enter(self, phase: Phase) -> None:
-        self.update(phase=phase)
+        # A wait of the gang before is no reason to keep quiet about the next one.
+        self.update(phase=phase, pending_reason="")
         self.decision.transitions.append(phase)
 
     # -- the steps -------------------------------------------------------------------------
@@ -281,10 +285,15 @@ class _Reconciliation:
     def active(self) -> None:
         if self.status.phase is Phase.SUSPENDED:
             self.enter(Phase.PENDING)
-            # A new gang number: pods of the suspended gang may still be terminating.
-            self.update(gang=self.status.gang + 1, message="")
+            # A new gang number: pods of the suspended gang may still be terminating. The deadline
+            # starts again, as a Kubernetes Job's does: a suspended job is not running.
+            self.update(gang=self.status.gang + 1, message="", start_time=timestamp(self.now))
             self.condition(ConditionType.SUSPENDED, False, "Resumed", "spec.runPolicy.suspend is false")
             self.event("Normal", "Resumed", "creating the worker gang again")
+        if not self.status.start_time:
+            # The deadline counts from here, not from when every worker runs: a gang that never
+            # gets there (an image that cannot be pulled, no room) must not wait forever.
+            self.update(start_time=timestamp(self.now))
         if self.deadline_passed():
             return
         for manifest in self.own_objects():
@@ -305,7 +314,7 @@ class _Reconciliation:
 
     def deadline_passed(self) -> bool:
         deadline = self.job.spec.run_policy.active_deadline_seconds
-        if deadline and self.status.start_time:
+        if deadline:
             if self.now >= parse_timestamp(self.status.start_time) + timedelta(seconds=deadline):
                 self.fail("DeadlineExceeded", f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline} s)")
                 return True
@@ -360,9 +369,11 @@ class _Reconciliation:
         failure = self.first_failure(current)
         if failure is None:
             return False
-        what = f"worker {failure.worker} failed: {failure.reason}" + (
-            f", exit code {failure.exit_code}" if failure.exit_code is not None else ""
-        )
+        what = f"worker {failure.worker} failed: {failure.reason}"
+        if failure.exit_code is not None:
+            what += f", exit code {failure.exit_code}"
+        if failure.cause:
+            what += f": {failure.cause}"
         self.restart(failure, what, reason="WorkerFailed")
         return True
 
@@ -385,7 +396,9 @@ class _Reconciliation:
         self.update(message=message)
         self.condition(ConditionType.RESTARTING, True, reason, message)
         self.condition(ConditionType.RUNNING, False, reason, what)
-        self.event("Warning", reason, message)
+        # The failed pod goes with its gang: its last lines stay in the Event (the status keeps
+        # only the last failure's).
+        self.event("Warning", reason, fit([message], failure.message.splitlines(), EVENT_MESSAGE_BYTES))
         self.delete([w for w in current if not w.terminating])
 
     def first_failure(self, current: dict[int, WorkerObservation]) -> WorkerFailure | None:
@@ -398,7 +411,11 @@ class _Reconciliation:
                 continue
             if worker.state is WorkerState.FAILED:
                 return WorkerFailure(
-                    worker=worker.name, reason=worker.failure_reason, exit_code=worker.exit_code, message=worker.failure_message
+                    worker=worker.name,
+                    reason=worker.failure_reason,
+                    exit_code=worker.exit_code,
+                    cause=worker.failure_cause,
+                    message=worker.failure_message,
                 )
             if worker.terminating:
                 return WorkerFailure(worker=worker.name, reason="PodDeleted", message="deleted while the job was running")
@@ -424,6 +441,7 @@ class _Reconciliation:
                 tuning=self.status.tuning,
                 node=nodes[index],
                 topology=topology,
+                rendezvous_timeout_seconds=self.settings.rendezvous_timeout_seconds,
             )
             for index in missing
         ]
@@ -468,7 +486,7 @@ class _Reconciliation:
         elif all(state in (WorkerState.RUNNING, WorkerState.SUCCEEDED) for state in states):
             if self.status.phase is not Phase.RUNNING:
                 self.enter(Phase.RUNNING)
-                self.update(start_time=self.status.start_time or timestamp(self.now), message="")
+                self.update(message="")
                 self.condition(ConditionType.RUNNING, True, "AllWorkersRunning", f"{self.replicas} workers running")
                 self.condition(ConditionType.RESTARTING, False, "AllWorkersRunning")
                 self.event("Normal", "Running", f"all {self.replicas} workers running")
@@ -482,28 +500,25 @@ class _Reconciliation:
         if report is None:
             return
         progress = self.status.progress or TrainingProgress()
-        self.update(
-            progress=progress.model_copy(
-                update={
-                    "step": report.step,
-                    "step_seconds": round(report.step_seconds, 6),
-                    "loss": report.loss,
-                    "update_time": timestamp(self.now),
-                }
-            )
-        )
+        final = {"step": report.step, "update_time": timestamp(self.now)}
+        if report.timed:  # else the run resumed at its last step: the last scrape's figures stand
+            final |= {"step_seconds": round(report.step_seconds, 6), "loss": report.loss}
+        self.update(progress=progress.model_copy(update=final))
 
     def explain_pending(self, current: dict[int, WorkerObservation]) -> None:
-        """Say why the gang waits: the first worker with a known cause, in status and an Event."""
+        """Say why the gang waits: the first worker with a known cause, in the status, and in an
+        Event when the reason changes (not when only its detail does: the kubelet flips between
+        ErrImagePull and ImagePullBackOff for as long as an image cannot be pulled)."""
         blocked = [w for w in current.values() if w.state is WorkerState.PENDING and w.pending_reason]
         if not blocked:
+            self.update(pending_reason="")
             return
         worker = min(blocked, key=lambda w: w.index)
         others = f" (and {len(blocked) - 1} more workers)" if len(blocked) > 1 else ""
         message = f"{worker.name} is pending{others}: {worker.pending_reason}: {worker.pending_message}"
-        if message != self.status.message:
-            self.update(message=message)
+        if worker.pending_reason != self.status.pending_reason:
             self.event("Warning", worker.pending_reason, message)
+        self.update(message=message, pending_reason=worker.pending_reason)
 
     def fail(self, reason: str, message: str) -> None:
         self.enter(Phase.FAILED)
@@ -536,6 +551,10 @@ class _Reconciliation:
 
     def count_workers(self) -> None:
         current = [w for w in self.workers if w.gang == self.status.gang and not w.terminating]
+        if self.status.phase in FINISHED:
+            # Its pending and running pods are being deleted, or with cleanPodPolicy None left to
+            # run out: none of them works for the job any more.
+            current = [w for w in current if w.state in (WorkerState.SUCCEEDED, WorkerState.FAILED)]
         counts = WorkerCounts(
             total=self.replicas,
             pending=sum(w.state is WorkerState.PENDING for w in current),

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from caramel.job.failure import first_error_line
 from caramel.job.progress import ProgressReport, parse_report
 from caramel_operator.builders import GANG_LABEL, JOB_LABEL, WORKER_CONTAINER, WORKER_INDEX_LABEL
 
@@ -17,7 +18,6 @@ PERMANENT_IMAGE_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
 INVALID_IMAGE = "InvalidImage"
 # Pod status reasons that mean the pod's node is gone or the pod was pushed off it.
 NODE_LOST_REASONS = {"NodeLost", "Evicted", "Terminated", "NodeShutdown"}
-TERMINATION_MESSAGE_CHARS = 400
 
 
 class WorkerState(StrEnum):
@@ -40,7 +40,11 @@ class WorkerObservation:
     pod_ip: str | None = None
     failure_reason: str = ""
     exit_code: int | None = None
+    failure_cause: str = ""
+    """The first line of the failure message that reads as an error."""
     failure_message: str = ""
+    """The container's termination message (the worker's failure summary, or the kubelet's tail of
+    its log), or the pod's status message."""
     pending_reason: str = ""
     pending_message: str = ""
     scheduled: bool = False
@@ -79,12 +83,14 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
             **base, state=WorkerState.FAILED, failure_reason=status["reason"], failure_message=status.get("message", "")
         )
     if phase == "Failed":
+        message = ((terminated or {}).get("message") or status.get("message") or "").strip()
         return WorkerObservation(
             **base,
             state=WorkerState.FAILED,
             failure_reason=(terminated or {}).get("reason") or status.get("reason") or "Failed",
             exit_code=(terminated or {}).get("exitCode"),
-            failure_message=((terminated or {}).get("message") or status.get("message") or "")[-TERMINATION_MESSAGE_CHARS:],
+            failure_cause=first_error_line(message.splitlines()),
+            failure_message=message,
         )
     if phase == "Succeeded":
         report = parse_report(((terminated or {}).get("message") or "").strip())
