@@ -16,9 +16,10 @@ And what tests of the operator's robustness need:
   that long after their CRD's creation, and so after the CRD's last event (kube-apiserver's
   discovery controller works asynchronously: seen on v1.36 after a CRD was re-created);
 - stalled requests: POST /testbed/stall with {"method", "path" (a regular expression searched in
-  the URL's path), "watch" (optional: only watches, or no watches), "seconds", "when"} holds every
-  matching request that long before handling it ("before": a call, or a watch that delivers
-  nothing, hanging) or after ("after": done, but answered late);
+  the URL's path), "name" (optional: one searched in the object's name, from the path or the
+  body), "watch" (optional: only watches, or no watches), "seconds", "when"} holds every matching
+  request that long before handling it ("before": a call, or a watch that delivers nothing,
+  hanging) or after ("after": done, but answered late);
 - a record of the requests with `--record FILE`: a JSON line each, with the Kubernetes verb, API
   group and resource, and the client's User-Agent, for comparing RBAC rules with what is used.
 It has no scheduler, kubelet, label or field selectors, real RBAC, admission plugins (Pod
@@ -92,9 +93,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     @staticmethod
     def _stalls(rule: dict, request: kmock.Request) -> bool:
         watch = request.action == kmock.action.WATCH
+        body = request.data if isinstance(request.data, dict) else {}
+        name = request.name or (body.get("metadata") or {}).get("name") or ""
         return (
             request.method.value.upper() == rule["method"].upper()
             and re.search(rule["path"], request.url.path) is not None
+            and re.search(rule.get("name", ""), name) is not None
             and rule.get("watch", watch) == watch
         )
 

@@ -199,11 +199,14 @@ class Emulator:
             )
         )
 
-    def stall(self, method: str, path: str, seconds: float, when: str = "before", watch: bool | None = None) -> None:
+    def stall(
+        self, method: str, path: str, seconds: float, when: str = "before", watch: bool | None = None, name: str = ""
+    ) -> None:
         """Hold every request of `method` whose path matches the regular expression `path`
         `seconds` long, before handling it (a hung call) or after (an answer that comes late);
-        `watch`: only watches (True), or no watches (False)."""
-        rule: dict[str, Any] = {"method": method, "path": path, "seconds": seconds, "when": when}
+        `watch`: only watches (True), or no watches (False); `name`: only requests about objects
+        whose name matches this regular expression."""
+        rule: dict[str, Any] = {"method": method, "path": path, "seconds": seconds, "when": when, "name": name}
         if watch is not None:
             rule["watch"] = watch
         self.api.request("POST", "/testbed/stall", rule)

@@ -1,0 +1,107 @@
+"""The operator's robustness against a misbehaving API, as a real process against the Kubernetes
+API emulator: hung API calls, a watch that delivers nothing, a re-created CRD whose resource
+discovery publishes late, an API server too slow to answer the probes.
+
+What the emulator plays (testbed/kube_emulator.py): it holds chosen requests (a hung call, or a
+watch that never delivers) and lists a re-created CRD's resource in discovery only after the
+CRD's last event. The kubelet is played by the tests: they read the probes, and restart the
+operator where liveness fails.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from testbed.operator_harness import Emulator, Operator, eventually
+
+SPEC = {"script": "examples/train_small.py", "workers": {"replicas": 2}}
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CRD_PATH = f"{CRDS}/carameljobs.caramel.dev"
+# More creations than any asyncio thread pool has threads (min(32, CPUs + 4)): hung without a
+# timeout, they would hold every thread the operator's API calls share.
+STUCK_REPLICAS = 40
+
+
+@pytest.fixture
+def emulator(tmp_path):
+    emulator = Emulator(tmp_path)
+    yield emulator
+    emulator.stop()
+
+
+def operator_of(emulator, tmp_path, **env):
+    return Operator(emulator, tmp_path, **env)
+
+
+def test_a_hung_api_call_does_not_hang_the_reconcile_loop(emulator, tmp_path):
+    api = emulator.api
+    emulator.stall("POST", "/pods$", 3600, name="^stuck-worker-")
+    operator = operator_of(emulator, tmp_path, CARAMEL_API_REQUEST_TIMEOUT_SECONDS="1")
+    try:
+        api.create_job("stuck", {**SPEC, "workers": {"replicas": STUCK_REPLICAS}, "placement": {"policy": "Scheduler"}})
+        eventually(lambda: "Timeout" in operator.log.read_text(), what="the stuck job's creations timing out")
+        api.create_job("free", SPEC)
+        eventually(lambda: len(api.pods("free")) == 2, timeout=30, what="the other job's pods, while the stuck job's calls hang")
+        assert api.pods("stuck") == []
+        assert operator.healthy()
+    finally:
+        operator.stop()
+
+
+def test_a_watch_that_delivers_nothing_fails_liveness(emulator, tmp_path):
+    """kopf#1276: a watch can stall unnoticed, and jobs go unserved while /healthz says ok."""
+    api = emulator.api
+    emulator.stall("GET", "/carameljobs$", 3600, watch=True)
+    operator = operator_of(emulator, tmp_path, CARAMEL_WATCH_STALL_SECONDS="2")
+    try:
+        assert operator.healthy() and operator.ready()  # nothing missed yet
+        api.create_job("demo", SPEC)
+        eventually(lambda: not operator.healthy(), timeout=30, what="liveness failing")
+        assert "the watch has not delivered the latest change of CaramelJob default/demo" in operator.log.read_text()
+        assert api.pods("demo") == []
+    finally:
+        operator.stop()
+
+
+def test_a_recreated_crd_whose_discovery_lags_is_served_after_the_probe_restarts_the_operator(tmp_path):
+    """On Kubernetes v1.36, after the CRD was deleted and created again, kopf read the API's
+    discovery before it listed the resource again, at the CRD's last event, and never looked
+    again: new jobs got no status and no pods for as long as the operator ran."""
+    emulator = Emulator(tmp_path, discovery_lag=2.0)
+    operator = operator_of(emulator, tmp_path, CARAMEL_WATCH_STALL_SECONDS="2")
+    try:
+        api = emulator.api
+        crd = api.get(CRD_PATH)
+        api.delete(CRD_PATH)
+        eventually(lambda: api.get(CRD_PATH) is None, timeout=30, what="the CRD gone")
+        for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "finalizers"):
+            crd["metadata"].pop(key, None)
+        api.create(CRDS, crd)
+        eventually(lambda: api.get("/apis/caramel.dev/v1alpha1"), what="discovery listing CaramelJobs again")
+        api.create_job("new", SPEC)
+        time.sleep(3)
+        assert api.pods("new") == [], "the emulator reproduces the lag: kopf resolved the resource before discovery had it"
+        started = time.monotonic()
+        eventually(lambda: not operator.healthy(), timeout=30, what="liveness failing")
+        print(f"\nliveness failed {time.monotonic() - started:.1f} s after the check could first see the job")
+        operator.stop()
+        operator = operator_of(emulator, tmp_path)  # as the kubelet restarts it
+        eventually(lambda: len(api.pods("new")) == 2, timeout=30, what="the new job's pods after the restart")
+    finally:
+        operator.stop()
+        emulator.stop()
+
+
+def test_readiness_needs_the_api_server_and_liveness_does_not(emulator, tmp_path):
+    """An API server too slow to list the jobs makes the operator unready; restarting it (what a
+    failed liveness probe does) would not help, so liveness holds."""
+    operator = operator_of(emulator, tmp_path)
+    try:
+        eventually(operator.ready, what="readiness")
+        emulator.stall("GET", "/carameljobs$", 30, watch=False)
+        eventually(lambda: not operator.ready(), timeout=30, what="unready while the jobs cannot be listed")
+        assert operator.healthy()
+    finally:
+        operator.stop()
