@@ -13,6 +13,10 @@ validated:
   object with what the model keeps of it;
 - the example CaramelJob with Caramel's API models, which the CRD is generated from.
 kubectl cannot help: without an API server it validates nothing, even client-side.
+
+The operator's RBAC rules must grant exactly what the operator uses (caramel_operator.cluster,
+checked against its recorded requests in tests/test_operator_permissions.py), and the chart's
+README must be the one helm/chart_readme.py generates from the values schema.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ import yaml
 
 from caramel.job.jobfile import load_job, parse_job
 from caramel_operator.builders import OPERATOR_POD_LABELS, build_worker_pod
-from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
+from caramel_operator.cluster import CRD_READS, NAMESPACE_READS, PERMISSIONS, PLACEMENT_READS
 from caramel_operator.config import OperatorSettings
+from caramel_operator.handlers import PROBE_LOOK_SECONDS
+from caramel_operator.health import READINESS_PATH
 from conftest import REPO, require_binary, runtime_metrics
 from testbed.crd_validation import default_violations
 
@@ -43,6 +49,9 @@ CHART = REPO / "helm" / "caramel"
 MANIFESTS = REPO / "manifests"
 DASHBOARD = CHART / "dashboards" / "caramel-training.json"
 RELEASE, NAMESPACE = "caramel", "caramel-system"
+# The chart's ClusterRoles for release RELEASE, named as in manifests/.
+OPERATOR_ROLE, DISCOVERY_ROLE = "caramel-operator", "caramel-operator-discovery"
+USER_ROLES = {"caramel-edit": "edit", "caramel-view": "view"}
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the kubectl shipped here.
 KUBERNETES_VERSIONS = ("1.30", "1.35")
 OPERATOR_UID = 10001
@@ -71,9 +80,16 @@ FULL_VALUES: dict[str, Any] = {
         {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
     "service": {"type": "ClusterIP", "port": 9000},
     "monitoring": {
-        "podMonitor": {"enabled": True, "labels": {"release": "prometheus"}, "interval": "10s",
-                       "ports": ["metrics-0", "metrics-1"]},
-        "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}, "interval": "1m"},
+        "podMonitor": {"enabled": True, "namespace": "monitoring", "namespaceSelector": {"matchNames": ["team-a"]},
+                       "labels": {"release": "prometheus"}, "interval": "10s", "ports": ["metrics-0", "metrics-1"],
+                       "jobLabel": "caramel.dev/job", "targetLabels": ["caramel.dev/gang"],
+                       "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}],
+                       "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "caramel_bucket_.*", "action": "drop"}]},
+        "serviceMonitor": {"enabled": True, "namespace": "monitoring", "namespaceSelector": {"any": True},
+                           "labels": {"release": "prometheus"}, "interval": "1m", "jobLabel": "app.kubernetes.io/name",
+                           "targetLabels": ["app.kubernetes.io/instance"],
+                           "relabelings": [{"targetLabel": "team", "replacement": "ml"}],
+                           "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_.*", "action": "drop"}]},
     },
     "grafana": {"dashboard": {"enabled": True, "namespace": "monitoring", "labels": {"team": "ml"},
                               "annotations": {"grafana_folder": "Training"}}},
@@ -82,8 +98,9 @@ FULL_VALUES: dict[str, Any] = {
 # FULL_VALUES as helm arguments: one --set-json per top-level key.
 FULL_VALUES_ARGS = [arg for key, value in FULL_VALUES.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")]
 
+# The operator's ClusterRole (or its discovery ClusterRole when namespaced), and the users' edit and view roles.
 BASE_KINDS = Counter(
-    ServiceAccount=1, CustomResourceDefinition=1, ClusterRole=1, ClusterRoleBinding=1, Deployment=1, Service=1,
+    ServiceAccount=1, CustomResourceDefinition=1, ClusterRole=3, ClusterRoleBinding=1, Deployment=1, Service=1,
     ConfigMap=1,
 )
 # Value variants: helm arguments, and the kinds rendered.
@@ -97,6 +114,7 @@ VARIANTS: dict[str, tuple[list[str], Counter[str]]] = {
     ),
     "no-crds": (["--set", "crds.install=false"], BASE_KINDS - Counter(CustomResourceDefinition=1)),
     "no-dashboard": (["--set", "grafana.dashboard.enabled=false"], BASE_KINDS - Counter(ConfigMap=1)),
+    "no-user-roles": (["--set", "rbac.userRoles=false"], BASE_KINDS - Counter(ClusterRole=2)),
     "full": (FULL_VALUES_ARGS, BASE_KINDS + Counter(Role=2, RoleBinding=2, PodMonitor=1, ServiceMonitor=1)),
 }
 
@@ -273,7 +291,7 @@ def test_manifests_install_into_the_operator_namespace() -> None:
     """`kubectl apply -f manifests/` (not recursive) installs the cluster-wide operator."""
     top_level = {path.name for path in MANIFESTS.glob("*.yaml")}
     assert top_level == {
-        "crd.yaml", "namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "deployment.yaml", "service.yaml",
+        "crd.yaml", "namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "user-roles.yaml", "deployment.yaml", "service.yaml",
         "example-carameljob.yaml",
     }
     assert only(load_yaml(MANIFESTS / "namespace.yaml"), "Namespace")["metadata"]["name"] == NAMESPACE
@@ -334,9 +352,11 @@ def test_operator_deployment_is_hardened(source: str) -> None:
     assert container["command"] == ["python", "-m", "caramel_operator"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"metrics": 8000, "health": 8080}
-    probe = container["livenessProbe"]["httpGet"]
-    assert probe["path"] == "/healthz"
-    assert ports.get(probe["port"], probe["port"]) == 8080
+    liveness, readiness = container["livenessProbe"], container["readinessProbe"]
+    assert (liveness["httpGet"]["path"], ports[liveness["httpGet"]["port"]]) == ("/healthz", 8080)
+    assert (readiness["httpGet"]["path"], ports[readiness["httpGet"]["port"]]) == (READINESS_PATH, 8000)
+    # Each probe lists the jobs: the operator bounds that list to answer within the kubelet's timeout.
+    assert liveness["timeoutSeconds"] > PROBE_LOOK_SECONDS and readiness["timeoutSeconds"] > PROBE_LOOK_SECONDS
     env = env_of(deployment)
     assert env["CARAMEL_OPERATOR_METRICS_PORT"] == "8000"
     assert env["CARAMEL_OPERATOR_HEALTH_PORT"] == "8080"
@@ -357,9 +377,9 @@ def test_chart_defaults_match_the_manifests() -> None:
     assert chart["securityContext"] == manifests["securityContext"]
     assert chart["volumes"] == manifests["volumes"]
     (chart_container,), (manifest_container,) = chart["containers"], manifests["containers"]
-    for field in ("image", "command", "ports", "livenessProbe", "resources", "securityContext", "volumeMounts", "env"):
+    for field in ("image", "command", "ports", "livenessProbe", "readinessProbe", "resources", "securityContext", "volumeMounts", "env"):
         assert chart_container[field] == manifest_container[field], field
-    chart_rules = only(render(), "ClusterRole")["rules"]
+    chart_rules = only(render(), "ClusterRole", OPERATOR_ROLE)["rules"]
     assert chart_rules == only(load_yaml(MANIFESTS / "rbac.yaml"), "ClusterRole")["rules"]
 
 
@@ -399,7 +419,7 @@ PLACEMENT_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]
 def test_cluster_scope_grants_the_operator_rules_cluster_wide() -> None:
     objects = render()
     assert env_of(only(objects, "Deployment"))["CARAMEL_WATCH_NAMESPACES"] == ""
-    role = only(objects, "ClusterRole")
+    role = only(objects, "ClusterRole", OPERATOR_ROLE)
     rules = role["rules"]
     # Cluster-wide, kopf reads CRDs but never lists namespaces.
     assert DISCOVERY_RULES[0] in rules and DISCOVERY_RULES[1] not in rules
@@ -419,7 +439,7 @@ def test_namespaced_scope_serves_the_release_namespace_by_default() -> None:
     assert env_of(only(objects, "Deployment"))["CARAMEL_WATCH_NAMESPACES"] == NAMESPACE
     assert only(objects, "Role")["metadata"]["namespace"] == NAMESPACE
     assert only(objects, "RoleBinding")["metadata"]["namespace"] == NAMESPACE
-    assert only(objects, "ClusterRole")["rules"] == DISCOVERY_RULES
+    assert only(objects, "ClusterRole", DISCOVERY_ROLE)["rules"] == DISCOVERY_RULES
 
 
 def test_namespaced_scope_grants_a_role_in_each_watched_namespace() -> None:
@@ -434,8 +454,10 @@ def test_namespaced_scope_grants_a_role_in_each_watched_namespace() -> None:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer", "namespace": NAMESPACE}]
-    assert only(objects, "ClusterRole")["rules"] == DISCOVERY_RULES
-    assert only(objects, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert only(objects, "ClusterRole", DISCOVERY_ROLE)["rules"] == DISCOVERY_RULES
+    monitor = only(render("--set-json", 'rbac={"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]}',
+                          "--set", "monitoring.podMonitor.enabled=true"), "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 
 def test_namespaced_manifest_matches_the_chart() -> None:
@@ -487,6 +509,23 @@ def test_pod_monitor_scrapes_the_workers_metrics_ports(worker_pod: dict[str, Any
     default = only(render("--set", "monitoring.podMonitor.enabled=true"), "PodMonitor")
     assert default["spec"]["namespaceSelector"] == {"any": True}
     assert [endpoint["port"] for endpoint in default["spec"]["podMetricsEndpoints"]] == ["metrics-0"]
+    assert default["metadata"]["namespace"] == NAMESPACE
+
+
+def test_monitors_take_the_dask_charts_options() -> None:
+    """Namespace, namespaceSelector, jobLabel, target labels and both relabelings, as the Dask
+    operator's chart has them; the chart's own relabeling (caramel_job) stays first."""
+    objects = render(*FULL_VALUES_ARGS)
+    for kind, key, target_labels in (("PodMonitor", "podMonitor", "podTargetLabels"), ("ServiceMonitor", "serviceMonitor", "targetLabels")):
+        values, monitor = FULL_VALUES["monitoring"][key], only(objects, kind)
+        assert monitor["metadata"]["namespace"] == values["namespace"], kind
+        assert monitor["spec"]["namespaceSelector"] == values["namespaceSelector"], kind
+        assert monitor["spec"]["jobLabel"] == values["jobLabel"], kind
+        assert monitor["spec"][target_labels] == values["targetLabels"], kind
+        for endpoint in monitor["spec"]["podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"]:
+            chart_own = [{"sourceLabels": ["__meta_kubernetes_pod_label_caramel_dev_job"], "targetLabel": "caramel_job"}] if kind == "PodMonitor" else []
+            assert endpoint["relabelings"] == chart_own + values["relabelings"], kind
+            assert endpoint["metricRelabelings"] == values["metricRelabelings"], kind
 
 
 def test_service_monitor_scrapes_the_operator_service() -> None:
@@ -496,6 +535,8 @@ def test_service_monitor_scrapes_the_operator_service() -> None:
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
+    # Found wherever the monitor itself is put (monitoring.serviceMonitor.namespace).
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
 
 
 # --- the CRD and the dashboard ---------------------------------------------------------------
@@ -564,41 +605,65 @@ RBAC_VARIANTS = {
 }
 
 
+def granted_by(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) a Role or ClusterRole grants."""
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+
 def granted(objects: Iterable[dict[str, Any]], namespace: str | None) -> set[tuple[str, str, str]]:
-    """(group, resource, verb) the operator may use in `namespace` (None: cluster-wide rules only)."""
-    return {
-        (group, resource, verb)
-        for obj in objects
-        if obj["kind"] == "ClusterRole" or (obj["kind"] == "Role" and obj["metadata"].get("namespace") == namespace)
-        for rule in obj["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
+    """(group, resource, verb) the operator's ServiceAccount may use in `namespace` (None: what it
+    may use cluster-wide): the rules of the roles bound to it there."""
+    objects = list(objects)
+    bound = {
+        (binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        for binding in objects
+        if binding["kind"] == "ClusterRoleBinding" or (binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] == namespace)
     }
+    roles = [
+        obj for obj in objects
+        if (obj["kind"], obj["metadata"]["name"]) in bound and (obj["kind"] == "ClusterRole" or obj["metadata"]["namespace"] == namespace)
+    ]
+    return set().union(*map(granted_by, roles))
 
 
 @pytest.mark.parametrize("variant", RBAC_VARIANTS)
-def test_every_rbac_variant_grants_what_the_operator_does(variant: str) -> None:
-    """ttlSecondsAfterFinished deletes jobs: without `delete` on carameljobs it failed silently."""
+def test_every_rbac_variant_grants_exactly_what_the_operator_uses(variant: str) -> None:
+    """Too little failed silently (ttlSecondsAfterFinished without `delete` on carameljobs); too
+    much was granted for years (`patch` on pods and Services, `update` on jobs, the events.k8s.io
+    API), which the code never used. Cluster-wide the operator also reads CRDs and, for R-Storm
+    placement, nodes and every namespace's pods; confined to namespaces it reads CRDs and the
+    namespaces at cluster scope, and neither nodes nor other namespaces' pods, so its Auto jobs
+    are placed by the scheduler."""
     objects = RBAC_VARIANTS[variant]()
-    served = {o["metadata"]["namespace"] for o in objects if o["kind"] == "Role"} or {None}
+    served = {o["metadata"]["namespace"] for o in objects if o["kind"] == "Role"}
+    if not served:
+        assert granted(objects, None) == PERMISSIONS | CRD_READS | PLACEMENT_READS
+        return
+    cluster_wide = granted(objects, None)
+    assert cluster_wide == CRD_READS | NAMESPACE_READS
     for namespace in served:
-        missing = PERMISSIONS - granted(objects, namespace)
-        assert not missing, f"{variant} does not grant {sorted(missing)} in {namespace or 'the cluster'}"
+        assert granted(objects, namespace) - cluster_wide == PERMISSIONS, f"{variant} in {namespace}"
 
 
-@pytest.mark.parametrize("variant", RBAC_VARIANTS)
-def test_placement_reads_are_granted_cluster_wide_by_the_cluster_variants_only(variant: str) -> None:
-    """Nodes are cluster-scoped and free resources need every namespace's pods: a namespaced
-    operator reads neither, and its Auto jobs are placed by the scheduler."""
-    objects = RBAC_VARIANTS[variant]()
-    cluster_wide = granted([o for o in objects if o["kind"] == "ClusterRole" and any(
-        b["kind"] == "ClusterRoleBinding" and b["roleRef"]["name"] == o["metadata"]["name"] for b in objects)], None)
-    if any(o["kind"] == "Role" for o in objects):
-        assert not {permission for permission in cluster_wide if permission[1] == "nodes"}, variant
-        assert ("", "pods", "list") not in cluster_wide
-    else:
-        assert PLACEMENT_READS <= cluster_wide, f"{variant} does not grant {sorted(PLACEMENT_READS - cluster_wide)}"
+@pytest.mark.parametrize("source", ["chart", "manifests"])
+def test_user_roles_aggregate_editing_and_viewing_caramel_jobs(source: str) -> None:
+    """Users bound to Kubernetes' admin or edit role in a namespace could not create CaramelJobs
+    there without a custom Role."""
+    objects = render() if source == "chart" else load_yaml(MANIFESTS / "user-roles.yaml")
+    roles = {name: only(objects, "ClusterRole", name) for name in USER_ROLES}
+    aggregated = {name: {key.rsplit("-", 1)[-1] for key, value in role["metadata"]["labels"].items()
+                         if key.startswith("rbac.authorization.k8s.io/aggregate-to-") and value == "true"}
+                  for name, role in roles.items()}
+    assert aggregated == {"caramel-edit": {"admin", "edit"}, "caramel-view": {"view"}}
+    edit, view = (granted_by(roles[name]) for name in USER_ROLES)
+    assert {(resource, verb) for _, resource, verb in view} == {
+        (resource, verb) for resource in ("carameljobs", "carameljobs/status") for verb in ("get", "list", "watch")
+    }
+    assert view < edit and ("caramel.dev", "carameljobs", "create") in edit and ("caramel.dev", "carameljobs/status", "patch") not in edit
+    assert not any(o["kind"].endswith("Binding") for o in objects if o["metadata"]["name"] in USER_ROLES)
+    assert [role for role in render("--set", "rbac.userRoles=false") if role["metadata"]["name"] in USER_ROLES] == []
+    if source == "chart":
+        assert [granted_by(only(load_yaml(MANIFESTS / "user-roles.yaml"), "ClusterRole", name)) for name in USER_ROLES] == [edit, view]
 
 
 def test_network_policy_admits_the_operator_pods_of_chart_and_manifests() -> None:
@@ -618,3 +683,24 @@ def test_notes_point_to_the_chart_crd() -> None:
     result = helm("install", RELEASE, str(CHART), "--dry-run", "--namespace", NAMESPACE, "--set", "crds.install=false")
     assert result.returncode == 0, result.stderr
     assert "files/crd.yaml" in result.stdout and "get cmj" in result.stdout
+
+
+# --- the chart's README ----------------------------------------------------------------------
+
+
+def test_the_chart_readme_is_generated_from_the_values_schema() -> None:
+    """Every value is described in values.schema.json (the generator refuses one without), and the
+    committed README is what helm/chart_readme.py makes of it and values.yaml."""
+    result = subprocess.run([sys.executable, str(REPO / "helm" / "chart_readme.py"), "--check"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    readme = (CHART / "README.md").read_text()
+    assert "| `monitoring.podMonitor.metricRelabelings` | `[]` |" in readme and "| `rbac.userRoles` | `true` |" in readme
+
+
+def test_the_chart_readme_check_fails_on_drift(tmp_path: Path) -> None:
+    copy = tmp_path / "helm"
+    shutil.copytree(REPO / "helm", copy)
+    values = copy / "caramel" / "values.yaml"
+    values.write_text(values.read_text().replace("gangSchedulingTimeoutSeconds: 300", "gangSchedulingTimeoutSeconds: 301"))
+    result = subprocess.run([sys.executable, str(copy / "chart_readme.py"), "--check"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "README.md is out of date" in result.stderr

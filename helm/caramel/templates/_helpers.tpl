@@ -76,31 +76,38 @@ with rbac.scope=cluster; rbac.watchNamespaces or the release's namespace with rb
 {{- end }}
 
 {{/*
-What the operator does in the namespaces it serves: granted cluster-wide by a ClusterRole, or in
-each served namespace by a Role. Kept equal to manifests/rbac.yaml (tests/test_chart.py checks).
+What the operator does in the namespaces it serves, and nothing more (caramel_operator.cluster's
+PERMISSIONS; tests/test_operator_permissions.py records what it uses): granted cluster-wide by a
+ClusterRole, or in each served namespace by a Role. Kept equal to manifests/rbac.yaml
+(tests/test_chart.py checks).
 */}}
 {{- define "caramel.operatorRules" -}}
-# CaramelJobs: kopf lists and watches them and patches its finalizer and handler state onto
-# them; the operator reads and updates them, writes their status, and deletes them when
+# CaramelJobs: kopf lists and watches them and patches its finalizer, its annotations and the
+# status; the operator reads a job before creating its pods, lists them for its liveness check,
+# releases their finalizers when the CRD is deleted, and deletes them when
 # runPolicy.ttlSecondsAfterFinished has passed.
 - apiGroups: [caramel.dev]
   resources: [carameljobs]
-  verbs: [get, list, watch, patch, update, delete]
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [caramel.dev]
   resources: [carameljobs/status]
-  verbs: [get, patch, update]
-# The worker pods of each gang and the headless Service that names them.
+  verbs: [patch]
+# The worker pods of each gang: created, watched, deleted at restarts and clean-up.
 - apiGroups: [""]
-  resources: [pods, services]
-  verbs: [get, list, watch, create, patch, delete]
-# Each job's NetworkPolicy.
+  resources: [pods]
+  verbs: [list, watch, create, delete]
+# The headless Service that names the workers, and each job's NetworkPolicy: created and watched;
+# the garbage collector deletes them with their job.
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, watch, create]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch, create, delete]
-# Events about CaramelJobs, in both events APIs (kopf posts core/v1 ones).
-- apiGroups: ["", events.k8s.io]
+  verbs: [list, watch, create]
+# Events about CaramelJobs (kopf posts core/v1 ones).
+- apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end }}
 
 {{/*
