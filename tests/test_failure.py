@@ -14,8 +14,8 @@ PYTHON_TRACEBACK = [
     "rank 1 | ValueError: bad shard 7",
 ]
 GLOO_ABORT = [
-    "rank 0 | terminate called after throwing an instance of 'gloo::EnforceNotMet'",
-    "rank 0 |   what():  [enforce fail at store.cc:24] Wait timeout after 30 seconds for key(s): 1.",
+    "rank 0 | terminate called after throwing an instance of 'gloo::IoException'",
+    "rank 0 |   what():  [horovod/common/gloo/http_store.cc:54] Wait timeout after 30 seconds for key(s): 1.",
     "rank 0 | See exception message above",
 ]
 

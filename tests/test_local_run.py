@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
 import time
 
 import numpy as np
@@ -11,8 +12,9 @@ import psutil
 import pytest
 import tensorflow as tf
 
-from conftest import job_manifest, run_caramel, runtime_metrics, write_manifest
+from conftest import SMALL_EXAMPLE, job_manifest, run_caramel, runtime_metrics, write_manifest
 from prometheus_server import PrometheusServer
+from caramel.job.progress import parse_report
 from caramel.launch.launcher import LAST_LINES_KEPT
 from testbed.local_runs import BackgroundRun, digests
 
@@ -124,6 +126,15 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path):
     for name in expected:
         np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
+    # Restored at its last step, a gang has nothing left to run; it still reports the step it
+    # ended at, which is where the operator takes a job's final step from (it wrote no report,
+    # and a job that ended at step 120 showed STEP 36).
+    again = run_caramel("run", str(job("resumed", 30)))
+    assert again.returncode == 0, again.stderr
+    reports = [report for report in map(parse_report, again.stderr.splitlines()) if report]
+    assert [(r.step, r.final, r.timed) for r in reports] == [(30, True, False)], again.stderr
+    assert "steps 30/30   none left to run: resumed from a checkpoint at step 30" in again.stderr
+
 
 def test_slots_run_several_ranks_per_worker(tmp_path):
     manifest = job_manifest(workers={"replicas": 1, "slotsPerWorker": 2})
@@ -164,3 +175,25 @@ def test_a_killed_worker_restarts_the_gang_which_resumes_from_its_checkpoint(tmp
     campaign = WorkerCampaign(tmp_path, seed=4)
     trial = campaign.trial(0)
     assert trial.ok, trial.detail
+
+
+@pytest.mark.timeout(300)
+def test_worker_0_waits_for_a_peer_that_starts_late(tmp_path):
+    """Gloo's rendezvous timeout was its default, 30 s: worker 0 aborted ("Wait timeout after 30
+    seconds for key(s): 1", exit 134) whenever a peer started later, as one pending for CPU or
+    pulling its image does. The contract's HOROVOD_GLOO_TIMEOUT_SECONDS lets it wait."""
+    late_rank_1 = (
+        "import os, runpy, sys, time\n"
+        f"time.sleep({LATE_SECONDS} if os.environ['HOROVOD_RANK'] == '1' else 0)\n"
+        f"sys.argv = ['train_small.py', '--steps', '4', '--batch-size', '16', '--hidden', '16']\n"
+        f"runpy.run_path({str(SMALL_EXAMPLE)!r}, run_name='__main__')\n"
+    )
+    manifest = job_manifest(script=None, command=[sys.executable, "-c", late_rank_1], args=[], runPolicy={"backoffLimit": 0})
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode == 0, result.stderr
+    assert "Wait timeout" not in result.stderr
+    assert sorted(digests(result.stderr)) == [0, 1]
+
+
+# Longer than Gloo's default timeout of 30 s.
+LATE_SECONDS = 40

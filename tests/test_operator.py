@@ -329,8 +329,8 @@ def test_a_deleted_and_recreated_crd_releases_jobs_and_serves_new_ones_at_once(e
 GLOO_ABORT = "\n".join(
     [
         "rank 0 | caramel: restored /ckpt/ckpt-100 at step 100",
-        "rank 0 | terminate called after throwing an instance of 'gloo::EnforceNotMet'",
-        "rank 0 |   what():  [enforce fail at gloo/rendezvous/store.cc:24] Wait timeout after 30 seconds for key(s): 1. "
+        "rank 0 | terminate called after throwing an instance of 'gloo::IoException'",
+        "rank 0 |   what():  [horovod/common/gloo/http_store.cc:54] Wait timeout after 30 seconds for key(s): 1. "
         "You may want to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS",
         *(f"rank 0 | [{i}] horovod/common/operations.cc:{i}: frame {i} of the stack" for i in range(12)),
         "rank 0 | See exception message above",
@@ -350,7 +350,7 @@ def test_a_failure_keeps_its_cause_and_the_restart_event_its_last_lines(emulator
     eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
     failure = api.status("demo")["lastFailure"]
     assert failure["message"] == GLOO_ABORT and len(GLOO_ABORT) > 400
-    assert failure["cause"].startswith("rank 0 | terminate called after throwing an instance of 'gloo::EnforceNotMet' rank 0 |   what():")
+    assert failure["cause"].startswith("rank 0 | terminate called after throwing an instance of 'gloo::IoException' rank 0 |   what():")
     assert "Wait timeout after 30 seconds" in api.status("demo")["message"]
     [event] = api.events("WorkerFailed")
     assert "Wait timeout after 30 seconds" in event["message"] and event["message"].endswith("See exception message above")
