@@ -81,5 +81,10 @@ class Namespace:
     def logs(self, pod: str) -> str:
         return kubectl("logs", "-n", self.name, pod, check=False).stdout
 
+    def events(self, involved: str, reason: str | None = None) -> list[dict[str, Any]]:
+        """The Events about object `involved` (by name), of one reason or all."""
+        items = (self.get("events") or {}).get("items", [])
+        return [e for e in items if e["involvedObject"]["name"] == involved and reason in (None, e["reason"])]
+
     def delete(self) -> None:
         kubectl("delete", "namespace", self.name, "--wait=false", check=False)

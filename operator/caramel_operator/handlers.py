@@ -92,6 +92,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, job_versio
     )
     memo.watch = WatchCheck()
     memo.server = await serve(SETTINGS.metrics_port, metrics.REGISTRY, lambda: _unready(memo, job_versions))
+    LOG.info(
+        f"serving CaramelJobs in {', '.join(SETTINGS.watch_namespaces) or 'every namespace'}; API requests time out "
+        f"after {SETTINGS.api_request_timeout_seconds:g} s (connect {SETTINGS.api_connect_timeout_seconds:g} s); "
+        f"liveness fails when the watch misses a change for {SETTINGS.watch_stall_seconds:g} s"
+    )
 
 
 @kopf.on.cleanup()

@@ -10,14 +10,19 @@ anything (the suite checks the objects, not the packets).
 
 It covers the chart, jobs to Succeeded, the short name, restarts and resume, the operator's
 restart, refusals, Pod Security, network policies, RBAC and placement (R-Storm's node affinities
-as the real scheduler binds them, a gang too large for the cluster, the Scheduler policy); each
-test has its own restricted namespace.
+as the real scheduler binds them, a gang too large for the cluster, the Scheduler policy), and
+what a live v1.36 cluster showed wrong (issue 28): a re-created CRD, a late peer, deadlines of
+gangs that never run, the final step of a resumed run, SIGTERM at the rendezvous, failure causes
+and logs, the operator's log, timeouts, probes and the users' aggregated roles; each test has its
+own restricted namespace.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -34,13 +39,19 @@ UNAVAILABLE = cluster_unavailable()
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800), pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))]
 
 
+# A request timeout other than the default, to see the setting reach the operator.
+API_REQUEST_TIMEOUT_SECONDS = 7
+CRD = "customresourcedefinition/carameljobs.caramel.dev"
+
+
 @pytest.fixture(scope="session")
 def operator_release() -> Iterator[str]:
     """The chart installed with its CRD, in its own namespace; uninstalled at the end."""
     namespace = f"{RELEASE}-system"
     repository, _, tag = IMAGE.rpartition(":")
+    extra_env = [{"name": "CARAMEL_API_REQUEST_TIMEOUT_SECONDS", "value": str(API_REQUEST_TIMEOUT_SECONDS)}]
     run(tool("helm"), "install", RELEASE, str(REPO / "helm" / "caramel"), "--namespace", namespace, "--create-namespace",
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--set-json", f"extraEnv={json.dumps(extra_env)}",
         "--set", "crds.keep=false", "--wait", "--timeout", "5m", timeout=600)
     kubectl("wait", "--for=condition=Established", "crd/carameljobs.caramel.dev", "--timeout=60s")
     try:
@@ -106,13 +117,42 @@ def test_a_job_succeeds_in_a_restricted_namespace_with_progress_and_a_network_po
     assert policy["metadata"]["ownerReferences"][0]["name"] == "demo"
 
 
+# Every step of a paced job takes at least PACE_SECONDS, however fast the nodes: its 120 steps
+# last over a minute, so each disruption below lands with 30 s or more to spare. (Unpaced, the
+# job once finished before the pod deletion landed.) The pause is in the data pipeline: the
+# weights are those of train_small.py's own run.
+PACE_SECONDS = 0.5
+PACED_TRAINING = f"""
+import sys, time
+import tensorflow as tf
+import examples.train_small as small
+
+unpaced = small.batch
+
+def paced(step, rank, size):
+    pause = tf.py_function(lambda: time.sleep({PACE_SECONDS}) or 0, [], tf.int32)
+    with tf.control_dependencies([pause]):
+        return tuple(tf.identity(part) for part in unpaced(step, rank, size))
+
+small.batch = paced
+small.main()
+"""
+
+
+def paced_job(name: str, steps: int) -> list[dict]:
+    claim, job = checkpointed_job(name, steps)
+    job["spec"].pop("script")
+    job["spec"]["command"] = ["python", "-c", PACED_TRAINING]
+    return [claim, job]
+
+
 def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namespace):
-    namespace.apply(checkpointed_job("straight", steps=120))
+    namespace.apply(paced_job("straight", steps=120))
     assert namespace.wait_for_phase("straight", {"Succeeded", "Failed"}) == "Succeeded"
     expected = final_digests(namespace, "straight")
     assert len(set(expected.values())) == 1
 
-    namespace.apply(checkpointed_job("resumed", steps=120))
+    namespace.apply(paced_job("resumed", steps=120))
     namespace.wait_for_phase("resumed", {"Running"})
     eventually(lambda: (namespace.job("resumed")["status"].get("progress") or {}).get("step", 0) >= 30, 600, "step 30", interval=2)
     kubectl("delete", "pod", "-n", namespace.name, "resumed-worker-1", "--wait=false")
@@ -121,12 +161,16 @@ def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namesp
     eventually(lambda: (namespace.job("resumed")["status"].get("progress") or {}).get("step", 0) >= 60, 600, "step 60", interval=2)
     # Kill the training process inside worker 0 (no procps in the image: /proc by hand).
     kill = ("import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
-            "    if b'train_small.py' in open(f'/proc/{pid}/cmdline', 'rb').read(): os.kill(int(pid), signal.SIGKILL)")
+            "    argv = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+            "    if b'examples.train_small' in argv and b'caramel.launch.entrypoint' not in argv: os.kill(int(pid), signal.SIGKILL)")
     kubectl("exec", "-n", namespace.name, "resumed-worker-0", "--", "python", "-c", kill, check=False)
     eventually(lambda: namespace.job("resumed")["status"].get("restarts", 0) >= 2, 300, "a restart after the kill", interval=2)
     assert namespace.wait_for_phase("resumed", {"Succeeded", "Failed"}) == "Succeeded"
     assert "restored" in namespace.logs("resumed-worker-0")
     assert final_digests(namespace, "resumed") == expected
+    # Each restart's Event keeps the failed worker's last lines, its pod gone with the gang.
+    [killed] = [e for e in namespace.events("resumed", "WorkerFailed") if "rank 0 killed by SIGKILL" in e["message"]]
+    assert "rank 0 | " in killed["message"], killed["message"]
 
 
 def test_an_operator_restart_mid_job_neither_duplicates_nor_orphans(namespace, operator_release):
@@ -212,3 +256,143 @@ def test_the_scheduler_policy_leaves_placement_to_kube_scheduler(namespace):
     assert namespace.wait_for_phase("free", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("free")
     assert namespace.job("free")["status"]["placement"]["by"] == "Scheduler"
     assert all("affinity" not in pod["spec"] and "CARAMEL_TOPOLOGY" not in env_of(pod) for pod in namespace.pods("free"))
+
+
+def training_command(name: str, code: str, **spec) -> dict:
+    """small_job running Python `code` instead of the example's script (its args still follow)."""
+    job = small_job(name, **spec)
+    job["spec"].pop("script")
+    job["spec"]["command"] = ["python", "-c", code]
+    return job
+
+
+def operator_log(operator_release: str) -> str:
+    return kubectl("logs", "-n", operator_release, f"deployment/{RELEASE}-operator").stdout
+
+
+def operator_pod(operator_release: str) -> dict:
+    pods = json.loads(kubectl("get", "pods", "-n", operator_release, "-l", "app.kubernetes.io/component=operator", "-o", "json").stdout)
+    [pod] = pods["items"]
+    return pod
+
+
+def test_worker_0_waits_for_a_peer_that_starts_late(namespace):
+    """Gloo's default of 30 s aborted the gang whenever a peer started later (pending for CPU,
+    pulling its image), and the failure counted against backoffLimit."""
+    late = "import os, time\ntime.sleep(45 if os.environ['HOROVOD_RANK'] == '1' else 0)\nimport examples.train_small as small\nsmall.main()\n"
+    namespace.apply(training_command("late", late))
+    assert namespace.wait_for_phase("late", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("late")
+    assert namespace.job("late")["status"]["restarts"] == 0
+
+
+def test_a_gang_that_never_runs_fails_at_its_deadline_counting_nothing_ready(namespace):
+    """The deadline counted from when every worker ran: an image that could not be pulled kept
+    the job Pending past it for good, holding its pods, with an Event per flip of the kubelet's
+    reason (ErrImagePull, ImagePullBackOff)."""
+    namespace.apply(small_job("unpullable", image="caramel-suite.invalid/no-such-image:0", runPolicy={"activeDeadlineSeconds": 90}))
+    assert namespace.wait_for_phase("unpullable", {"Succeeded", "Failed"}, timeout=300) == "Failed"
+    status = namespace.job("unpullable")["status"]
+    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded", status
+    assert status["readyWorkers"] == "0/2"
+    assert len(namespace.events("unpullable", "ImagePullFailed")) == 1
+    eventually(lambda: not namespace.pods("unpullable"), 180, "the pods deleted", interval=2)
+
+
+def test_a_job_restored_at_its_last_step_shows_that_step(namespace):
+    """The new gang had nothing to run and wrote no final report: Succeeded at STEP 36 of 120."""
+    claim, job = checkpointed_job("again", steps=40)
+    namespace.apply([claim, job])
+    assert namespace.wait_for_phase("again", {"Succeeded", "Failed"}) == "Succeeded"
+    kubectl("delete", "carameljob", "again", "-n", namespace.name, "--wait=true")
+    eventually(lambda: not namespace.pods("again"), 180, "the first run's pods gone", interval=2)
+    namespace.apply(job)  # the same job, on the claim its first run left at step 40
+    assert namespace.wait_for_phase("again", {"Succeeded", "Failed"}) == "Succeeded"
+    assert namespace.job("again")["status"]["progress"]["step"] == 40
+    assert "nothing to do: already at step 40 of 40" in namespace.logs("again-worker-0")
+
+
+def test_a_worker_waiting_at_the_rendezvous_stops_at_once(namespace):
+    """The entrypoint, PID 1, had no SIGTERM handler during the wait: every deletion, suspend or
+    release of a waiting gang took the whole 30 s grace period. Worker 0 is held back by a
+    scheduling gate, so that worker 1 waits for it."""
+    workers = {**small_job("gated")["spec"]["workers"], "template": {"spec": {"schedulingGates": [{"name": "caramel.dev/suite-hold"}]}}}
+    namespace.apply(small_job("gated", workers=workers, placement={"policy": "Scheduler"}))
+    eventually(lambda: len(namespace.pods("gated")) == 2, 120, "the gated pods", interval=2)
+    kubectl("patch", "pod", "gated-worker-1", "-n", namespace.name, "--type=json", "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
+    eventually(lambda: "waiting for the rendezvous" in namespace.logs("gated-worker-1"), 600, "worker 1 waiting", interval=2)
+    started = time.monotonic()
+    kubectl("delete", "pod", "gated-worker-1", "-n", namespace.name, "--wait=true", timeout=120)
+    took = time.monotonic() - started
+    assert took < 15, f"the waiting worker took {took:.0f} s of its 30 s grace period to stop"
+
+
+def test_a_failure_keeps_its_cause_and_each_restart_its_last_lines(namespace):
+    """The status kept the last 400 characters (for Gloo's abort: "See exception message
+    above"), and the failed gang's pods went, their logs with them, at each restart."""
+    crash = (
+        "import sys\nprint('loading shard 7', flush=True)\nprint('ValueError: bad shard 7', flush=True)\n"
+        "for i in range(200): print(f'follow-on noise {i}', flush=True)\nsys.exit(3)\n"
+    )
+    namespace.apply(training_command("crash", crash, runPolicy={"backoffLimit": 1}))
+    assert namespace.wait_for_phase("crash", {"Succeeded", "Failed"}) == "Failed"
+    failure = namespace.job("crash")["status"]["lastFailure"]
+    assert failure["cause"].endswith("ValueError: bad shard 7"), failure
+    assert len(failure["message"]) > 400 and failure["message"].endswith("follow-on noise 199"), failure
+    [restart] = namespace.events("crash", "WorkerFailed")
+    assert "ValueError: bad shard 7" in restart["message"] and "follow-on noise 199" in restart["message"]
+
+
+def test_the_operator_logs_each_change_once_and_no_probe(namespace, operator_release):
+    """It logged nothing about creations, failures or restarts, and a line per liveness probe."""
+    namespace.apply(small_job("logged"))
+    assert namespace.wait_for_phase("logged", {"Succeeded", "Failed"}) == "Succeeded"
+    time.sleep(30)  # three liveness and three readiness probes at least
+    log = operator_log(operator_release)
+    prefix = f"CaramelJob {namespace.name}/logged: "
+    reasons = sorted(line.split(prefix)[1].split(":")[0] for line in log.splitlines() if prefix in line)
+    events = namespace.events("logged")
+    assert reasons == sorted(event["reason"] for event in events) and "Succeeded" in reasons
+    assert "/healthz" not in log and "/readyz" not in log
+    # Events name the operator and its pod, not kopf's "kopf" and "dev".
+    pod = operator_pod(operator_release)["metadata"]["name"]
+    assert {(e["reportingComponent"], e["reportingInstance"]) for e in events} == {("caramel-operator", pod)}
+
+
+def test_the_operator_runs_with_its_timeouts_and_both_probes(operator_release):
+    assert f"API requests time out after {API_REQUEST_TIMEOUT_SECONDS} s (connect 5 s)" in operator_log(operator_release)
+    pod = operator_pod(operator_release)
+    [container] = pod["spec"]["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+    probe = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/healthz', timeout=10).read().decode())"
+    health = kubectl("exec", "-n", operator_release, pod["metadata"]["name"], "--", "python", "-c", probe).stdout
+    assert json.loads(health)["watch"]["behindSeconds"] < 60, health
+
+
+def test_users_who_may_edit_a_namespace_may_run_caramel_jobs_there(namespace, operator_release):
+    """No user could create CaramelJobs without a custom Role: the chart's ClusterRoles aggregate
+    into Kubernetes' edit and view roles."""
+    for who, role in (("editor", "edit"), ("viewer", "view")):
+        kubectl("create", "serviceaccount", who, "-n", namespace.name)
+        kubectl("create", "rolebinding", who, f"--clusterrole={role}", f"--serviceaccount={namespace.name}:{who}", "-n", namespace.name)
+
+    def can(who: str, verb: str) -> str:
+        account = f"system:serviceaccount:{namespace.name}:{who}"
+        return kubectl("auth", "can-i", verb, "carameljobs.caramel.dev", "--as", account, "-n", namespace.name, check=False).stdout.strip()
+
+    # The aggregation controller fills the roles asynchronously.
+    eventually(lambda: can("editor", "create") == "yes", 60, "create granted through edit", interval=2)
+    assert (can("editor", "delete"), can("viewer", "get"), can("viewer", "create")) == ("yes", "yes", "no")
+
+
+def test_a_deleted_and_recreated_crd_is_served_again(namespace, operator_release):
+    """After the CRD was deleted and created again, kopf read the API's discovery too early and
+    never again: new jobs got no status and no pods. The operator's liveness probe now fails
+    when its watch misses a job (CARAMEL_WATCH_STALL_SECONDS), and the kubelet restarts it.
+    Last in the file: deleting the CRD deletes every CaramelJob."""
+    kubectl("delete", CRD, "--wait=true", timeout=300)
+    run(tool("helm"), "upgrade", RELEASE, str(REPO / "helm" / "caramel"), "--namespace", operator_release, "--reuse-values",
+        "--wait", "--timeout", "5m", timeout=600)
+    kubectl("wait", "--for=condition=Established", CRD, "--timeout=60s")
+    namespace.apply(small_job("after-crd"))
+    assert namespace.wait_for_phase("after-crd", {"Succeeded", "Failed"}, timeout=600) == "Succeeded", namespace.job("after-crd")
