@@ -151,8 +151,9 @@ class Replanner:
             if typical_backward_seconds(self._recent) is None:
                 return False
             self.measured = True
-            self._next_replan = completed_steps + self._interval_steps
-            return self._adopt(self._start_search(completed_steps), steps_left, required_gain=0.0)
+            adopted = self._adopt(self._start_search(completed_steps), steps_left, required_gain=0.0)
+            self._next_replan = completed_steps + self._interval_steps  # as this decision weighed a re-plan's cost
+            return adopted
         adopted = False
         if self._pending is not None and completed_steps >= self._pending.adopt_at:
             adopted = self._adopt(self._pending, steps_left)

@@ -99,9 +99,16 @@ class StepFunction:
         else:
             # Until a plan was made from measurements, one step per execution: its graph is the
             # cheapest to build, and the first measured plan is made at the next boundary.
+            # A single step that built nothing gives the step time the first measured plan's
+            # re-plan interval is weighed against: without it the next re-plan would come after
+            # replanIntervalSteps whatever it costs, and its search, in a process of its own,
+            # would take CPU from the steps when they are short of it.
             outputs, times = [], []
             for _ in range(count):
+                single_started, single_built = time.perf_counter(), len(self._executions)
                 outputs += self._execute(iterator, 1)
+                if len(self._executions) == single_built:
+                    replanner.seconds_per_step = time.perf_counter() - single_started
                 times += self.last_times
             self.last_times = times
         seconds = time.perf_counter() - started
