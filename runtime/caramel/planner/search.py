@@ -2,14 +2,18 @@
 stdin, the best plan as JSON on stdout.
 
 A training process starts it for each re-plan, on rank 0 only: the search (a few tenths of a
-second of pure Python) then runs beside training without taking the training process's
-interpreter lock, which the emulated accelerator, callbacks and the input pipeline's Python
-need, and costs the job's CPU once instead of once per rank.
+second to seconds of pure Python) then runs beside training without taking the training
+process's interpreter lock, which the emulated accelerator, callbacks and the input pipeline's
+Python need, and costs the job's CPU once instead of once per rank. It runs at the lowest
+priority: a search that competed with the ranks for a busy CPU made the steps it ran beside
+slower than any plan could make up for, and training waits for it only where it has not ended
+by the time its plan is due.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -63,4 +67,5 @@ class Search:
 
 
 if __name__ == "__main__":
+    os.nice(19)  # the CPU the steps leave idle (see the module's docstring)
     sys.stdout.write(answer(sys.stdin.readline()))

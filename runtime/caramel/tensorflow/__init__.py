@@ -8,9 +8,10 @@
     @ctf.function(steps_per_execution=4)             # several steps per graph: the
     def train_step(features, labels): ...            # cross-iteration transfer window
 
-Gradients are averaged over all ranks by the transfers of the plan in force, built into the
-step's graph as Horovod collectives (see communicator.py), so the result is that of synchronous
-SGD on the global batch. Keras users compile with `ctf.DistributedOptimizer` and fit with
+Gradients are averaged over all ranks, so the result is that of synchronous SGD on the global
+batch: in several steps per graph by the plan in force or Horovod's own way, whichever measured
+faster, built into the step's graph as Horovod collectives; in a step of any other graph as
+Horovod's tape sends them (see communicator.py). Keras users compile with `ctf.DistributedOptimizer` and fit with
 `caramel.tensorflow.keras.TrainingCallback`.
 """
 

@@ -1,17 +1,24 @@
 """Gradient communication for the tape and optimizer drop-ins.
 
-Inside a graph (a `tf.function`, a Keras train function, `caramel.tensorflow.function`), a step's
-gradients go through two ways to average them, built into the step's graph as the branches of
-one `switch_case`:
-- Horovod's own way: each gradient its own allreduce, as `hvd.DistributedGradientTape` sends them,
-  fused by Horovod's background thread; no order, no stamps;
-- the plan in force: its transfers as Horovod collectives (`collectives.py`), in its order and
-  window, with stamps of when each transfer's gradients existed and when it ended
-  (`stamps.py`), which, read between executions, give the step's timings
-  (`caramel.planner.timing`) for the metrics and the replanner.
-The selector (`selector.py`) picks the branch of every step by measured step time, in the
-graph: there is no Python on the step's path. Eagerly, the gradients go to Horovod as one
-grouped allreduce.
+Where a step is traced decides how its gradients travel:
+- in Caramel's own multi-step executions (`caramel.tensorflow.function`, `TrainingRun.fit`, the
+  Keras callback), two ways to average them are built into the step's graph as the branches of
+  one `switch_case`:
+  - Horovod's own way: each gradient its own allreduce, as `hvd.DistributedGradientTape` sends
+    them, fused by Horovod's background thread; no order, no stamps;
+  - the plan in force: its transfers as Horovod collectives (`collectives.py`), in its order and
+    window, with stamps of when each transfer's gradients existed and when it ended
+    (`stamps.py`), which, read between executions, give the step's timings
+    (`caramel.planner.timing`) for the metrics and the replanner.
+  The selector (`selector.py`) picks the branch of every step by measured step time, in the
+  graph: there is no Python on the step's path.
+- in any other graph (a `tf.function` the user calls once per step, Keras' own train function),
+  Horovod's own way alone, unless the gradients go through MULTITREE's trees (then as above).
+  Such a function returns only once its last transfer has ended, so the next step's forward
+  pass cannot start earlier whatever the order of the transfers: on Horovod's ring the plan has
+  nothing to gain there, and measured slower than Horovod's own way in such functions
+  (benchmarks/README.md). The step is then exactly Horovod's.
+- eagerly, the gradients go to Horovod as one grouped allreduce.
 
 The branches move bytes and do nothing else: the outputs of a branch, and of a function, wait
 for all of its side effects, so a stamp of the last transfer inside one would hold every averaged
@@ -47,6 +54,11 @@ ARMS_NAME = "caramel_arms"
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
 
 
+def horovod_way(gradients: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Each gradient its own allreduce, as `hvd.DistributedGradientTape` sends them."""
+    return [hvd.allreduce(gradient, op=hvd.Average, name=f"caramel_gradient_{i}") for i, gradient in enumerate(gradients)]
+
+
 def initial_link(tuning: Tuning | None) -> LinkModel:
     """The link a restarted gang measured last, or a cautious guess."""
     if tuning and tuning.alpha_seconds is not None and tuning.beta_seconds_per_byte is not None:
@@ -70,22 +82,24 @@ class GradientCommunicator:
         """How the plan's transfers are averaged: Horovod's collectives, or MULTITREE's trees."""
         self._stamps = StampBook()
         self._releases: tf.Variable | None = None
-        """While Caramel's own steps are traced: whether the step stamps its gradients' releases
-        (read in the graph; only the first step of an execution does, see `stamp_releases`)."""
+        """While Caramel's own steps are traced (None at any other time): whether the step stamps
+        its gradients' releases (read in the graph; only the first step of an execution does,
+        see `stamp_releases`)."""
 
     def allreduce(self, gradients: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """The average of every (dense) gradient over all ranks."""
         if tf.executing_eagerly() or not all(g.shape.is_fully_defined() for g in gradients):
             # Eagerly there is no graph to plan; shapes known only at run time cannot be planned.
             return list(hvd.grouped_allreduce(list(gradients), op=hvd.Average, name="caramel_gradients"))
-        plan = self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
         if self.algorithm is None:
             self._choose_algorithm(gradients)
+        if self._releases is None and self.algorithm == "ring":
+            return horovod_way(gradients)  # a step of a graph Caramel does not run (see the module's docstring)
+        plan = self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
         count, transfers = len(gradients), plan.transfers
 
-        def horovod_way() -> list[tf.Tensor]:
-            averaged = [hvd.allreduce(gradient, op=hvd.Average, name=f"caramel_gradient_{i}") for i, gradient in enumerate(gradients)]
-            return [*averaged, *(tf.zeros([1], gradients[t.pieces[0].tensor].dtype) for t in transfers)]
+        def unplanned() -> list[tf.Tensor]:
+            return [*horovod_way(gradients), *(tf.zeros([1], gradients[t.pieces[0].tensor].dtype) for t in transfers)]
 
         def planned() -> list[tf.Tensor]:
             if self.scheduling.collective is Collective.SPLIT:
@@ -95,10 +109,9 @@ class GradientCommunicator:
             return [*averaged, *(tf.reshape(output, [-1])[:1] for output in done)]
 
         start = self._stamps.stamp()  # the execution's start (no input: it runs first), for its first step
-        # Backpropagation releases the last tensor's gradient first: the selector's tick then sits
-        # at the same early point of every step, before any branch needs its arm.
-        arm = self.selector.tick(gradients[-1])
-        outputs = tf.switch_case(arm, [horovod_way, planned], name=ARMS_NAME)
+        # The arm was chosen when the step before ended, so it is there before any gradient is.
+        arm = self.selector.arm.read_value()
+        outputs = tf.switch_case(arm, [unplanned, planned], name=ARMS_NAME)
         averaged, done = outputs[:count], outputs[count:]
         ready = []  # per transfer, a tensor that exists once all of its gradients do
         for transfer in transfers:
@@ -106,6 +119,10 @@ class GradientCommunicator:
                 ready.append(tf.identity(gradients[transfer.pieces[0].tensor]))
         stamps = tf.cond(tf.equal(arm, PLANNED), lambda: self._stamped(start, gradients, ready, done), lambda: tf.constant([HOROVOD], tf.float64))
         self._stamps.reserve(0).assign(stamps)
+        # The step's time runs from when the step before released its last gradient to when
+        # this one does: a point of every step that no transfer holds up.
+        with tf.control_dependencies(gradients):
+            self.selector.tick(tf.identity(gradients[0]))
         return list(averaged)
 
     def _stamped(self, start: tf.Tensor, gradients: Sequence[tf.Tensor], ready: Sequence[tf.Tensor], done: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -125,9 +142,9 @@ class GradientCommunicator:
 
     @contextmanager
     def tracing_steps(self) -> Iterator[tf.Variable]:
-        """While Caramel's own multi-step executions trace their step: the step stamps its
-        gradients' releases, for the replanner, where the variable given says so (a user's own
-        `tf.function` is never re-planned, and stamps none)."""
+        """While Caramel's own multi-step executions trace their step: the step runs the arm the
+        selector picks, and stamps its gradients' releases, for the replanner, where the
+        variable given says so (a step traced anywhere else runs Horovod's own way)."""
         self._releases = self.stamp_releases(0)
         try:
             yield self._releases

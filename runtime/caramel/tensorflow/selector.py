@@ -7,9 +7,12 @@ on this job, this model and this link cannot be wrong in the same way. So the gr
 both and keeps the faster: Caramel is then never slower than Horovod's own way by more than what
 the measuring costs, whatever its planner predicted.
 
-Each step ticks the selector once, when the step's first gradient exists (backpropagation's
-first output, so the tick sits at the same point of every step): the time since the last tick
-is the last step's duration. A round of measurement runs:
+Each step ticks the selector once, when all of its gradients exist (backpropagation's end, a
+point of every step that no transfer holds up): the time since the last tick is that step's
+duration, and the tick chooses the next step's arm, which that step's branch reads from a
+variable. The arm is then known before the step's first gradient exists: a branch index that
+came from a tick on the step's own first gradient held every step back, measurably
+(benchmarks/results/2026-11-25-selector-index.txt). A round of measurement runs:
 - `settle` steps on the plan, unmeasured (the first round: until the graph runs at its pace and
   the replanner has the plan's stamps; after a new plan: its first steps);
 - then blocks of `block` steps, Horovod's and the plan's in turn, BLOCK_PAIRS of each (ABAB, so a
@@ -20,11 +23,9 @@ is the last step's duration. A round of measurement runs:
 - then the chosen arm runs, for `exploit` steps or until rank 0's step time drifts by more than
   DRIFT from what it measured (the link changed; checked every DRIFT_CHECK_BLOCKS blocks, and
   broadcast), and a new round starts, without settling.
-Everything above is a handful of scalar ops per step in the graph: no Python on the step's path,
-so the same selector serves a `tf.function` the user calls once per step, where no Python of
-Caramel's runs between steps, and Caramel's own multi-step executions, whose Python resets it
-when it adopts a new plan. Every rank ticks the same steps, so every rank switches at the same
-step. Blocks are whole executions (`block` a multiple of the steps per execution), so that each
+Everything above is a handful of scalar ops per step in the graph: no Python on the step's path.
+Caramel's multi-step executions reset it from Python, between executions, when they adopt a new
+plan. Every rank ticks the same steps, so every rank switches at the same step. Blocks are whole executions (`block` a multiple of the steps per execution), so that each
 arm's measured steps carry the same share of execution boundaries.
 """
 
@@ -68,7 +69,9 @@ class ArmSelector:
             self.block = variable(block, tf.int64, "block")
             self.exploit = variable(exploit, tf.int64, "exploit")
             self.last_time = variable(-1.0, tf.float64, "last_time")
-            self.last_arm = variable(PLANNED, tf.int32, "last_arm")
+            self.arm = variable(PLANNED, tf.int32, "arm")
+            """The arm of the step under way (chosen by the last tick, read by the step's
+            switch); at the next tick, the arm that step's time counts for."""
             self.last_kind = variable(UNTIMED, tf.int32, "last_kind")
             """How the last step's time counts: UNTIMED, EXPLORED or EXPLOITED."""
             self.seconds = variable(tf.zeros([2], tf.float64), tf.float64, "seconds")
@@ -91,8 +94,9 @@ class ArmSelector:
         self._tick_function = tick
 
     def tick(self, anchor: tf.Tensor, at: float = -1.0) -> tf.Tensor:
-        """The arm (an int32 scalar) of the step whose first gradient is `anchor`, ticked once it
-        exists; `at`, where given (tests), is the tick's time in seconds instead."""
+        """Ends the step under way once `anchor` exists, and returns the arm (an int32 scalar)
+        of the next step, also left in `arm`; `at`, where given (tests), is the tick's time in
+        seconds instead."""
         return self._tick_function(anchor, tf.constant(at, tf.float64))
 
     def _tick(self, now: tf.Tensor) -> tf.Tensor:
@@ -104,14 +108,14 @@ class ArmSelector:
         elapsed = now - last_time
         timed = last_time >= 0.0
         explored = tf.logical_and(timed, tf.equal(last_kind, EXPLORED))
-        one_hot = tf.one_hot(self.last_arm.read_value(), 2, dtype=tf.float64) * tf.cast(explored, tf.float64)
+        one_hot = tf.one_hot(self.arm.read_value(), 2, dtype=tf.float64) * tf.cast(explored, tf.float64)
         seconds = self.seconds.read_value() + one_hot * elapsed
         counts = self.counts.read_value() + one_hot
         exploited = tf.logical_and(timed, tf.equal(last_kind, EXPLOITED))
         recent = self.recent.read_value()
         recent = tf.where(exploited, (1.0 - DRIFT_SMOOTHING) * recent + DRIFT_SMOOTHING * elapsed, recent)
-        # Where this step stands in its round.
-        exploring = steps - round_start - settle
+        # Where the next step stands in its round.
+        exploring = steps + 1 - round_start - settle
         explore_steps = 2 * BLOCK_PAIRS * block
         in_blocks = tf.logical_and(exploring >= 0, exploring < explore_steps)
         block_arm = tf.cast(tf.math.floordiv(tf.maximum(exploring, 0), block) % 2, tf.int32)  # Horovod's first
@@ -143,10 +147,10 @@ class ArmSelector:
         fresh = tf.logical_or(restart, deciding)
         updates = [
             self.steps.assign(steps + 1),
-            self.round_start.assign(tf.where(restart, steps, round_start)),
+            self.round_start.assign(tf.where(restart, steps + 1, round_start)),
             self.settle.assign(tf.where(restart, tf.zeros_like(settle), settle)),
             self.last_time.assign(now),
-            self.last_arm.assign(arm),
+            self.arm.assign(arm),
             self.last_kind.assign(kind),
             self.seconds.assign(tf.where(fresh, tf.zeros_like(seconds), seconds)),
             self.counts.assign(tf.where(fresh, tf.zeros_like(counts), counts)),
@@ -163,14 +167,16 @@ class ArmSelector:
         """Eagerly, between executions on every rank: measure both arms again from the next step,
         after `settle` steps of the plan (a new plan was adopted)."""
         self.round_start.assign(self.steps)
+        self.arm.assign(PLANNED if settle > 0 else HOROVOD)  # the next step's, as a tick would choose
         self.settle.assign(settle)
         self.seconds.assign(tf.zeros([2], tf.float64))
         self.counts.assign(tf.zeros([2], tf.float64))
         self.last_kind.assign(UNTIMED)
 
     def untime_last_step(self) -> None:
-        """Eagerly: the last step (its time runs to the next tick) took longer for something
-        neither arm does, such as a re-plan between executions: its time counts for nothing."""
+        """Eagerly: the step under way (its time runs from the last tick to the next) takes
+        longer for something neither arm does, such as a re-plan between executions: its time
+        counts for nothing."""
         self.last_kind.assign(UNTIMED)
 
     def set_block(self, steps: int) -> None:
@@ -180,13 +186,13 @@ class ArmSelector:
     @property
     def exploring(self) -> bool:
         """Eagerly: whether a round is under way (settling or measuring), not yet decided."""
-        position = int(self.steps.numpy()) - int(self.round_start.numpy())
-        return position <= int(self.settle.numpy()) + 2 * BLOCK_PAIRS * int(self.block.numpy())
+        position = int(self.steps.numpy()) - int(self.round_start.numpy())  # of the step under way
+        return position < int(self.settle.numpy()) + 2 * BLOCK_PAIRS * int(self.block.numpy())
 
     @property
     def planned(self) -> bool:
-        """Eagerly: whether the last step ran the plan."""
-        return int(self.last_arm.numpy()) == PLANNED
+        """Eagerly: whether the steps run the plan (False before any step was ticked)."""
+        return int(self.steps.numpy()) > 0 and int(self.arm.numpy()) == PLANNED
 
     def new_decision(self) -> str | None:
         """Eagerly: the last round's outcome, for people, if a round ended since the last call."""

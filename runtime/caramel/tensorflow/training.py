@@ -8,7 +8,7 @@
 `caramel.tensorflow.function`, several steps per graph execution, so each step's transfers
 overlap the next step's forward pass, and the plan is re-made as the link is measured. Loops
 that call their own `tf.function` once per step use `for step in run.steps(): ...` instead;
-they keep the plan made when their function was traced.
+their steps send the gradients exactly as Horovod's tape does (see communicator.py).
 
 Either way the run resumes after the latest checkpoint, records metrics, logs progress and
 checks at the end that every rank holds the same weights (see ledger.py).
