@@ -114,6 +114,14 @@ class KubeApi:
         for pod in self.pods(job):
             self.set_pod_status(pod["metadata"]["name"], {"phase": phase, **extra})
 
+    def running_job(self, name: str, spec: dict[str, Any]) -> None:
+        """Create a job, and play its gang's kubelets until the operator calls it Running."""
+        self.create_job(name, spec)
+        replicas = spec.get("workers", {}).get("replicas", 2)
+        eventually(lambda: len(self.pods(name)) == replicas, what=f"{replicas} worker pods of {name}")
+        self.run_pods(name)
+        eventually(lambda: self.status(name).get("phase") == "Running", what=f"{name} Running")
+
 
 def printer_row(job: dict[str, Any]) -> dict[str, Any]:
     """The `kubectl get cmj -o wide` row of a job, from the CRD's printer columns (kubectl needs a real server)."""

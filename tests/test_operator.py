@@ -77,10 +77,7 @@ def test_create_runs_the_gang_to_success(emulator, operator):
 
 def test_a_failed_worker_restarts_the_whole_gang(emulator, operator):
     api = emulator.api
-    api.create_job("demo", SPEC)
-    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
-    api.run_pods("demo")
-    eventually(lambda: phase(api, "demo") == "Running", what="phase Running")
+    api.running_job("demo", SPEC)
 
     api.set_pod_status("demo-worker-1", terminated(137, reason="OOMKilled"))
     eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
@@ -342,10 +339,7 @@ def test_a_failure_keeps_its_cause_and_the_restart_event_its_last_lines(emulator
     """The status kept the last 400 characters, which for Gloo's abort said only "See exception
     message above"; and the failed pod went with its gang, its log with it."""
     api = emulator.api
-    api.create_job("demo", SPEC)
-    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
-    api.run_pods("demo")
-    eventually(lambda: phase(api, "demo") == "Running", what="phase Running")
+    api.running_job("demo", SPEC)
     api.set_pod_status("demo-worker-0", terminated(134, message=GLOO_ABORT))
     eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
     failure = api.status("demo")["lastFailure"]
@@ -379,10 +373,7 @@ def test_a_deadline_counts_from_the_start_and_a_pending_reason_is_posted_once(em
 
 def test_one_log_line_per_change_none_per_probe_and_events_name_the_operator(emulator, operator):
     api = emulator.api
-    api.create_job("demo", SPEC)
-    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
-    api.run_pods("demo")
-    eventually(lambda: phase(api, "demo") == "Running", what="phase Running")
+    api.running_job("demo", SPEC)
     api.set_pod_status("demo-worker-1", terminated(1, message="ValueError: bad shard"))
     eventually(lambda: [p["metadata"]["labels"]["caramel.dev/gang"] for p in api.pods("demo")] == ["1", "1"], what="a new gang")
     for pod in api.pods("demo"):

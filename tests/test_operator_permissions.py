@@ -35,10 +35,7 @@ def live_a_job(emulator: Emulator, operator: Operator) -> None:
     """A job created, placed, failed once, restarted, succeeded and deleted by its TTL; probes;
     then a second job left for the CRD's deletion to release."""
     api = emulator.api
-    api.create_job("demo", SPEC)
-    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
-    api.run_pods("demo")
-    eventually(lambda: api.status("demo").get("phase") == "Running", what="phase Running")
+    api.running_job("demo", SPEC)
     api.set_pod_status("demo-worker-1", terminated(1))
     eventually(lambda: [p["metadata"]["labels"]["caramel.dev/gang"] for p in api.pods("demo")] == ["1", "1"], what="a new gang")
     for pod in api.pods("demo"):
