@@ -351,23 +351,36 @@ def test_a_failure_keeps_its_cause_and_the_restart_event_its_last_lines(emulator
     assert len(event["message"]) <= 1024
 
 
-def test_a_deadline_counts_from_the_start_and_a_pending_reason_is_posted_once(emulator, operator):
-    """A gang that never ran (its image could not be pulled) stayed Pending past its deadline,
-    holding its pods, with an Event each time the kubelet's reason flipped."""
+def pull_fails(api, flip: int) -> None:
+    """Play the kubelet of worker 0, failing to pull its image; it flips between two reasons."""
+    reason = ("ErrImagePull", "ImagePullBackOff")[flip % 2]
+    waiting = {"waiting": {"reason": reason, "message": f'{reason} of "caramel:test" ({flip})'}}
+    api.set_pod_status("demo-worker-0", {"phase": "Pending", "containerStatuses": [{"name": "worker", "state": waiting}]})
+
+
+def test_a_pending_reason_gets_one_event_however_its_detail_flips(emulator, operator):
+    """An Event each time the kubelet's reason flipped: 10 in 4 minutes."""
     api = emulator.api
-    api.create_job("demo", {**SPEC, "runPolicy": {"activeDeadlineSeconds": 4}})
+    api.create_job("demo", SPEC)
+    eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
+    for flip in range(6):
+        pull_fails(api, flip)
+        eventually(lambda: f"({flip})" in api.status("demo").get("message", ""), what=f"flip {flip} in the status")
+    assert len(api.events("ImagePullFailed")) == 1
+
+
+def test_a_deadline_counts_from_the_start_for_a_gang_that_never_runs(emulator, operator):
+    """A gang that never ran (its image could not be pulled) stayed Pending past its deadline,
+    holding its pods; and a finished job kept counting its ready workers."""
+    api = emulator.api
+    api.create_job("demo", {**SPEC, "runPolicy": {"activeDeadlineSeconds": 3}})
     eventually(lambda: len(api.pods("demo")) == 2, what="two worker pods")
     api.set_pod_status("demo-worker-1", {"phase": "Running"})
-    for flip in range(6):
-        reason = ("ErrImagePull", "ImagePullBackOff")[flip % 2]
-        waiting = {"waiting": {"reason": reason, "message": f'{reason} of "caramel:test" ({flip})'}}
-        api.set_pod_status("demo-worker-0", {"phase": "Pending", "containerStatuses": [{"name": "worker", "state": waiting}]})
-        eventually(lambda: f"({flip})" in api.status("demo").get("message", ""), what=f"flip {flip} in the status")
-    eventually(lambda: phase(api, "demo") == "Failed", timeout=10, what="phase Failed at the deadline")
+    pull_fails(api, 0)
+    eventually(lambda: phase(api, "demo") == "Failed", what="phase Failed at the deadline")
     status = api.status("demo")
     assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
     assert status["readyWorkers"] == "0/2" and status["workers"]["pending"] == status["workers"]["running"] == 0
-    assert len(api.events("ImagePullFailed")) == 1
     eventually(lambda: not api.pods("demo"), what="the pods deleted")
 
 
