@@ -99,20 +99,24 @@ def print_summary(strategy: str, times: StepLog, details: dict) -> None:
 
 
 def caramel_details() -> dict:
-    """What Caramel's replanner reports about its plan and link at the end of a run."""
+    """What Caramel's replanner reports about its plan and link at the end of a run (no plan
+    where the steps ran Horovod's own way alone: a tf.function per step)."""
     communicator = ctf.communicator()
     replanner = communicator.replanner
     plan = replanner.plan
     recent = replanner.recent_steps
-    return {
-        "allreduce": communicator.algorithm,
-        "exposed_seconds_per_step": statistics.fmean(step.exposed_seconds for step in recent) if recent else None,
-        "communication_seconds_per_step": statistics.fmean(step.communication_seconds for step in recent) if recent else None,
+    planned = {
         "transfers_per_step": len(plan.transfers),
         "max_bucket_bytes": plan.batch.max_bytes,
         "min_bucket_bytes": plan.batch.min_bytes,
         "deadline_span_seconds": plan.batch.deadline_span_seconds,
         "predicted_step_seconds": plan.predicted_step_seconds,
+    } if plan else {}  # fmt: skip
+    return {
+        "allreduce": communicator.algorithm,
+        "exposed_seconds_per_step": statistics.fmean(step.exposed_seconds for step in recent) if recent else None,
+        "communication_seconds_per_step": statistics.fmean(step.communication_seconds for step in recent) if recent else None,
+        **planned,
         "alpha_seconds": replanner.link.alpha,
         "bytes_per_second": replanner.link.bytes_per_second,
         "plan_changes": replanner.plan_changes,
