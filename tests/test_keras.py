@@ -1,5 +1,6 @@
 """Keras `model.fit` as a Caramel job (examples/train_keras.py): progress, metrics' step count,
-and resume from a checkpoint at an epoch boundary with the weights of an uninterrupted run."""
+and resume from a checkpoint at an epoch boundary with the weights of an uninterrupted run, or at
+the last epoch with the final step reported."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from caramel.job.progress import parse_report
 from conftest import REPO, job_manifest, run_caramel, write_manifest
 
 pytestmark = pytest.mark.e2e
@@ -49,3 +51,9 @@ def test_fit_resumes_at_the_checkpointed_epoch_with_the_weights_of_an_uninterrup
     assert expected.keys() == resumed.keys() and len(expected) == 6
     for name in expected:
         np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+    # Restored at the last epoch, fit has nothing to run, and the run still reports its step.
+    again = run_caramel("run", str(keras_job(tmp_path, "resumed", 4)))
+    assert again.returncode == 0, again.stderr
+    reports = [report for report in map(parse_report, again.stderr.splitlines()) if report]
+    assert [(r.step, r.total, r.final) for r in reports] == [(24, 24, True)], again.stderr
