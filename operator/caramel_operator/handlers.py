@@ -202,7 +202,8 @@ async def reconcile(
             await _read_progress(decision, job, workers, memo, now)
         for event in decision.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-            LOG.info(f"CaramelJob {namespace}/{name}: {event.reason}: {event.message.splitlines()[0]}")
+            level = logging.WARNING if event.type == "Warning" else logging.INFO
+            LOG.log(level, f"CaramelJob {namespace}/{name}: {event.reason}: {event.message.splitlines()[0]}")
         for phase in decision.transitions:
             metrics.count_transition(phase)
         patch.status.update(decision.status.model_dump(mode="json", by_alias=True))
