@@ -34,7 +34,7 @@ import tensorflow as tf
 
 import caramel.tensorflow as ctf
 from benchmarks import emulated_model
-from benchmarks.loops import train_in_executions, train_per_step, training_step
+from benchmarks.loops import for_a_long_training, train_in_executions, train_per_step, training_step
 from benchmarks.profiles import load_profile, scaled
 from benchmarks.workloads import APIS, WORKER_STRATEGIES, warmup_steps
 from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, caramel_details, print_summary
@@ -58,6 +58,10 @@ def parse_args() -> argparse.Namespace:
         help=f"Keras' steps_per_execution (default {DEFAULT_STEPS_PER_EXECUTION}, Caramel's)",
     )
     parser.add_argument("--device-tflops", type=float, help="emulated device rate; default: the profile's")
+    parser.add_argument(
+        "--whole-job", action="store_true",
+        help="the run is a whole job of its steps (start-up and decisions included), not the steady state of a long training",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.api == "function" and args.strategy != "caramel":
         parser.error(f"--api function: Caramel's own API, not {args.strategy}'s")
@@ -71,6 +75,8 @@ def main() -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     if args.strategy == "caramel":
         ctf.init()  # joins Horovod's ranks and makes the communicator from the worker contract
+        if not args.whole_job:
+            for_a_long_training()
     else:
         hvd.init()
     profile = load_profile(args.profile)

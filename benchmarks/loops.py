@@ -7,7 +7,9 @@
     function  the same step through `ctf.function`, several steps per graph execution (Caramel's
               cross-iteration window), as `TrainingRun.fit` runs it.
 
-Both time each step into a StepLog; an execution's steps share its time.
+Both time each step into a StepLog; an execution's steps share its time. A measured run stands
+for the steady state of a long training (`for_a_long_training`); a run of a whole short job
+leaves every decision to the runtime, which is told the job's length.
 """
 
 from __future__ import annotations
@@ -50,12 +52,19 @@ def train_per_step(train_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], batc
         times.append(time.perf_counter() - started)
 
 
+def for_a_long_training() -> None:
+    """The runtime's decisions as for a long training, whose steps left repay a graph of several
+    steps: the measured steps of a benchmark run stand for such a training's steady state, not
+    for a job as short as the run itself."""
+    ctf.communicator().replanner.worth_several_steps = lambda found, steps_left: True
+
+
 def train_in_executions(
     train_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], data: tf.data.Dataset, total: int, steps_per_execution: int, times: StepLog
 ) -> None:
     """total steps through ctf.function, steps_per_execution per graph, from a prefetched input
-    pipeline of (inputs, labels) batches."""
-    steps = ctf.function(train_step, steps_per_execution=steps_per_execution)
+    pipeline of (inputs, labels) batches; ctf.function knows there are `total`."""
+    steps = ctf.function(train_step, steps_per_execution=steps_per_execution, total_steps=total)
     iterator = iter(data.prefetch(steps_per_execution))
     done = 0
     while done < total:

@@ -35,7 +35,7 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import caramel.tensorflow as ctf  # noqa: E402
-from benchmarks.loops import train_in_executions, train_per_step, training_step  # noqa: E402
+from benchmarks.loops import for_a_long_training, train_in_executions, train_per_step, training_step  # noqa: E402
 from benchmarks.worker_events import StepLog, allreduce_all_at_once, caramel_details, print_summary  # noqa: E402
 from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, RealModel, default_api, warmup_steps  # noqa: E402
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION  # noqa: E402
@@ -104,6 +104,10 @@ def parse_args() -> argparse.Namespace:
         "--steps-per-execution", type=int, default=DEFAULT_STEPS_PER_EXECUTION,
         help=f"Caramel's steps per graph (default {DEFAULT_STEPS_PER_EXECUTION})",
     )  # fmt: skip
+    parser.add_argument(
+        "--whole-job", action="store_true",
+        help="the run is a whole job of its steps (start-up and decisions included), not the steady state of a long training",
+    )  # fmt: skip
     args = parser.parse_args()
     args.api = args.api or default_api("real", args.strategy)
     if args.api == "function" and args.strategy != "caramel":
@@ -117,6 +121,8 @@ def main() -> None:
     args = parse_args()
     if args.strategy == "caramel":
         ctf.init()  # joins Horovod's ranks and makes the communicator from the worker contract
+        if not args.whole_job:
+            for_a_long_training()
     else:
         hvd.init()
     spec = REAL_MODELS[args.model]

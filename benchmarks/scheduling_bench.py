@@ -279,8 +279,10 @@ class Bench:
         steps: int | None = None,
         on_event: Callable[[dict], None] = lambda event: None,
         warmup: int | None = None,
+        whole_job: bool = False,
     ) -> Run:
-        """One run of strategy (a STRATEGIES name, compute-only or comm-only) at rate_mbit."""
+        """One run of strategy (a STRATEGIES name, compute-only or comm-only) at rate_mbit;
+        `whole_job`: the run is a whole job, not the steady state of a long training."""
         self.cluster.set_rate(rate_mbit)
         steps = steps or self.args.steps
         tag = f"{workload.name}-{rate_mbit:g}mbit-{workload.device_tag}-{strategy}-{repeat}"
@@ -290,7 +292,7 @@ class Bench:
             env |= {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
         chosen = STRATEGIES.get(strategy, Strategy(strategy))  # compute-only and comm-only run as they are named
         api = chosen.api or default_api(self.args.compute, chosen.worker)
-        command = workload.command(chosen.worker, api, steps, warmup, self.args.steps_per_execution)
+        command = workload.command(chosen.worker, api, steps, warmup, self.args.steps_per_execution, whole_job)
         job = bench_job(
             JOB_NAME, command, self.args.workers, self.cluster.interface, env, chosen.caramel, MemoryAllocator(self.args.memory_allocator)
         )

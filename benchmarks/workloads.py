@@ -125,10 +125,10 @@ class Workload:
             raise ValueError(f"{self.name}: real compute has no device rate to scale")
         return Workload.emulated(scaled(self.profile, device_tflops), self.worker)
 
-    def command(self, strategy: str, api: str, steps: int, warmup: int, steps_per_execution: int) -> list[str]:
+    def command(self, strategy: str, api: str, steps: int, warmup: int, steps_per_execution: int, whole_job: bool = False) -> list[str]:
         return [
             sys.executable, "-m", self.worker, *self.worker_args, "--strategy", strategy, "--api", api, "--steps", str(steps),
-            "--warmup", str(warmup), "--steps-per-execution", str(steps_per_execution),
+            "--warmup", str(warmup), "--steps-per-execution", str(steps_per_execution), *(["--whole-job"] if whole_job else []),
         ]  # fmt: skip
 
 

@@ -279,14 +279,29 @@ def load_results(path: Path) -> dict[str, Point]:
 # -- short jobs ---------------------------------------------------------------------------------
 
 
-def job_wall_times(bench: Bench, workloads: list[Workload], rates: list[float], strategies: tuple[str, ...], steps: int) -> None:
-    """Each strategy once for `steps` steps from a cold start: the whole run's wall time."""
-    print(f"\nwhole wall time of a {steps}-step job (start-up, traces and re-plans included), one run each:")
-    for workload in workloads:
-        for rate in rates:
-            seconds = {strategy: bench.run(workload, strategy, rate, 0, steps=steps, warmup=0).wall_seconds for strategy in strategies}
-            ratios = ", ".join(f"{name} {seconds[name]:.0f} s ({seconds[name] / seconds[BASELINE]:.3f}x)" for name in strategies if name != BASELINE)
-            print(f"  {workload.name} at {rate:g} Mbit/s, {workload.device}: {BASELINE} {seconds[BASELINE]:.0f} s; {ratios}", flush=True)
+def job_wall_times(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], steps: int, repeats: int) -> None:
+    """Each strategy `repeats` times, interleaved, as a whole job of `steps` steps from a cold
+    start (told its length): the median wall time and its spread, over Horovod's."""
+    walls: dict[str, list[float]] = {strategy: [] for strategy in strategies}
+    for repeat in range(repeats):
+        for strategy in strategies:
+            run = bench.run(workload, strategy, rate, repeat, steps=steps, warmup=0, whole_job=True)
+            if not math.isnan(run.wall_seconds):
+                walls[strategy].append(run.wall_seconds)
+    if not walls[BASELINE]:
+        print(f"  {workload.name} at {rate:g} Mbit/s: every {BASELINE} run failed", flush=True)
+        return
+    baseline = statistics.median(walls[BASELINE])
+    parts = [
+        f"{name} {statistics.median(seconds):.0f} s ({min(seconds):.0f}-{max(seconds):.0f}), {statistics.median(seconds) / baseline:.3f}x"
+        if seconds else f"{name} failed"
+        for name, seconds in walls.items() if name != BASELINE
+    ]  # fmt: skip
+    print(
+        f"  {workload.name} at {rate:g} Mbit/s, {workload.device}: {BASELINE} {baseline:.0f} s "
+        f"({min(walls[BASELINE]):.0f}-{max(walls[BASELINE]):.0f}); " + "; ".join(parts),
+        flush=True,
+    )
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -365,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
                 for name in args.profile_names for rate in args.rate_list
             }  # fmt: skip
             if args.job_steps:
+                print(f"\nwhole wall time of a {args.job_steps}-step job (start-up, traces and re-plans included), "
+                      f"median (min-max) of {args.repeats} runs:", flush=True)  # fmt: skip
                 for key, workload in at_points.items():
-                    job_wall_times(bench, [workload], [float(key.split("@")[1])], args.strategy_names, args.job_steps)
+                    job_wall_times(bench, workload, float(key.split("@")[1]), args.strategy_names, args.job_steps, args.repeats)
                 return 0
             for key, workload in at_points.items():
                 results[key] = measure(bench, workload, float(key.split("@")[1]), args.strategy_names, args.repeats)

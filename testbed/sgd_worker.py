@@ -37,6 +37,10 @@ def main() -> None:
     parser.add_argument("--output", required=True, help="where rank 0 saves the final weights (.npz)")
     args = parser.parse_args()
     ctf.init()
+    # These runs are far too short for a graph of several steps to repay its build, so the
+    # replanner would keep one step per graph; the graphs of several steps are what must be
+    # checked here (the first steps of every run still go one per graph).
+    ctf.communicator().replanner.worth_several_steps = lambda found, steps_left: True
     tf.keras.utils.set_random_seed(SEED)
     model = build_model(args.hidden)
     optimizer = build_optimizer(DEFAULT_LEARNING_RATE)

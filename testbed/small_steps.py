@@ -11,9 +11,12 @@ import caramel.tensorflow as ctf
 from examples.train_small import DEFAULT_LEARNING_RATE, LOSS, batch, build_model, build_optimizer
 
 
-def train(executions: int, steps_per_execution: int, on_trace: Callable[[], None] = lambda: None) -> tf.keras.Model:
+def train(
+    executions: int, steps_per_execution: int, on_trace: Callable[[], None] = lambda: None, say_total_steps: bool = False
+) -> tf.keras.Model:
     """Run `executions` executions of `steps_per_execution` steps; `on_trace` is called each time
-    a step is traced into a graph. Returns the trained model."""
+    a step is traced into a graph; with `say_total_steps`, `ctf.function` is told how many steps
+    there are. Returns the trained model."""
     model = build_model(8)
     optimizer = ctf.DistributedOptimizer(build_optimizer(DEFAULT_LEARNING_RATE))
     ctf.broadcast_variables(model.variables)
@@ -25,7 +28,8 @@ def train(executions: int, steps_per_execution: int, on_trace: Callable[[], None
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    steps = ctf.function(step, steps_per_execution=steps_per_execution)
+    total_steps = steps_per_execution * executions if say_total_steps else None
+    steps = ctf.function(step, steps_per_execution=steps_per_execution, total_steps=total_steps)
     data = iter(tf.data.Dataset.range(steps_per_execution * executions).map(lambda i: batch(i, ctf.rank(), 16)))
     for _ in range(executions):
         steps(data)

@@ -29,3 +29,18 @@ def test_plans_are_decided_at_the_first_boundary_then_every_interval():
         assert steps[0] == steps_per_execution, decided
         searched = first_boundary_from(steps[0] + interval, steps_per_execution)
         assert steps[1] == first_boundary_from(searched + PLAN_LAG_STEPS, steps_per_execution), decided
+
+
+def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build():
+    from caramel.planner.linkmodel import LinkModel
+    from caramel.planner.schedule import Batch, Plan
+    from caramel.tensorflow.replanner import Replanner
+
+    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9))
+    replanner.seconds_per_step, replanner.retrace_seconds = 0.5, 20.0  # one step per graph; the estimated build
+    plan = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.45)  # 50 ms faster a step
+    assert not replanner.worth_several_steps(plan, steps_left=200)  # 10 s gained: less than the build
+    assert replanner.worth_several_steps(plan, steps_left=1000)  # 50 s
+    assert replanner.worth_several_steps(plan, steps_left=None)  # not said: as many steps per graph as asked
+    slower = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.55)
+    assert not replanner.worth_several_steps(slower, steps_left=10**6)

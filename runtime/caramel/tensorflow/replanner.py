@@ -12,7 +12,11 @@ from the same step. Adopting a plan re-traces the step, which costs seconds to m
 several-step graph of a large model), so a plan is adopted only if it is predicted to be clearly
 faster than the plan in force, and only if that gain repays the re-trace, as last measured, within
 the steps left (or `PAYBACK_STEPS` where nobody said how many are left). The first measured plan is
-searched at the first boundary after a measured step and adopted there, whatever its gain.
+searched at the first boundary after a measured step and decided there: until then the steps run one
+per graph, and several per graph (the cross-iteration window) cost a larger graph to build, so where
+the steps left are known the steps go on to several per graph, with the plan found, only if its
+predicted step, against the one measured so far, repays that build (as the caller estimated it)
+within them.
 """
 
 from __future__ import annotations
@@ -95,6 +99,8 @@ class Replanner:
         self.plan_changes = 0
         self.measured = False
         """Whether the plan in force was made from measurements."""
+        self.several_steps = False
+        """Whether the steps run several per graph: decided with the first measured plan."""
         self._tensors: list[TensorCost] = []
         self._observer = LinkObserver()
         self._recent: deque[StepTimes] = deque(maxlen=RECENT_STEPS)
@@ -113,8 +119,9 @@ class Replanner:
         self.communicated = False
         """Whether the last boundary ran collectives: the step across it took longer for it."""
         self.retrace_seconds: float | None = None
-        """What adopting the last plan cost: its first execution's time beyond an ordinary one's
-        (None until a plan was adopted, so the first measured plan is not weighed against it)."""
+        """What adopting the last plan cost: its first execution's time beyond an ordinary one's.
+        Before the first measured plan, the caller's estimate of what building its graphs of
+        several steps will cost (None: nothing to weigh)."""
 
     @property
     def gradients(self) -> int:
@@ -151,9 +158,11 @@ class Replanner:
             if typical_backward_seconds(self._recent) is None:
                 return False
             self.measured = True
-            adopted = self._adopt(self._start_search(completed_steps), steps_left, required_gain=0.0)
+            adopted = self._adopt(self._start_search(completed_steps), steps_left, first=True)
             self._next_replan = completed_steps + self._interval_steps  # as this decision weighed a re-plan's cost
             return adopted
+        if not self.several_steps:
+            return False  # one step per graph: no order of the transfers has a window to gain in
         adopted = False
         if self._pending is not None and completed_steps >= self._pending.adopt_at:
             adopted = self._adopt(self._pending, steps_left)
@@ -189,25 +198,30 @@ class Replanner:
         self._search_start_seconds = time.perf_counter() - started
         return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
 
-    def _adopt(self, pending: _PendingSearch, steps_left: int | None, required_gain: float = MIN_GAIN) -> bool:
-        """Rank 0 decides from its search and its measurements; every rank takes its decision."""
+    def _adopt(self, pending: _PendingSearch, steps_left: int | None, first: bool = False) -> bool:
+        """Rank 0 decides from its search and its measurements; every rank takes its decision.
+        The `first` measured plan also decides whether the steps go on to several per graph."""
         self.communicated = True
         started = time.perf_counter()
-        chosen = None
+        chosen, several = None, self.several_steps
         if pending.search is not None:
             try:
                 found = pending.search.result()
             except RuntimeError as error:  # a failed search costs a re-plan, not the training
                 print(f"caramel: {error}; keeping the plan in force", file=sys.stderr, flush=True)
             else:
-                current = simulate(pending.tensors, self.plan.transfers, pending.link)
-                if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - required_gain):
-                    chosen = self._worth_retracing(found, current, steps_left)
+                if first:
+                    several = self.worth_several_steps(found, steps_left)
+                    chosen = found if several and found.transfers != self.plan.transfers else None
+                else:
+                    current = simulate(pending.tensors, self.plan.transfers, pending.link)
+                    if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - MIN_GAIN):
+                        chosen = self._worth_retracing(found, current, steps_left)
         self._tensors = pending.tensors
         replan_seconds = self._search_start_seconds + self._decision_seconds  # this decision's, as the last one cost
         interval = replan_interval(self.scheduling.replan_interval_steps, replan_seconds, self.seconds_per_step)
         previous_interval = self._interval_steps
-        self.link, chosen, self._interval_steps = _share_decision(pending.link, chosen, interval)
+        self.link, chosen, self._interval_steps, self.several_steps = _share_decision(pending.link, chosen, interval, several)
         self._decision_seconds = time.perf_counter() - started
         if self._interval_steps != previous_interval and hvd.rank() == 0:
             print(
@@ -221,6 +235,24 @@ class Replanner:
         self.version += 1
         self.plan_changes += 1
         return True
+
+    def worth_several_steps(self, found: Plan, steps_left: int | None) -> bool:
+        """Whether the plan found, several steps per graph, repays building those graphs (the
+        estimate in `retrace_seconds`) against the step measured so far, one per graph, within
+        the steps left (said on rank 0's log where it does not). Where nobody said how many steps
+        are left, the steps per execution asked for are taken as they are."""
+        if self.seconds_per_step is None or steps_left is None:
+            return True
+        gain = self.seconds_per_step - found.predicted_step_seconds
+        if repays_retrace(gain, self.retrace_seconds, steps_left):
+            return True
+        steps = f"the {steps_left} steps left"
+        print(
+            f"caramel: keeping one step per graph: several per graph, predicted {gain * 1e3:.3g} ms faster per step, would "
+            f"not repay building their graph (about {self.retrace_seconds:.3g} s) within {steps}",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        return False
 
     def _worth_retracing(self, found: Plan, current_seconds: float, steps_left: int | None) -> Plan | None:
         """The plan found, unless its gain would not repay the re-trace (said on rank 0's log)."""
@@ -246,16 +278,23 @@ class Replanner:
                 self._observer.observe_probe(elements * 4, time.perf_counter() - started)
 
 
-def _share_decision(link: LinkModel, plan: Plan | None, interval_steps: int) -> tuple[LinkModel, Plan | None, int]:
-    """Rank 0's link model, chosen plan (or None) and steps to the next re-plan, on every rank."""
+def _share_decision(
+    link: LinkModel, plan: Plan | None, interval_steps: int, several_steps: bool
+) -> tuple[LinkModel, Plan | None, int, bool]:
+    """Rank 0's link model, chosen plan (or None), steps to the next re-plan and whether the
+    steps run several per graph, on every rank."""
     document = plan_document(plan) if plan else None
     transfers = document["transfers"] if document else []
     batch = document["batch"] if document else {"min_bytes": 0, "max_bytes": 0, "chunk_bytes": 0, "deadline_span_seconds": 0.0}
-    header = [link.alpha, link.beta, float(plan is not None), document["predicted"] if document else 0.0, len(transfers), interval_steps, *batch.values()]
+    header = [
+        link.alpha, link.beta, float(plan is not None), document["predicted"] if document else 0.0, len(transfers), interval_steps,
+        float(several_steps), *batch.values(),
+    ]  # fmt: skip
     header = hvd.broadcast(tf.constant(header, tf.float64), root_rank=0, name="caramel_plan_header").numpy()
-    shared_link, shared_interval = LinkModel(alpha=float(header[0]), beta=float(header[1])), int(header[5])
+    shared_link, shared_interval, shared_several = LinkModel(alpha=float(header[0]), beta=float(header[1])), int(header[5]), bool(header[6])
     if not header[2]:
-        return shared_link, None, shared_interval
+        return shared_link, None, shared_interval, shared_several
     values = hvd.broadcast(tf.constant(transfers or [0] * int(header[4]), tf.int64), root_rank=0, name="caramel_plan").numpy()
-    batch = dict(zip(batch, (int(header[6]), int(header[7]), int(header[8]), float(header[9]))))
-    return shared_link, plan_from({"transfers": values.tolist(), "batch": batch, "predicted": float(header[3])}), shared_interval
+    batch = dict(zip(batch, (int(header[7]), int(header[8]), int(header[9]), float(header[10]))))
+    plan = plan_from({"transfers": values.tolist(), "batch": batch, "predicted": float(header[3])})
+    return shared_link, plan, shared_interval, shared_several

@@ -10,12 +10,16 @@ needed later go on. The steps are copies of one trace of the step (unrolled.py):
 iteration before the next begins.
 
 Until the first plan made from measurements, executions run one step each (the cheapest graph
-to build), on the plan, which stamps when the gradients exist. Between executions the
-replanner may adopt a new plan; the step is then traced once more and its executions built
-again, and the selector measures the new plan against Horovod's own way before it keeps one.
-Every rank runs the same executions, so every rank re-plans at the same step. What adopting a
-plan cost (its first execution's time beyond an ordinary execution's) goes back to the
-replanner, which adopts a later plan only if its gain repays that within the steps left.
+to build), on the plan, which stamps when the gradients exist. A graph of several steps costs
+several times as much to build (its copies, TensorFlow's optimization of the larger graph and
+its first run), which a short training cannot win back: the first measured plan goes on to
+several steps per graph only if its predicted gain repays that build, estimated from what the
+first graph cost, within the steps left (the replanner). Between executions the replanner may
+adopt a new plan; the step is then traced once more and its executions built again, and the
+selector measures the new plan against Horovod's own way before it keeps one. Every rank runs
+the same executions, so every rank re-plans at the same step. What adopting a plan cost (its
+first execution's time beyond an ordinary execution's) goes back to the replanner, which adopts
+a later plan only if its gain repays that within the steps left.
 """
 
 from __future__ import annotations
@@ -71,7 +75,12 @@ class StepFunction:
         """Timings of the steps of the last call (empty when they ran Horovod's own way or
         communicated eagerly)."""
         self._traced: TracedStep | None = None
+        self._trace_seconds = 0.0
+        """What tracing the step cost, the last time it was traced."""
         self._executions: dict[int, Callable[[Iterator[Any]], list[Any]]] = {}
+        self._first_execution_seconds: float | None = None
+        self._build_seconds: float | None = None
+        """The estimated cost of building a graph of steps_per_execution steps (from the first)."""
         functools.update_wrapper(self, step)
 
     def __call__(self, iterator: Iterator[Any], steps: int | None = None) -> list[Any]:
@@ -82,41 +91,51 @@ class StepFunction:
         gradient_communicator = communicator()
         replanner = gradient_communicator.replanner
         steps_left = None if self.total_steps is None else max(0, self.total_steps - self.completed_steps)
+        if not replanner.measured and self.steps_per_execution > 1 and self._build_seconds is not None:
+            replanner.retrace_seconds = self._build_seconds  # the first measured plan weighs it
+        several_before = replanner.several_steps
         # No search while the selector measures: a new plan would restart its round.
         replanned = replanner.at_boundary(self.completed_steps, steps_left, may_search=not gradient_communicator.selector.exploring)
         if replanner.communicated:
             gradient_communicator.selector.untime_last_step()  # the re-plan's time is neither arm's
         if replanned:
             self._traced, self._executions = None, {}  # traced and built for the old plan
+        if replanned or replanner.several_steps != several_before:
             # The first execution of the new graphs builds them: it is not measured.
             gradient_communicator.selector.set_block(block_steps(self.steps_per_execution))
             gradient_communicator.selector.start_round(settle=self.steps_per_execution)
             if hvd.rank() == 0:
                 print(f"caramel: from step {self.completed_steps + 1}, {replanner.describe()}", file=sys.stderr, flush=True)
-        started, built = time.perf_counter(), len(self._executions)
-        if replanner.measured:
-            outputs = self._execute(iterator, count)
-        else:
-            # Until a plan was made from measurements, one step per execution: its graph is the
-            # cheapest to build, and the first measured plan is made at the next boundary.
-            # A single step that built nothing gives the step time the first measured plan's
-            # re-plan interval is weighed against: without it the next re-plan would come after
-            # replanIntervalSteps whatever it costs, and its search, in a process of its own,
-            # would take CPU from the steps when they are short of it.
-            outputs, times = [], []
-            for _ in range(count):
-                single_started, single_built = time.perf_counter(), len(self._executions)
-                outputs += self._execute(iterator, 1)
-                if len(self._executions) == single_built:
-                    replanner.seconds_per_step = time.perf_counter() - single_started
-                times += self.last_times
-            self.last_times = times
-        seconds = time.perf_counter() - started
-        if len(self._executions) == built:
-            replanner.seconds_per_step = seconds / count
-        elif replanned and replanner.seconds_per_step is not None:
-            replanner.retrace_seconds = max(0.0, seconds - count * replanner.seconds_per_step)
+        # One step per graph until the first measured plan was found worth several (the
+        # replanner), and for an execution shorter than the rest (the end of an epoch or of the
+        # training), whose graph of its own would cost more to build than its steps can gain.
+        per_graph = count if replanner.several_steps and count == self.steps_per_execution else 1
+        outputs, times = [], []
+        started = time.perf_counter()
+        for _ in range(count // per_graph):
+            execution_started, built = time.perf_counter(), len(self._executions)
+            outputs += self._execute(iterator, per_graph)
+            times += self.last_times
+            seconds = time.perf_counter() - execution_started
+            if len(self._executions) == built:
+                # What the steps take, as the plan's re-plan interval and gain are weighed.
+                if per_graph == count or not replanner.several_steps:
+                    replanner.seconds_per_step = seconds / per_graph
+            elif per_graph == 1 and self._first_execution_seconds is None:
+                self._first_execution_seconds = seconds
+        self.last_times = times
+        if self._first_execution_seconds is not None and self._build_seconds is None and replanner.seconds_per_step is not None:
+            self._build_seconds = self._several_steps_build_seconds(self._first_execution_seconds - replanner.seconds_per_step)
+        if (replanned or replanner.several_steps != several_before) and replanner.seconds_per_step is not None and per_graph > 1:
+            replanner.retrace_seconds = max(0.0, time.perf_counter() - started - count * replanner.seconds_per_step)
         return outputs
+
+    def _several_steps_build_seconds(self, first_build_seconds: float) -> float:
+        """What building a graph of steps_per_execution steps will cost, from what the first
+        graph, of one step, cost: the step's trace once, and its copy (with TensorFlow's
+        optimization of the graph and the first run) once per step."""
+        copy_seconds = max(0.0, first_build_seconds - self._trace_seconds)
+        return self._trace_seconds + self.steps_per_execution * copy_seconds
 
     def _execute(self, iterator: Iterator[Any], count: int) -> list[Any]:
         if count not in self._executions:
@@ -136,9 +155,11 @@ class StepFunction:
         per plan."""
         gradient_communicator = communicator()
         if self._traced is None:
+            started = time.perf_counter()
             with gradient_communicator.tracing_steps():
                 self._traced = TracedStep(self._one_step, iterator.element_spec)
             self._traced.bypass_identity_n(ARMS_NAME)
+            self._trace_seconds = time.perf_counter() - started
         # Each step keeps its stamps in a variable of its own, and only the first stamps releases.
         per_slot = [(gradient_communicator.stamp_store(i), gradient_communicator.stamp_releases(i)) for i in range(count)]
         first_store, first_flag = per_slot[0]
