@@ -51,7 +51,7 @@ from caramel.job.api import MemoryAllocator
 from benchmarks.jobrun import REPOSITORY, bench_job, hostnames
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError
 from benchmarks.profiles import NAMES
-from benchmarks.scheduling_bench import JOB_NAME, STRATEGIES, Bench, Cell, Point, Run, parse_rates
+from benchmarks.scheduling_bench import JOB_NAME, STRATEGIES, Bench, Cell, Point, Run, parse_rates, parse_worker_env
 from benchmarks.step_bounds import ordered_bounds
 from benchmarks.workloads import Workload, make_workloads, warmup_steps
 
@@ -321,6 +321,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calibrate", action="store_true", help=f"measure the operating points into {ZOO_POINTS.name}, and run nothing else")
     parser.add_argument("--job-steps", type=int, help="instead of the zoo: whole wall time of a job of this many steps, per strategy")
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--worker-env", metavar="NAME=VALUE", action="append", default=[],
+        help="an environment variable for every worker of every strategy, such as HOROVOD_TIMELINE=<file> (rank 0 writes it); repeatable",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/zoo-<time>)")
     parser.add_argument("--report", type=Path, metavar="RESULTS_JSON", help="print the table of an earlier run's results.json, and run nothing")
     args = parser.parse_args(argv)
@@ -340,8 +344,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"{flag}: must be at least 1, got {value}")
     if args.job_steps is not None and args.job_steps < 1:
         parser.error(f"--job-steps: must be at least 1, got {args.job_steps}")
+    try:
+        args.worker_env = [parse_worker_env(setting) for setting in args.worker_env]
+    except ValueError as error:
+        parser.error(f"--worker-env: {error}")
     # What scheduling_bench's Bench reads.
-    args.compute, args.warmup, args.worker_env, args.run_timeout = "emulated", warmup_steps(args.steps_per_execution), [], None
+    args.compute, args.warmup, args.run_timeout = "emulated", warmup_steps(args.steps_per_execution), None
     args.autotune_warmup, args.memory_allocator = 65, MemoryAllocator.TCMALLOC.value
     return args
 

@@ -32,6 +32,8 @@ def test_defaults_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--rates: expected comma-separated Mbit/s" in parse_error(capsys, "--rates", "fast")
     assert "--repeats: must be at least 1, got 0" in parse_error(capsys, "--repeats", "0")
     assert "--job-steps: must be at least 1, got 0" in parse_error(capsys, "--job-steps", "0")
+    assert "--worker-env: expected NAME=VALUE" in parse_error(capsys, "--worker-env", "HOROVOD_TIMELINE")
+    assert zoo_bench.parse_args(["--worker-env", "HOROVOD_TIMELINE=/tmp/t.json"]).worker_env == [("HOROVOD_TIMELINE", "/tmp/t.json")]
 
 
 def run(seconds: float, **details) -> Run:

@@ -100,7 +100,8 @@ class StepFunction:
             gradient_communicator.selector.untime_last_step()  # the re-plan's time is neither arm's
         if replanned:
             self._traced, self._executions = None, {}  # traced and built for the old plan
-        if replanned or replanner.several_steps != several_before:
+        new_graphs = replanned or replanner.several_steps != several_before
+        if new_graphs:
             # The first execution of the new graphs builds them: it is not measured.
             gradient_communicator.selector.set_block(block_steps(self.steps_per_execution))
             gradient_communicator.selector.start_round(settle=self.steps_per_execution)
@@ -126,7 +127,7 @@ class StepFunction:
         self.last_times = times
         if self._first_execution_seconds is not None and self._build_seconds is None and replanner.seconds_per_step is not None:
             self._build_seconds = self._several_steps_build_seconds(self._first_execution_seconds - replanner.seconds_per_step)
-        if (replanned or replanner.several_steps != several_before) and replanner.seconds_per_step is not None and per_graph > 1:
+        if new_graphs and replanner.seconds_per_step is not None and per_graph > 1:
             replanner.retrace_seconds = max(0.0, time.perf_counter() - started - count * replanner.seconds_per_step)
         return outputs
 
