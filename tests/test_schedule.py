@@ -132,6 +132,26 @@ def test_simulation_overlaps_communication_with_the_next_forward_pass():
     assert without_compute == pytest.approx(sum(LINK.seconds(t.nbytes) for t in plan.transfers))
 
 
+def test_an_execution_of_several_steps_pays_its_boundary_once():
+    tensors = costs([4 * MiB] * 20, forward=0.15, backward=0.30)
+    plan = best_schedule(tensors, LINK, Scheduling())
+    steady = simulate(tensors, plan.transfers, LINK)
+    per_execution = [simulate(tensors, plan.transfers, LINK, steps) for steps in (1, 2, 4, 64)]
+    # One step per execution overlaps nothing with the next forward pass: compute, then the
+    # transfers that come after the backward pass.
+    last_release = 0.15 + 0.30
+    link_after = sum(LINK.seconds(t.nbytes) for t in plan.transfers)
+    assert last_release < per_execution[0] <= 0.45 + link_after
+    assert per_execution == sorted(per_execution, reverse=True)  # the boundary shared by more steps
+    assert per_execution[-1] == pytest.approx(steady, rel=0.05) and per_execution[-1] >= steady - 1e-9
+    no_link = LinkModel(alpha=0.0, beta=0.0)
+    assert simulate(tensors, plan.transfers, no_link, 4) == pytest.approx(0.45)
+    # The search predicts for the executions the steps will run in.
+    assert best_schedule(tensors, LINK, Scheduling(), 4).predicted_step_seconds == pytest.approx(
+        simulate(tensors, best_schedule(tensors, LINK, Scheduling(), 4).transfers, LINK, 4)
+    )
+
+
 def test_a_chunked_tensor_pays_for_its_join_before_the_next_forward_pass_reads_it():
     tensors = costs([256 * MiB, MiB], forward=0.2, backward=0.4)
     link = LinkModel(alpha=1e-3, beta=1 / 500e6)

@@ -176,9 +176,13 @@ def build_schedule(
     return tuple(transfers)
 
 
-def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link: LinkModel) -> float:
-    """Predicted steady-state step time: the link runs the schedule, the next forward pass waits
-    for each parameter's update (and the join of a chunked one) only where it reads it."""
+def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link: LinkModel, steps_per_execution: int | None = None) -> float:
+    """Predicted step time: the link runs the schedule, the next forward pass waits for each
+    parameter's update (and the join of a chunked one) only where it reads it. With
+    `steps_per_execution`, the mean step of an execution of that many steps in one graph, which
+    starts with every parameter updated and ends once its last update has landed: the execution
+    boundary, where no step overlaps the transfers of the one before, is paid once per
+    execution. Without it, the steady state of steps that never meet such a boundary."""
     pieces_left = [0] * len(tensors)
     for transfer in transfers:
         for piece in transfer.pieces:
@@ -187,7 +191,7 @@ def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link:
     updated = [0.0] * len(tensors)
     clock = link_free = 0.0
     backward_ends = []
-    for _ in range(SIMULATED_ITERATIONS):
+    for _ in range(steps_per_execution or SIMULATED_ITERATIONS):
         for index, tensor in enumerate(tensors):
             clock = max(clock, updated[index]) + tensor.forward_seconds
         released = [0.0] * len(tensors)
@@ -203,6 +207,8 @@ def simulate(tensors: Sequence[TensorCost], transfers: Sequence[Transfer], link:
                 left[piece.tensor] -= 1
                 if left[piece.tensor] == 0:
                     updated[piece.tensor] = link_free + join_seconds[piece.tensor]
+    if steps_per_execution:
+        return max([clock, *updated]) / steps_per_execution
     return backward_ends[-1] - backward_ends[-2]
 
 
@@ -254,15 +260,16 @@ def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling) -> 
     ]
 
 
-def best_schedule(tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling) -> Plan:
-    """Among the candidate batchings' schedules predicted within PREDICTION_TOLERANCE of the
-    fastest, the one with the fewest transfers (the fastest of those; the first candidate of
-    equals, so every rank picks the same)."""
+def best_schedule(tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling, steps_per_execution: int | None = None) -> Plan:
+    """Among the candidate batchings' schedules predicted (`simulate`, for executions of
+    `steps_per_execution` steps where given) within PREDICTION_TOLERANCE of the fastest, the one
+    with the fewest transfers (the fastest of those; the first candidate of equals, so every
+    rank picks the same)."""
     ordering = Ordering.ARRIVAL if scheduling.ordering is Ordering.ARRIVAL else Ordering.TIC
     plans = []
     for batch in candidate_batches(tensors, scheduling):
         transfers = build_schedule(tensors, link, batch, ordering, scheduling.batching)
-        plans.append(Plan(transfers, batch, simulate(tensors, transfers, link)))
+        plans.append(Plan(transfers, batch, simulate(tensors, transfers, link, steps_per_execution)))
     fastest = min(plan.predicted_step_seconds for plan in plans)
     good_enough = [plan for plan in plans if plan.predicted_step_seconds <= fastest * (1 + PREDICTION_TOLERANCE) + 1e-9]
     return min(good_enough, key=lambda plan: (len(plan.transfers), plan.predicted_step_seconds))

@@ -25,17 +25,23 @@ from caramel.planner.schedule import Batch, Plan, TensorCost, best_schedule
 from caramel.planner.transfers import decode, encode
 
 
-def request(tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling) -> str:
+def request(tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling, steps_per_execution: int | None) -> str:
     return json.dumps(
-        {"tensors": [asdict(t) for t in tensors], "link": asdict(link), "scheduling": scheduling.model_dump(mode="json", by_alias=True)}
+        {
+            "tensors": [asdict(t) for t in tensors],
+            "link": asdict(link),
+            "scheduling": scheduling.model_dump(mode="json", by_alias=True),
+            "steps_per_execution": steps_per_execution,
+        }
     )
 
 
 def answer(text: str) -> str:
     document = json.loads(text)
     plan = best_schedule(
-        [TensorCost(**t) for t in document["tensors"]], LinkModel(**document["link"]), Scheduling.model_validate(document["scheduling"])
-    )
+        [TensorCost(**t) for t in document["tensors"]], LinkModel(**document["link"]), Scheduling.model_validate(document["scheduling"]),
+        document["steps_per_execution"],
+    )  # fmt: skip
     return json.dumps(plan_document(plan))
 
 
@@ -50,12 +56,12 @@ def plan_from(document: dict) -> Plan:
 class Search:
     """One search running in its own process."""
 
-    def __init__(self, tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling) -> None:
+    def __init__(self, tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling, steps_per_execution: int | None = None) -> None:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "caramel.planner.search"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         # One line: the search starts as soon as it has read it.
-        self._process.stdin.write(request(tensors, link, scheduling) + "\n")
+        self._process.stdin.write(request(tensors, link, scheduling, steps_per_execution) + "\n")
         self._process.stdin.flush()
 
     def result(self) -> Plan:

@@ -110,6 +110,9 @@ class Replanner:
         """What the probes time: the all-reduce the plan's transfers go through."""
         self.seconds_per_step: float | None = None
         """Of the last execution that traced nothing (None until one ran)."""
+        self.steps_per_execution: int | None = None
+        """Steps per graph execution, as the caller runs them: plans are predicted for such
+        executions (None: the steady state of steps that never meet an execution boundary)."""
         self._interval_steps = scheduling.replan_interval_steps
         """Steps between re-plans, as rank 0 last decided (`replan_interval`)."""
         self._search_start_seconds = 0.0
@@ -194,7 +197,7 @@ class Replanner:
         link = self._observer.model(previous=self.link, transfer_seconds=least_over_ranks(self._observer.transfer_seconds()))
         measured = typical_backward_seconds(self._recent)
         tensors = measured_costs(self._tensors, measured) if measured else self._tensors
-        search = Search(tensors, link, self.scheduling) if hvd.rank() == 0 else None
+        search = Search(tensors, link, self.scheduling, self.steps_per_execution) if hvd.rank() == 0 else None
         self._search_start_seconds = time.perf_counter() - started
         return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
 
@@ -214,7 +217,7 @@ class Replanner:
                     several = self.worth_several_steps(found, steps_left)
                     chosen = found if several and found.transfers != self.plan.transfers else None
                 else:
-                    current = simulate(pending.tensors, self.plan.transfers, pending.link)
+                    current = simulate(pending.tensors, self.plan.transfers, pending.link, self.steps_per_execution)
                     if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - MIN_GAIN):
                         chosen = self._worth_retracing(found, current, steps_left)
         self._tensors = pending.tensors

@@ -90,6 +90,7 @@ class StepFunction:
             raise ValueError(f"steps must be between 1 and steps_per_execution ({self.steps_per_execution}), got {count}")
         gradient_communicator = communicator()
         replanner = gradient_communicator.replanner
+        replanner.steps_per_execution = self.steps_per_execution  # how the plans' steps will run
         steps_left = None if self.total_steps is None else max(0, self.total_steps - self.completed_steps)
         if not replanner.measured and self.steps_per_execution > 1 and self._build_seconds is not None:
             replanner.retrace_seconds = self._build_seconds  # the first measured plan weighs it
