@@ -84,6 +84,8 @@ HAND_WRITTEN: list[BadJob] = [
     _mutated("zero replicas", "spec.workers.replicas", _set("spec.workers.replicas", 0)),
     _mutated("too many replicas", "spec.workers.replicas", _set("spec.workers.replicas", 5000)),
     _mutated("replicas as words", "spec.workers.replicas", _set("spec.workers.replicas", "two")),
+    _mutated("more minimum workers than workers", "spec.workers.minReplicas", _set("spec.workers.minReplicas", 3)),
+    _mutated("zero minimum workers", "spec.workers.minReplicas", _set("spec.workers.minReplicas", 0)),
     _mutated("zero slots", "spec.workers.slotsPerWorker", _set("spec.workers.slotsPerWorker", 0)),
     _mutated("misspelt workers field", "spec.workers.replica", _set("spec.workers.replica", 3)),
     _mutated("unknown spec field", "spec.gpus", _set("spec.gpus", 1)),

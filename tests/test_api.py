@@ -85,6 +85,10 @@ def test_every_field_is_documented():
         ({"image": "train:"}, "spec.image: must be a container image reference"),
         # The kubelet refused it only when starting each container: the gang failed backoffLimit times.
         ({"workingDir": "relative/dir"}, "spec.workingDir: must be an absolute path, starting with / (got 'relative/dir')"),
+        ({"workers": {"replicas": 3, "minReplicas": 4}}, "spec.workers.minReplicas: must not exceed replicas (3) (got 4)"),
+        # replicas' default (2) binds minReplicas too.
+        ({"workers": {"minReplicas": 3}}, "spec.workers.minReplicas: must not exceed replicas (2) (got 3)"),
+        ({"workers": {"replicas": 3, "minReplicas": 0}}, "spec.workers.minReplicas: Input should be greater than or equal to 1 (got 0)"),
     ],
 )
 def test_invalid_fields_are_named(spec, expected):

@@ -12,13 +12,14 @@ from caramel.topology.simulate import choose_allreduce
 from caramel.topology.synthetic import racks
 
 
-def job(replicas=3, slots=2, **spec):
+def job(replicas=3, slots=2, min_replicas=None, **spec):
+    workers = {"replicas": replicas, "slotsPerWorker": slots} | ({"minReplicas": min_replicas} if min_replicas else {})
     return parse_job(
         {
             "apiVersion": "caramel.dev/v1alpha1",
             "kind": "CaramelJob",
             "metadata": {"name": "demo"},
-            "spec": {"script": "train.py", "args": ["--steps", "3"], "workers": {"replicas": replicas, "slotsPerWorker": slots}, **spec},
+            "spec": {"script": "train.py", "args": ["--steps", "3"], "workers": workers, **spec},
         }
     )
 
@@ -27,7 +28,7 @@ CLUSTER_PEERS = [f"demo-worker-{i}.demo.default.svc" for i in range(3)]
 
 
 def process_envs(the_job, peers):
-    for index in range(the_job.spec.workers.replicas):
+    for index in range(len(peers)):
         worker = worker_env(the_job, index, peers)
         for slot in range(the_job.spec.workers.slots_per_worker):
             yield {**worker, **slot_env(worker, slot)}
@@ -152,7 +153,7 @@ def test_topology_round_trips_and_defaults_to_flat():
 
 
 def test_topology_must_have_one_host_per_rank():
-    with pytest.raises(ValueError, match="the topology has 4 hosts, the job 6 ranks"):
+    with pytest.raises(ValueError, match="the topology has 4 hosts, the gang 6 ranks"):
         worker_env(job(), 0, CLUSTER_PEERS, topology=racks(2, 2, 1e9, 1e9))
     env = worker_env(job(), 0, CLUSTER_PEERS)
     with pytest.raises(RuntimeError, match="CARAMEL_TOPOLOGY: not a topology"):
@@ -172,3 +173,34 @@ def test_every_worker_waits_for_the_others_as_long_as_the_contract_says():
     # spec.env has the last word, as for every variable.
     chosen = job(env=[{"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": "60"}])
     assert WorkerContract.from_env(worker_env(chosen, 1, CLUSTER_PEERS)).rendezvous_timeout_seconds == 60
+
+
+def test_a_gang_short_of_workers_is_a_world_of_its_own_that_knows_the_full_size():
+    """spec.workers.minReplicas: the peers given are the gang; Horovod's world is theirs, and
+    CARAMEL_FULL_SIZE keeps the whole gang's ranks for scripts that keep its global batch."""
+    elastic = job(replicas=4, min_replicas=2)
+    peers = CLUSTER_PEERS  # 3 of the 4 workers
+    envs = list(process_envs(elastic, peers))
+    assert {(env["HOROVOD_SIZE"], env["HOROVOD_CROSS_SIZE"], env["CARAMEL_FULL_SIZE"]) for env in envs} == {("6", "3", "8")}
+    assert envs[0]["CARAMEL_HOSTS"] == "demo-worker-0:2,demo-worker-1:2,demo-worker-2:2"
+    contracts = [WorkerContract.from_env(env) for env in envs]
+    assert {(c.world_size, c.full_world_size) for c in contracts} == {(6, 8)}
+    assignments = get_host_assignments(parse_hosts(envs[0]["CARAMEL_HOSTS"]), 6)
+    assert [int(env["HOROVOD_RANK"]) for env in envs] == [slot.rank for slot in assignments]
+    for count in (1, 5):
+        with pytest.raises(ValueError, match=f"expected 2 to 4 peer addresses \\(spec.workers.minReplicas to replicas\\), got {count}"):
+            worker_env(elastic, 0, ["a"] * count)
+    # A contract from before CARAMEL_FULL_SIZE: the world it runs in is the whole gang.
+    older = {key: value for key, value in envs[0].items() if key != "CARAMEL_FULL_SIZE"}
+    assert WorkerContract.from_env(older).full_world_size == 6
+
+
+def test_a_global_batch_is_shared_among_the_ranks_that_run():
+    envs = list(process_envs(job(replicas=3, slots=1), CLUSTER_PEERS))
+    shares = [WorkerContract.from_env(env).share_of(256) for env in envs]
+    assert shares == [86, 85, 85] and sum(shares) == 256
+    assert [WorkerContract.from_env(env).share_of(96) for env in envs] == [32, 32, 32]
+    with pytest.raises(ValueError, match="a global batch of 2 cannot give each of 3 ranks an example"):
+        WorkerContract.from_env(envs[0]).share_of(2)
+    with pytest.raises(RuntimeError, match="HOROVOD_RANK is unset"):
+        WorkerContract.from_env(worker_env(job(), 0, CLUSTER_PEERS)).share_of(256)

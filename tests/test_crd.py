@@ -70,7 +70,7 @@ def test_names_status_and_printer_columns():
     assert crd["spec"]["names"]["shortNames"] == ["cmj"]
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Ready", "Step", "Step Time", "Bandwidth", "Restarts", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Ready", "Size", "Step", "Step Time", "Bandwidth", "Restarts", "Age"]
 
 
 # --- what the API server checks: CEL rules, defaults, short names ---------------------------
@@ -128,6 +128,19 @@ def test_a_cel_rule_holds_only_where_it_should():
     long_name = copy.deepcopy(job)
     long_name["metadata"]["name"] = "a" * 53
     assert "metadata.name must be at most 52 characters" in str(validate_object(crd, long_name))
+
+
+
+@pytest.mark.parametrize(
+    ("workers", "refused"),
+    [({"replicas": 4, "minReplicas": 2}, False), ({"replicas": 4, "minReplicas": 4}, False), ({"minReplicas": 2}, False),
+     ({"replicas": 4, "minReplicas": 5}, True), ({"minReplicas": 3}, True), ({"replicas": 4}, False)],
+)
+def test_min_replicas_may_not_exceed_replicas_whose_default_counts(workers, refused):
+    """The API server fills in replicas' default (2) before the rule runs: minReplicas 3 alone is refused."""
+    job = {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "x"}, "spec": {"script": "t.py", "workers": workers}}
+    expected = ["spec.workers.minReplicas: minReplicas must not exceed replicas"] if refused else []
+    assert [str(v) for v in validate_object(custom_resource_definition(), job)] == expected
 
 
 def built_in_resource_names() -> dict[str, str]:

@@ -25,6 +25,13 @@ _DROPPED_KEYS = {"title", "additionalProperties", "$defs"}
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.readyWorkers", "description": "Running over requested workers."},
+    {
+        "name": "Size",
+        "type": "integer",
+        "jsonPath": ".status.size.replicas",
+        "description": "Workers the gang runs with: spec.workers.replicas, or fewer (minReplicas) while they do not all fit.",
+        "priority": 1,
+    },
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Step Time", "type": "number", "jsonPath": ".status.progress.stepSeconds", "description": "Seconds per step."},
     {"name": "Bandwidth", "type": "string", "jsonPath": ".status.progress.bandwidth"},

@@ -11,7 +11,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "caramel.dev"
@@ -128,8 +128,32 @@ class MemoryAllocator(StrEnum):
 class Workers(ApiModel):
     """The gang of identical workers that train together."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # Guarded as Scheduling's rule is: the API server also checks it on the
+                    # schema's default ({}), where neither field is set.
+                    "rule": "!has(self.minReplicas) || !has(self.replicas) || self.minReplicas <= self.replicas",
+                    "message": "minReplicas must not exceed replicas",
+                    "fieldPath": ".minReplicas",
+                }
+            ]
+        }
+    )
+
     replicas: int = Field(2, ge=1, le=4096)
-    """Number of workers (pods in a cluster, process groups under `caramel run`)."""
+    """Number of workers (pods in a cluster, process groups under `caramel run`): the gang's size
+    whenever they all fit."""
+
+    min_replicas: int | None = Field(None, ge=1, le=4096)
+    """Fewest workers the job may run with; unset, equal to replicas (the gang only ever runs
+    whole). When the whole gang cannot be placed or scheduled within the operator's gang
+    scheduling timeout, or a worker is lost with its node, the job restarts from its latest
+    checkpoint with as many workers as fit, never fewer than this, and grows back towards
+    replicas at a later restart or, once room appears, after its next checkpoint. The world size
+    (HOROVOD_SIZE) and so the global batch change with it. `caramel run`: a worker the machine
+    kills (SIGKILL, as the kernel's out-of-memory killer does) is lost."""
 
     slots_per_worker: int = Field(1, ge=1, le=64)
     """Training processes per worker (Horovod slots); the job runs replicas x slotsPerWorker ranks."""
@@ -145,6 +169,19 @@ class Workers(ApiModel):
     """Overrides merged into every worker pod: a Kubernetes PodTemplateSpec fragment with
     `metadata` (labels, annotations) and `spec` (nodeSelector, tolerations, volumes, ...).
     Ignored by `caramel run`."""
+
+    @field_validator("min_replicas")
+    @classmethod
+    def _at_most_replicas(cls, value: int | None, info: ValidationInfo) -> int | None:
+        replicas = info.data.get("replicas")  # absent when replicas itself was invalid
+        if value is not None and replicas is not None and value > replicas:
+            raise ValueError(f"must not exceed replicas ({replicas})")
+        return value
+
+    @property
+    def floor(self) -> int:
+        """The fewest workers the gang may run with: minReplicas, or replicas where unset."""
+        return self.replicas if self.min_replicas is None else self.min_replicas
 
 
 class CleanPodPolicy(StrEnum):
@@ -449,7 +486,8 @@ class CaramelJob(ApiModel):
 
     @property
     def world_size(self) -> int:
-        """Number of training processes (Horovod ranks) in the job."""
+        """Training processes (Horovod ranks) of the whole gang; a gang running with fewer workers
+        (spec.workers.minReplicas) has fewer."""
         return self.spec.workers.replicas * self.spec.workers.slots_per_worker
 
 
@@ -486,6 +524,7 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    RESIZED = "Resized"
 
 
 class Condition(ApiModel):
@@ -562,6 +601,10 @@ class TrainingProgress(ApiModel):
     loss: float | None = None
     """Loss of the latest step on rank 0."""
 
+    checkpoint_step: int | None = None
+    """Step of the latest checkpoint rank 0 wrote or restored (0 before any); a gang that found room
+    to grow restarts after the next one."""
+
     bandwidth: str = ""
     """The bandwidth for people, such as 1.2 GB/s."""
 
@@ -615,6 +658,42 @@ class GangPlacement(ApiModel):
     retry_after: str | None = None
     """While no placement fits: when R-Storm tries again (RFC 3339)."""
 
+    waiting_since: str | None = None
+    """While no placement fits: when R-Storm first found no room for this gang (RFC 3339). Once the
+    gang has waited the gang scheduling timeout, fewer workers may be placed
+    (spec.workers.minReplicas)."""
+
+
+class GangSize(ApiModel):
+    """How many workers the gang runs with (spec.workers.minReplicas to replicas), and why."""
+
+    gang: int
+    """The gang generation whose size `replicas` is; a newer gang is sized when it is created."""
+
+    replicas: int
+    """Workers of the gang: spec.workers.replicas, or fewer while they do not all fit."""
+
+    least: int
+    """The fewest workers the next gang may start with before it has waited the gang scheduling
+    timeout: spec.workers.replicas at first; after a failure, the size of the gang before where
+    R-Storm places (it places more where they fit) and every worker where the scheduler does; the
+    workers that survived a lost node; the workers scheduled when the rest waited out the
+    timeout; spec.workers.minReplicas once it has."""
+
+    reason: str = ""
+    """Why the gang has fewer than spec.workers.replicas, such as "demo-worker-3 (NodeLost) was
+    lost"; empty at full size."""
+
+    next_look: str | None = None
+    """While a gang placed by R-Storm runs short of spec.workers.replicas: when the operator next
+    looks for room for more workers (RFC 3339)."""
+
+    grow_to: int = 0
+    """Room found for this many workers: the gang restarts with them after its next checkpoint."""
+
+    grow_after_step: int = 0
+    """The step of rank 0's latest checkpoint when the room was found: a later one ends the wait."""
+
 
 class CaramelJobStatus(ApiModel):
     """The observed state of a CaramelJob, written by the operator."""
@@ -639,7 +718,8 @@ class CaramelJobStatus(ApiModel):
     """Running workers over requested workers, such as 3/4."""
 
     restarts: int = 0
-    """Whole-gang restarts so far."""
+    """Whole-gang restarts after failures so far, which spec.runPolicy.backoffLimit bounds (a gang
+    restarted to change its size, spec.workers.minReplicas, is not counted)."""
 
     gang: int = 0
     """Generation of the current gang of pods: it grows by one at every restart."""
@@ -665,3 +745,6 @@ class CaramelJobStatus(ApiModel):
 
     placement: GangPlacement | None = None
     """How the current gang's workers are placed (spec.placement)."""
+
+    size: GangSize | None = None
+    """How many workers the gang runs with, and why fewer than spec.workers.replicas."""

@@ -78,7 +78,9 @@ def worker_env(
     """The environment of one worker.
 
     `peers[i]` is the address at which worker i can be reached: its DNS name in a cluster,
-    127.0.0.1 for local processes. Worker 0 serves the rendezvous. Workers that share an
+    127.0.0.1 for local processes. There is one per worker of the gang, so their number is the
+    gang's size: spec.workers.replicas, or fewer down to minReplicas while they do not all fit.
+    Worker 0 serves the rendezvous. Workers that share an
     address share a machine, so each takes its own block of metrics and transport ports.
     `tuning` is what an earlier gang of the same job tuned, for a restarted gang to start from.
     `topology` is the network under the job, one host per rank in rank order (the placed
@@ -86,15 +88,21 @@ def worker_env(
     `rendezvous_timeout_seconds` is how long every worker waits for the others (worker 0 included).
     """
     spec = job.spec
-    replicas, slots = spec.workers.replicas, spec.workers.slots_per_worker
-    if len(peers) != replicas:
-        raise ValueError(f"expected {replicas} peer addresses (spec.workers.replicas), got {len(peers)}")
+    replicas, slots = len(peers), spec.workers.slots_per_worker
+    if not spec.workers.floor <= replicas <= spec.workers.replicas:
+        expected = (
+            f"{spec.workers.replicas} peer addresses (spec.workers.replicas)"
+            if spec.workers.floor == spec.workers.replicas
+            else f"{spec.workers.floor} to {spec.workers.replicas} peer addresses (spec.workers.minReplicas to replicas)"
+        )
+        raise ValueError(f"expected {expected}, got {replicas}")
     if not 0 <= worker_index < replicas:
         raise ValueError(f"worker index {worker_index} is outside 0..{replicas - 1}")
-    if topology is not None and topology.size != job.world_size:
+    world_size = replicas * slots
+    if topology is not None and topology.size != world_size:
         raise ValueError(
-            f"the topology has {topology.size} hosts, the job {job.world_size} ranks "
-            "(spec.workers.replicas x slotsPerWorker): it needs one host per rank"
+            f"the topology has {topology.size} hosts, the gang {world_size} ranks "
+            "(its workers x spec.workers.slotsPerWorker): it needs one host per rank"
         )
     processes_before_on_same_machine = machine_offsets(peers, slots)[worker_index]
     env = {
@@ -105,10 +113,12 @@ def worker_env(
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(spec.rendezvous.port),
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(rendezvous_timeout_seconds)),
         "HOROVOD_HOSTNAME": worker_name(job, worker_index),
-        "HOROVOD_SIZE": str(job.world_size),
+        "HOROVOD_SIZE": str(world_size),
         "HOROVOD_LOCAL_SIZE": str(slots),
         "HOROVOD_CROSS_RANK": str(worker_index),
         "HOROVOD_CROSS_SIZE": str(replicas),
+        # The ranks of the whole gang, for scripts that keep the global batch of a full gang.
+        "CARAMEL_FULL_SIZE": str(job.world_size),
         "CARAMEL_JOB_NAME": job.name,
         "CARAMEL_WORKER_INDEX": str(worker_index),
         "CARAMEL_HOSTS": ",".join(f"{worker_name(job, i)}:{slots}" for i in range(replicas)),
@@ -159,6 +169,10 @@ class WorkerContract:
     worker_index: int
     hosts: str
     world_size: int
+    """Ranks of the gang that runs (HOROVOD_SIZE)."""
+    full_world_size: int
+    """Ranks of the whole gang, spec.workers.replicas x slotsPerWorker (CARAMEL_FULL_SIZE): more than
+    world_size while the gang runs short of workers (spec.workers.minReplicas)."""
     slots_per_worker: int
     rendezvous_addr: str
     rendezvous_port: int
@@ -176,6 +190,17 @@ class WorkerContract:
     topology: Topology
     """The network under the job, one host per rank (CARAMEL_TOPOLOGY); a flat one (every rank
     on one switch) when the job has none."""
+
+    def share_of(self, global_batch: int) -> int:
+        """This rank's examples of a step's `global_batch`, split over the ranks that run: a script
+        that keeps its global batch whatever the gang's size passes this to its data pipeline (and
+        as TrainingRun's batch_size). Where the ranks do not divide it, the first ranks take one
+        example more."""
+        if self.rank is None:
+            raise RuntimeError("HOROVOD_RANK is unset: a batch is shared among training processes, not workers")
+        if global_batch < self.world_size:
+            raise ValueError(f"a global batch of {global_batch} cannot give each of {self.world_size} ranks an example")
+        return global_batch // self.world_size + (self.rank < global_batch % self.world_size)
 
     @property
     def transport_addresses(self) -> list[tuple[str, int]]:
@@ -200,6 +225,7 @@ class WorkerContract:
             worker_index=int(environ["CARAMEL_WORKER_INDEX"]),
             hosts=environ["CARAMEL_HOSTS"],
             world_size=world_size,
+            full_world_size=int(environ.get("CARAMEL_FULL_SIZE") or world_size),
             slots_per_worker=int(environ["HOROVOD_LOCAL_SIZE"]),
             rendezvous_addr=environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
