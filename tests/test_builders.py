@@ -64,6 +64,10 @@ def test_kueue_pod_group_when_a_queue_is_asked_for():
     assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-pod-index-label"] == "caramel.dev/worker-index"
     assert pod["metadata"]["labels"]["caramel.dev/worker-index"] == "0"
     assert "kueue.x-k8s.io/queue-name" not in build_worker_pod(job(), 0, default_image="x")["metadata"]["labels"]
+    # A gang running short (spec.workers.minReplicas) is a smaller group: Kueue admits what exists.
+    elastic = job(workers={"replicas": 4, "minReplicas": 2}, runPolicy={"schedulingPolicy": {"queue": "research"}})
+    short = build_worker_pod(elastic, 0, default_image="x", gang=3, replicas=3)
+    assert short["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "3"
 
 
 def test_headless_service_publishes_not_ready_workers():

@@ -26,6 +26,7 @@ from caramel_operator.lifecycle import (
     reject_invalid,
     report_creation_failures,
     status_from,
+    parse_timestamp,
     timestamp,
 )
 from caramel_operator.observe import INVALID_IMAGE, WorkerObservation, WorkerState
@@ -507,3 +508,211 @@ def test_auto_says_why_the_scheduler_places_a_gang_of_gpu_workers():
     [create] = actions_of(decision, CreatePods)
     assert decision.status.placement.by == "Scheduler" and "affinity" not in create.manifests[0]["spec"]
     assert decision.status.placement.message.startswith("R-Storm weighs CPU and memory only and the workers ask for nvidia.com/gpu")
+
+
+# --- gangs that shrink instead of waiting, and grow back (spec.workers.minReplicas) ------------
+
+ELASTIC = {"replicas": 4, "minReplicas": 2}
+ON = [WorkerNode(node=f"n{i}", rack="z/r1", zone="z") for i in range(4)]
+
+
+def running_gang(count, gang=0, by="Scheduler", size=None, **status_fields):
+    """The status of a running gang of `count` workers (`size`: more of status.size), and its workers."""
+    recorded = status(
+        phase=Phase.RUNNING,
+        gang=gang,
+        start_time=timestamp(NOW - timedelta(minutes=5)),
+        placement={"gang": gang, "by": by, "workers": [w.model_dump() for w in ON[:count]] if by == "RStorm" else []},
+        size={"gang": gang, "replicas": count, "least": count, **(size or {})},
+        **status_fields,
+    )
+    return recorded, [worker(index, gang=gang) for index in range(count)]
+
+
+def created(the_job, restarting):
+    """The pods created once a restart's backoff is over and the old gang is gone."""
+    later = parse_timestamp(restarting.restart_after) + timedelta(seconds=1)
+    decision = decide(the_job, restarting, [], ALL, later, SETTINGS)
+    [create] = actions_of(decision, CreatePods)
+    return decision, create.manifests
+
+
+def resized(decision):
+    return next((c for c in decision.status.conditions if c.type == "Resized"), None)
+
+
+def test_a_lost_worker_restarts_the_gang_with_the_survivors_from_its_checkpoint():
+    the_job = job(workers=ELASTIC, **BY_SCHEDULER)
+    running, workers = running_gang(4)
+    workers[3] = worker(3, WorkerState.FAILED, failure_reason="NodeLost")
+    lost = decide(the_job, running, workers, ALL, NOW, SETTINGS)
+    assert lost.status.phase is Phase.RESTARTING and lost.status.restarts == 1  # a failure, against backoffLimit
+    assert (lost.status.size.least, lost.status.size.reason) == (3, "demo-worker-3 (NodeLost) was lost")
+    assert [a.names for a in actions_of(lost, DeletePods) if a.force] == [["demo-worker-3"]]
+    after, pods = created(the_job, lost.status)
+    assert [pod["metadata"]["name"] for pod in pods] == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert {(env(pod)["HOROVOD_SIZE"], env(pod)["HOROVOD_CROSS_SIZE"], env(pod)["CARAMEL_FULL_SIZE"]) for pod in pods} == {("3", "3", "4")}
+    assert after.status.size.replicas == 3 and after.status.size.gang == 1
+    message = "running 3 of 4 workers: demo-worker-3 (NodeLost) was lost"
+    assert [(e.type, e.reason, e.message) for e in after.events if e.reason == "Resized"] == [("Warning", "Resized", message)]
+    assert (resized(after).status, resized(after).reason, resized(after).message) == ("True", "FewerWorkers", message)
+    later = parse_timestamp(lost.status.restart_after) + timedelta(seconds=2)
+    running_again = decide(the_job, after.status, [worker(i, gang=1) for i in range(3)], ALL, later, SETTINGS)
+    assert running_again.status.phase is Phase.RUNNING and running_again.status.ready_workers == "3/4"
+    assert running_again.status.conditions[[c.type for c in running_again.status.conditions].index("Running")].message == "3 of 4 workers running"
+
+
+def test_lost_workers_never_shrink_a_gang_below_min_replicas_nor_one_without_it():
+    running, workers = running_gang(4)
+    workers[2:] = [worker(2, WorkerState.FAILED, failure_reason="Evicted"), worker(3, WorkerState.FAILED, failure_reason="NodeLost")]
+    shrunk = decide(job(workers={"replicas": 4, "minReplicas": 3}, **BY_SCHEDULER), running, workers, ALL, NOW, SETTINGS)
+    assert shrunk.status.size.least == 3
+    assert shrunk.status.size.reason == "demo-worker-2 (Evicted), demo-worker-3 (NodeLost) were lost"
+    whole = decide(job(workers={"replicas": 4}, **BY_SCHEDULER), running, workers, ALL, NOW, SETTINGS)
+    assert whole.status.size.least == 4
+    _, pods = created(job(workers={"replicas": 4}, **BY_SCHEDULER), whole.status)
+    assert len(pods) == 4
+
+
+def test_a_deleted_pod_counts_as_lost_and_rstorm_places_the_survivors_and_more_where_they_fit():
+    the_job = job(workers=ELASTIC)
+    running, workers = running_gang(4, by="RStorm")
+    lost = decide(the_job, running, workers[:3], ALL, NOW, SETTINGS)  # demo-worker-3's pod is gone
+    assert lost.status.size.reason == "demo-worker-3 (PodDeleted) was lost"
+    later = NOW + timedelta(seconds=11)
+    [place] = actions_of(decide(the_job, lost.status, [], ALL, later, SETTINGS), PlaceGang)
+    assert (place.fewest, place.most, place.growing) == (3, 4, False)
+
+
+def test_a_gang_that_finds_no_room_is_placed_smaller_after_the_gang_scheduling_timeout():
+    the_job = job(workers=ELASTIC)
+    asked = decide(the_job, status(), [], ALL, NOW, SETTINGS)
+    [place] = actions_of(asked, PlaceGang)
+    assert (place.fewest, place.most) == (4, 4)  # the whole gang first
+    full = record_placement(asked, the_job, NoRoom("cannot place 4 workers; short of memory"), NOW, SETTINGS)
+    assert full.status.placement.waiting_since == timestamp(NOW)
+    still = record_placement(
+        decide(the_job, full.status, [], ALL, NOW + timedelta(seconds=10), SETTINGS), the_job, NoRoom("short"), NOW + timedelta(seconds=10), SETTINGS
+    )
+    assert still.status.placement.waiting_since == timestamp(NOW)  # the wait counts from the first try
+    before = decide(the_job, still.status, [], ALL, NOW + timedelta(seconds=119), SETTINGS)
+    [place] = actions_of(before, PlaceGang)
+    assert place.fewest == 4  # a second short of the gang scheduling timeout
+    waited = NOW + timedelta(seconds=121)
+    asked_fewer = decide(the_job, still.status, [], ALL, waited, SETTINGS)
+    [place] = actions_of(asked_fewer, PlaceGang)
+    assert (place.fewest, place.most) == (2, 4)
+    placed = record_placement(asked_fewer, the_job, Placed(workers=tuple(ON[:3])), waited, SETTINGS)
+    decision = decide(the_job, placed.status, [], ALL, waited, SETTINGS)
+    [create] = actions_of(decision, CreatePods)
+    assert [pinned_node(pod) for pod in create.manifests] == ["n0", "n1", "n2"]
+    assert {env(pod)["HOROVOD_SIZE"] for pod in create.manifests} == {"3"}
+    message = "running 3 of 4 workers: the whole gang did not fit within the gang scheduling timeout (120 s)"
+    assert [e.message for e in decision.events if e.reason == "Resized"] == [message]
+    assert decision.status.size.next_look == timestamp(waited + timedelta(seconds=120))
+
+
+def test_a_partly_scheduled_gang_runs_with_its_scheduled_part_after_the_timeout():
+    the_job = job(workers=ELASTIC, **BY_SCHEDULER)
+    pending, _ = running_gang(4)
+    pending = pending.model_copy(update={"phase": Phase.PENDING, "restarts": 1})
+    made = timestamp(NOW - timedelta(seconds=121))
+    stuck = worker(3, WorkerState.PENDING, pending_reason="Unschedulable", pending_message="0/3 nodes: Insufficient cpu", created=made)
+    workers = [worker(i, WorkerState.RUNNING if i else WorkerState.PENDING, scheduled=True, created=made) for i in range(3)] + [stuck]
+    decision = decide(the_job, pending, workers, ALL, NOW, SETTINGS)
+    # A resize, not a failure: no backoff, no restart counted, the last failure kept.
+    assert decision.status.phase is Phase.RESTARTING and decision.status.restarts == 1 and decision.status.gang == 1
+    assert decision.status.restart_after == timestamp(NOW) and decision.status.last_failure is None
+    assert decision.status.size.least == 3
+    [event] = decision.events
+    assert (event.type, event.reason) == ("Warning", "GangResized")
+    assert event.message.startswith("1 of 4 workers unschedulable for 121 s while 3 held their nodes (gang scheduling timeout 120 s): the gang runs with the 3 scheduled")
+    after, pods = created(the_job, decision.status)
+    assert len(pods) == 3
+    assert [e.message for e in after.events if e.reason == "Resized"] == [
+        "running 3 of 4 workers: 1 stayed unschedulable for the gang scheduling timeout (120 s)"
+    ]
+    # Fewer scheduled than minReplicas: released and retried whole, as without minReplicas.
+    few = [worker(0, WorkerState.RUNNING, scheduled=True, created=made)] + [
+        worker(i, WorkerState.PENDING, pending_reason="Unschedulable", created=made) for i in range(1, 4)
+    ]
+    released = decide(the_job, pending, few, ALL, NOW, SETTINGS)
+    assert released.status.restarts == 2 and released.status.last_failure.reason == "GangUnschedulable"
+
+
+def test_a_later_restart_asks_for_the_whole_gang_again():
+    """The scheduler is asked for every worker; R-Storm places as many as fit, from the gang before up."""
+    shrunk = {"reason": "demo-worker-3 (NodeLost) was lost"}
+    fewer = [{"type": "Resized", "status": "True", "reason": "FewerWorkers", "lastTransitionTime": timestamp(NOW)}]
+    for by, the_job in (("Scheduler", job(workers=ELASTIC, **BY_SCHEDULER)), ("RStorm", job(workers=ELASTIC))):
+        running, workers = running_gang(3, by=by, size=shrunk, conditions=fewer)
+        workers[0] = worker(0, WorkerState.FAILED, failure_reason="Error", exit_code=1)
+        crashed = decide(the_job, running, workers, ALL, NOW, SETTINGS)
+        assert crashed.status.phase is Phase.RESTARTING
+        later = NOW + timedelta(seconds=11)
+        if by == "Scheduler":
+            assert crashed.status.size.least == 4
+            _, pods = created(the_job, crashed.status)
+            assert len(pods) == 4 and {env(pod)["HOROVOD_SIZE"] for pod in pods} == {"4"}
+        else:
+            assert crashed.status.size.least == 3
+            asked = decide(the_job, crashed.status, [], ALL, later, SETTINGS)
+            [place] = actions_of(asked, PlaceGang)
+            assert (place.fewest, place.most) == (3, 4)
+            grown = decide(the_job, record_placement(asked, the_job, Placed(workers=tuple(ON)), later, SETTINGS).status, [], ALL, later, SETTINGS)
+            assert len(actions_of(grown, CreatePods)[0].manifests) == 4
+            assert [(e.type, e.message) for e in grown.events if e.reason == "Resized"] == [("Normal", "running all 4 workers again")]
+            assert (resized(grown).status, resized(grown).reason) == ("False", "AllWorkers")
+            assert grown.status.size.reason == "" and grown.status.size.next_look is None
+
+
+def test_a_shrunk_gang_looks_for_room_and_grows_after_its_next_checkpoint():
+    the_job = job(workers=ELASTIC, checkpoint={"path": "/ckpt", "intervalSteps": 100})
+    look = timestamp(NOW + timedelta(seconds=30))
+    running, workers = running_gang(3, by="RStorm", size={"next_look": look}, progress={"step": 150, "checkpointStep": 100})
+    assert not actions_of(decide(the_job, running, workers, ALL, NOW, SETTINGS), PlaceGang)
+    due = NOW + timedelta(seconds=30)
+    looking = decide(the_job, running, workers, ALL, due, SETTINGS)
+    [place] = actions_of(looking, PlaceGang)
+    assert (place.fewest, place.most, place.growing) == (4, 4, True)
+    assert looking.status.size.next_look == timestamp(due + timedelta(seconds=120))
+    # No room: the gang runs on, quietly.
+    none = record_placement(looking, the_job, NoRoom("short of memory"), due, SETTINGS)
+    assert none.status == looking.status and none.events == []
+    room = record_placement(looking, the_job, Placed(workers=tuple(ON)), due, SETTINGS)
+    assert (room.status.size.grow_to, room.status.size.grow_after_step) == (4, 100)
+    assert room.status.placement == running.placement  # the running gang's placement stands
+    assert [e.message for e in room.events] == ["room for 4 of 4 workers: the gang of 3 restarts with them after its next checkpoint"]
+    waiting = decide(the_job, room.status, workers, ALL, due, SETTINGS)
+    assert waiting.status.phase is Phase.RUNNING and not actions_of(waiting, PlaceGang)
+    checkpointed = room.status.model_copy(update={"progress": room.status.progress.model_copy(update={"step": 203, "checkpoint_step": 200})})
+    # A gang finishing writes its last checkpoint at its end: it succeeds, it does not grow.
+    done = [worker(index, WorkerState.SUCCEEDED) for index in range(3)]
+    assert decide(the_job, checkpointed, done, ALL, due, SETTINGS).status.phase is Phase.SUCCEEDED
+    grows = decide(the_job, checkpointed, workers, ALL, due, SETTINGS)
+    assert grows.status.phase is Phase.RESTARTING and grows.status.restarts == 0 and grows.status.restart_after == timestamp(due)
+    assert [(e.type, e.reason) for e in grows.events] == [("Normal", "GangResized")]
+    assert grows.events[0].message.startswith("room for 4 of 4 workers, and a checkpoint at step 200: the gang of 3 grows")
+    [place] = actions_of(decide(the_job, grows.status, [], ALL, due, SETTINGS), PlaceGang)
+    assert (place.fewest, place.most) == (3, 4)
+
+
+@pytest.mark.parametrize(
+    ("spec", "by"),
+    [({"checkpoint": None}, "RStorm"), ({"metrics": {"enabled": False}}, "RStorm"), ({}, "Scheduler")],
+    ids=["no-checkpoint", "no-metrics", "scheduler"],
+)
+def test_only_a_checkpointed_gang_rstorm_placed_and_watched_looks_for_room(spec, by):
+    """It can grow only at a checkpoint, which the operator learns of from rank 0's metrics; the
+    scheduler's room cannot be seen before pods are created."""
+    the_job = job(workers=ELASTIC, **{"checkpoint": {"path": "/ckpt"}, **spec})
+    running, workers = running_gang(3, by=by, size={"next_look": timestamp(NOW)})
+    assert not actions_of(decide(the_job, running, workers, ALL, NOW, SETTINGS), PlaceGang)
+
+
+def test_a_resumed_job_asks_for_every_worker_again():
+    suspended = status(phase=Phase.SUSPENDED, gang=2, size={"gang": 2, "replicas": 2, "least": 2, "reason": "demo-worker-3 (NodeLost) was lost"})
+    resumed = decide(job(workers=ELASTIC, **BY_SCHEDULER), suspended, [], ALL, NOW, SETTINGS)
+    [create] = actions_of(resumed, CreatePods)
+    assert len(create.manifests) == 4 and resumed.status.size.replicas == 4
+    assert [e.message for e in resumed.events if e.reason == "Resized"] == ["running all 4 workers again"]

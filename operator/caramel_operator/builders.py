@@ -65,8 +65,9 @@ def worker_address(job: CaramelJob, worker_index: int) -> str:
     return f"{worker_name(job, worker_index)}.{job.name}.{job.metadata.namespace}.svc"
 
 
-def peer_addresses(job: CaramelJob) -> list[str]:
-    return [worker_address(job, index) for index in range(job.spec.workers.replicas)]
+def peer_addresses(job: CaramelJob, replicas: int) -> list[str]:
+    """The addresses of a gang of `replicas` workers."""
+    return [worker_address(job, index) for index in range(replicas)]
 
 
 def build_service(job: CaramelJob) -> dict[str, Any]:
@@ -94,6 +95,7 @@ def build_worker_pod(
     *,
     default_image: str,
     gang: int = 0,
+    replicas: int | None = None,
     tuning: Tuning | None = None,
     node: str | None = None,
     topology: Topology | None = None,
@@ -101,19 +103,21 @@ def build_worker_pod(
 ) -> dict[str, Any]:
     """Worker pod `worker_index` of gang generation `gang`, with spec.workers.template merged in.
 
-    `node`: the node placement chose for the worker, which the pod is pinned to; `topology`: the
-    network under the placed gang, one host per rank, handed to the worker (CARAMEL_TOPOLOGY);
-    `rendezvous_timeout_seconds`: how long its workers wait for each other.
+    `replicas`: the gang's workers (spec.workers.replicas where not given; fewer while they do not
+    all fit); `node`: the node placement chose for the worker, which the pod is pinned to;
+    `topology`: the network under the placed gang, one host per rank, handed to the worker
+    (CARAMEL_TOPOLOGY); `rendezvous_timeout_seconds`: how long its workers wait for each other.
     """
     spec = job.spec
+    replicas = spec.workers.replicas if replicas is None else replicas
     name = worker_name(job, worker_index)
-    env = worker_env(job, worker_index, peer_addresses(job), tuning, topology, rendezvous_timeout_seconds)
+    env = worker_env(job, worker_index, peer_addresses(job, replicas), tuning, topology, rendezvous_timeout_seconds)
     labels = {**job_labels(job), WORKER_INDEX_LABEL: str(worker_index), GANG_LABEL: str(gang)}
     annotations: dict[str, str] = {}
     if spec.run_policy.scheduling_policy:
         labels[KUEUE_QUEUE_LABEL] = spec.run_policy.scheduling_policy.queue
         labels[KUEUE_GROUP_LABEL] = f"{job.name}-gang-{gang}"
-        annotations[KUEUE_GROUP_COUNT_ANNOTATION] = str(spec.workers.replicas)
+        annotations[KUEUE_GROUP_COUNT_ANNOTATION] = str(replicas)
         annotations[KUEUE_POD_INDEX_LABEL_ANNOTATION] = WORKER_INDEX_LABEL
     ports = []
     if spec.metrics.enabled:

@@ -63,7 +63,10 @@ class OperatorSettings:
 
     gang_scheduling_timeout_seconds: float = 300.0
     """How long part of a gang may hold its nodes while the rest is unschedulable before the whole
-    gang is released and retried with backoff (CARAMEL_GANG_SCHEDULING_TIMEOUT_SECONDS)."""
+    gang is released and retried with backoff, or runs with the scheduled part where
+    spec.workers.minReplicas allows it (CARAMEL_GANG_SCHEDULING_TIMEOUT_SECONDS). Also how long a
+    gang R-Storm cannot place whole waits before fewer workers are placed, and how often a gang
+    running short looks for room to grow: one patience for room, whichever way it goes."""
 
     network_policy: bool = True
     """Give every job a NetworkPolicy that admits only its own pods, the operator and the

@@ -4,7 +4,8 @@
   Auto leaves to the scheduler the gangs that ask for resources R-Storm does not weigh (GPUs).
 - `place`: R-Storm over the nodes the workers may use, as the scheduler reads the worker pod:
   its nodeSelector and required node affinity (`admits`), its tolerations, and what it requests,
-  sidecars and overhead included. The gang's own earlier pods do not count against the nodes.
+  sidecars and overhead included; as many workers as fit within the sizes the lifecycle allows.
+  The gang's own pods do not count against the nodes (a restart frees them).
 - `placed_topology`: the network under the placed workers, one host per rank, for the workers'
   CARAMEL_TOPOLOGY.
 
@@ -15,7 +16,7 @@ records the outcome in the job's status; nothing here does I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from caramel.job.api import CaramelJob, PlacedBy, PlacementPolicy, WorkerNode
@@ -23,7 +24,7 @@ from caramel.topology.labels import ClusterLinks, Position, gang_topology
 from caramel.topology.model import Topology
 from caramel_operator.builders import JOB_LABEL
 from caramel_operator.node_resources import free_resources, pod_requests
-from caramel_operator.placement import Gang, Unplaceable, rstorm
+from caramel_operator.placement import Gang, Unplaceable, largest_fit, rstorm
 
 # The pod set annotations that ask Kueue for topology-aware scheduling.
 KUEUE_TOPOLOGY_ANNOTATIONS = (
@@ -118,9 +119,12 @@ def place(
     nodes: Sequence[Mapping[str, Any]],
     pods: Sequence[Mapping[str, Any]],
     rack_label: str,
+    fewest: int,
+    most: int,
 ) -> Placed | NoRoom:
     """R-Storm's placement of the job's gang of `worker_pod`s (worker 0's pod as built) over the
-    cluster's `nodes`, less what `pods` request."""
+    cluster's `nodes`, less what `pods` request: the most workers from `fewest` to `most` that fit
+    (`largest_fit`), or NoRoom saying what is short of `fewest`."""
     spec = worker_pod["spec"]
     admitted = [node for node in nodes if admits(spec, node)]
     if nodes and not admitted:
@@ -133,7 +137,8 @@ def place(
             "or tainted without a matching toleration in spec.workers.template"
         )
     requests = pod_requests(worker_pod)
-    gang = Gang(replicas=job.spec.workers.replicas, cpu=float(requests["cpu"]), memory=float(requests["memory"]))
+    widest = Gang(replicas=most, cpu=float(requests["cpu"]), memory=float(requests["memory"]))
+    gang = replace(widest, replicas=largest_fit(free, widest, fewest))
     try:
         placement = rstorm(free, gang)
     except Unplaceable as error:

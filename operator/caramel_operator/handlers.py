@@ -210,7 +210,8 @@ async def reconcile(
 
 
 async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now: datetime) -> Decision:
-    """Read the nodes and pods and place the gang, when the lifecycle asks (once per gang)."""
+    """Read the nodes and pods and place the gang, or look for room for a gang that runs short,
+    when the lifecycle asks."""
     request = next((action for action in decision.actions if isinstance(action, PlaceGang)), None)
     if request is None:
         return decision
@@ -219,7 +220,7 @@ async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now
     except ReadForbidden as error:
         outcome = Unreadable(str(error))
     else:
-        outcome = place(job, request.worker_pod, nodes, pods, SETTINGS.rack_label)
+        outcome = place(job, request.worker_pod, nodes, pods, SETTINGS.rack_label, request.fewest, request.most)
     return record_placement(decision, job, outcome, now, SETTINGS)
 
 

@@ -14,6 +14,17 @@ Every gang is placed before any of its pods exists: with R-Storm, `decide` asks 
 (`PlaceGang`), the handler reads the cluster and `record_placement` writes the outcome into the
 status; the next pass creates the pods from the recorded placement. So every pod of a gang, even
 one re-created after an operator restart, follows the same placement and gets the same topology.
+
+A gang may run with fewer workers than spec.workers.replicas, never fewer than minReplicas
+(status.size). Each gang starts with at least `least` workers, set when the gang before it
+ended: all of them for a new or resumed job; as many as the gang before after a failure (R-Storm
+places more where they fit; the scheduler, which cannot tell before, is asked for all of them);
+the survivors after workers were lost with their pods or nodes; the scheduled ones when the rest
+stayed unschedulable for the gang scheduling timeout (that restart is a resize: no backoff, not
+counted against backoffLimit). R-Storm places the most workers that fit, from `least` up, and
+once a gang has found no room for the gang scheduling timeout, from minReplicas up. While a gang
+R-Storm placed runs short, the operator looks for room every gang scheduling timeout; room found,
+the gang restarts with the larger size after rank 0's next checkpoint (another resize).
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from caramel.job.api import (
     Condition,
     ConditionType,
     GangPlacement,
+    GangSize,
     Phase,
     PlacedBy,
     PlacementPolicy,
@@ -44,6 +56,10 @@ from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable,
 from caramel_operator.observe import INVALID_IMAGE, NODE_LOST_REASONS, WorkerObservation, WorkerState
 
 FINISHED = {Phase.SUCCEEDED, Phase.FAILED}
+POD_DELETED = "PodDeleted"
+# Why a worker went that takes its room with it: its node is gone, or its pod was pushed off it or
+# deleted (a drain, a preemption, a node's garbage collection, or someone's `kubectl delete`).
+LOST_REASONS = NODE_LOST_REASONS | {POD_DELETED}
 # kopf cuts longer Event messages in the middle; the restart Event fits its own lines to it.
 EVENT_MESSAGE_BYTES = 1024
 
@@ -74,6 +90,15 @@ class PlaceGang:
 
     worker_pod: dict[str, Any]
     """Worker 0's pod as built: its requests, tolerations and node selection bind the placement."""
+
+    fewest: int
+    """Place at least this many workers, or none."""
+
+    most: int
+    """Place at most this many: as many as fit up to here."""
+
+    growing: bool = False
+    """A look for room for a gang that runs short: what fits is room to grow, not the gang's placement."""
 
 
 @dataclass(frozen=True)
@@ -167,8 +192,12 @@ def record_placement(decision: Decision, job: CaramelJob, outcome: Outcome, now:
     RStorm was asked for but the operator may not read the nodes, nothing is created: the reason
     goes into status.message and a Warning Event, and placement is tried again after the restart
     backoff (10 s, 20 s, ...). Auto, where the nodes cannot be read (namespaced RBAC), leaves the
-    gang to the scheduler.
+    gang to the scheduler. For a look for room while the gang runs (PlaceGang.growing), what fits
+    is room to grow (`record_room`).
     """
+    request = next(action for action in decision.actions if isinstance(action, PlaceGang))
+    if request.growing:
+        return record_room(decision, job, outcome)
     status = decision.status
     events = decision.events
     if isinstance(outcome, Placed):
@@ -195,6 +224,7 @@ def record_placement(decision: Decision, job: CaramelJob, outcome: Outcome, now:
         return decision
     previous = status.placement if status.placement and status.placement.gang == status.gang else None
     attempts = (previous.attempts if previous else 0) + 1
+    waiting_since = previous.waiting_since if previous and previous.waiting_since else timestamp(now)
     backoff = settings.restart_backoff(attempts - 1)
     if isinstance(outcome, NoRoom):
         why = outcome.message
@@ -202,10 +232,38 @@ def record_placement(decision: Decision, job: CaramelJob, outcome: Outcome, now:
         why = f"R-Storm placement (spec.placement.policy RStorm) needs to list nodes and pods cluster-wide: {outcome.message}"
     message = f"cannot place the gang: {why}; trying again in {backoff:.0f} s"
     placement = GangPlacement(
-        gang=status.gang, by=PlacedBy.RSTORM, attempts=attempts, retry_after=timestamp(now + timedelta(seconds=backoff))
+        gang=status.gang,
+        by=PlacedBy.RSTORM,
+        attempts=attempts,
+        retry_after=timestamp(now + timedelta(seconds=backoff)),
+        waiting_since=waiting_since,
     )
     events.append(Event("Warning", "Unplaceable", message))
     decision.status = status.model_copy(update={"placement": placement, "message": message})
+    return decision
+
+
+def record_room(decision: Decision, job: CaramelJob, outcome: Outcome) -> Decision:
+    """Room found for more workers of a gang that runs short: it restarts with them after rank 0's
+    next checkpoint (the lifecycle's `grow_at_checkpoint`). No room, or no right to look: the gang
+    runs on as it is, quietly, and looks again later."""
+    size = decision.status.size
+    if not isinstance(outcome, Placed) or size is None:
+        return decision
+    progress = decision.status.progress
+    grow_to = len(outcome.workers)
+    decision.events.append(
+        Event(
+            "Normal",
+            "RoomToGrow",
+            f"room for {grow_to} of {job.spec.workers.replicas} workers: the gang of {size.replicas} restarts with them "
+            "after its next checkpoint",
+        )
+    )
+    after = (progress.checkpoint_step or 0) if progress else 0
+    decision.status = decision.status.model_copy(
+        update={"size": size.model_copy(update={"grow_to": grow_to, "grow_after_step": after})}
+    )
     return decision
 
 
@@ -227,6 +285,7 @@ class _Reconciliation:
     def __init__(self, job, status, workers, existing, now, settings) -> None:
         self.job: CaramelJob = job
         self.replicas = job.spec.workers.replicas
+        self.floor = job.spec.workers.floor
         self.workers: list[WorkerObservation] = workers
         self.existing: frozenset[str] = existing
         self.now: datetime = now
@@ -237,8 +296,32 @@ class _Reconciliation:
     def status(self) -> CaramelJobStatus:
         return self.decision.status
 
+    @property
+    def size(self) -> GangSize:
+        """The size on record; before the first gang, the whole gang's (no gang is sized yet)."""
+        return self.status.size or GangSize(gang=-1, replicas=self.replicas, least=self.replicas)
+
+    @property
+    def gang_size(self) -> int | None:
+        """Workers of the current gang, or None while it is not yet sized (created)."""
+        size = self.status.size
+        return size.replicas if size and size.gang == self.status.gang else None
+
+    @property
+    def expected(self) -> int:
+        """Workers the current gang has, or will have as far as is known yet."""
+        return self.gang_size or self.replicas
+
+    @property
+    def least(self) -> int:
+        """The fewest workers the next gang may start with, within the spec as it is now."""
+        return min(self.replicas, max(self.floor, self.size.least))
+
     def update(self, **changes: Any) -> None:
         self.decision.status = self.status.model_copy(update=changes)
+
+    def update_size(self, **changes: Any) -> None:
+        self.update(size=self.size.model_copy(update=changes))
 
     def condition(self, kind: ConditionType, holds: bool, reason: str, message: str = "") -> None:
         self.decision.status = with_condition(self.status, kind, holds, reason, message, self.now)
@@ -250,6 +333,9 @@ class _Reconciliation:
         # A wait of the gang before is no reason to keep quiet about the next one.
         self.update(phase=phase, pending_reason="")
         self.decision.transitions.append(phase)
+
+    def of_replicas(self, workers: int) -> str:
+        return f"all {workers} workers" if workers == self.replicas else f"{workers} of {self.replicas} workers"
 
     # -- the steps -------------------------------------------------------------------------
 
@@ -286,8 +372,10 @@ class _Reconciliation:
         if self.status.phase is Phase.SUSPENDED:
             self.enter(Phase.PENDING)
             # A new gang number: pods of the suspended gang may still be terminating. The deadline
-            # starts again, as a Kubernetes Job's does: a suspended job is not running.
+            # starts again, as a Kubernetes Job's does: a suspended job is not running. The
+            # resumed gang asks for every worker again, as a new job's does.
             self.update(gang=self.status.gang + 1, message="", start_time=timestamp(self.now))
+            self.update_size(least=self.replicas)
             self.condition(ConditionType.SUSPENDED, False, "Resumed", "spec.runPolicy.suspend is false")
             self.event("Normal", "Resumed", "creating the worker gang again")
         if not self.status.start_time:
@@ -306,11 +394,16 @@ class _Reconciliation:
             return  # the backoff runs, or the failed gang is still going away
         if self.image_invalid(current) or self.worker_failed(current) or self.gang_stuck(current):
             return
-        if len(current) < self.replicas:
-            if not stale:  # stale pods hold the names the new ones need
-                self.create_gang(current)
+        if self.gang_size is None or len(current) < self.gang_size:
+            if stale:  # stale pods hold the names the new ones need
+                return
+            self.create_gang(current)
+            if self.gang_size is None or len(current) < self.gang_size:
+                return  # else every pod was there, the gang unsized (by an operator from before sizes)
+        if self.grow_at_checkpoint(current):
             return
         self.progress_phase(current)
+        self.look_for_room()
 
     def deadline_passed(self) -> bool:
         deadline = self.job.spec.run_policy.active_deadline_seconds
@@ -343,9 +436,11 @@ class _Reconciliation:
 
     def gang_stuck(self, current: dict[int, WorkerObservation]) -> bool:
         """Part of the gang holds its nodes while the rest cannot be scheduled: after the timeout,
-        release it all, so that the held resources can serve the gang as a whole later (or another
-        job), and retry with backoff. Kueue admission (spec.runPolicy.schedulingPolicy) avoids this."""
-        if len(current) < self.replicas or self.status.phase is Phase.RUNNING:
+        the gang restarts with the scheduled part where spec.workers.minReplicas allows it (a
+        resize), or else releases it all, so that the held resources can serve the gang as a
+        whole later (or another job), and retries with backoff. Kueue admission
+        (spec.runPolicy.schedulingPolicy) avoids this."""
+        if len(current) < self.expected or self.status.phase is Phase.RUNNING:
             return False
         unschedulable = [w for w in current.values() if w.pending_reason == "Unschedulable"]
         holding = [w for w in current.values() if w.scheduled]
@@ -357,76 +452,151 @@ class _Reconciliation:
         if waited < timeout:
             return False
         what = (
-            f"{len(unschedulable)} of {self.replicas} workers unschedulable for {waited:.0f} s "
+            f"{len(unschedulable)} of {len(current)} workers unschedulable for {waited:.0f} s "
             f"while {len(holding)} held their nodes (gang scheduling timeout {timeout:.0f} s)"
         )
+        if len(holding) >= self.floor:
+            why = f"{len(unschedulable)} stayed unschedulable for the gang scheduling timeout ({timeout:.0f} s)"
+            self.restart(f"{what}: the gang runs with the {len(holding)} scheduled", "GangResized", least=len(holding), why=why)
+            return True
         worker = min(unschedulable, key=lambda w: w.index)
         failure = WorkerFailure(worker=worker.name, reason="GangUnschedulable", message=worker.pending_message)
-        self.restart(failure, f"released the partly scheduled gang: {what}", reason="GangUnschedulable")
+        self.restart(f"released the partly scheduled gang: {what}", "GangUnschedulable", failure=failure, least=self.expected)
         return True
 
     def worker_failed(self, current: dict[int, WorkerObservation]) -> bool:
-        failure = self.first_failure(current)
-        if failure is None:
+        failures = self.failures(current)
+        if not failures:
             return False
+        failure = failures[0]
         what = f"worker {failure.worker} failed: {failure.reason}"
         if failure.exit_code is not None:
             what += f", exit code {failure.exit_code}"
         if failure.cause:
             what += f": {failure.cause}"
-        self.restart(failure, what, reason="WorkerFailed")
+        lost = [f for f in failures if f.reason in LOST_REASONS]
+        if lost:
+            # Their room went with them: the survivors fit, and R-Storm places more where they do.
+            names = ", ".join(f"{f.worker} ({f.reason})" for f in lost)
+            why = f"{names} {'was' if len(lost) == 1 else 'were'} lost"  # e.g. demo-worker-3 (NodeLost) was lost
+            self.restart(what, "WorkerFailed", failure=failure, least=self.expected - len(lost), why=why)
+            return True
+        # The gang before fit. R-Storm sees whether more do now; the scheduler is asked for the
+        # whole gang again, and the gang scheduling timeout shrinks it if that does not fit.
+        placement = self.status.placement
+        placed_by_rstorm = placement is not None and placement.gang == self.status.gang and placement.by is PlacedBy.RSTORM
+        self.restart(what, "WorkerFailed", failure=failure, least=self.expected if placed_by_rstorm else self.replicas)
         return True
 
-    def restart(self, failure: WorkerFailure, what: str, reason: str) -> None:
-        """Delete the whole gang and start a new one after the backoff, or fail at the backoff limit."""
-        current = [w for w in self.workers if w.gang == self.status.gang]
-        self.update(last_failure=failure)
-        limit = self.job.spec.run_policy.backoff_limit
-        if self.status.restarts >= limit:
-            self.fail("BackoffLimitExceeded", f"{what}; spec.runPolicy.backoffLimit ({limit}) reached")
+    def grow_at_checkpoint(self, current: dict[int, WorkerObservation]) -> bool:
+        """A gang that found room to grow restarts once rank 0 has written a checkpoint since:
+        the new gang resumes from it, losing the few steps run after it. Not a gang whose workers
+        are finishing: its last checkpoint is its end."""
+        size, progress = self.status.size, self.status.progress
+        if self.status.phase is not Phase.RUNNING or size is None or not size.grow_to or progress is None:
+            return False
+        if any(worker.state is not WorkerState.RUNNING for worker in current.values()):
+            return False
+        step = progress.checkpoint_step or 0
+        if step <= size.grow_after_step:
+            return False
+        what = f"room for {size.grow_to} of {self.replicas} workers, and a checkpoint at step {step}"
+        self.restart(f"{what}: the gang of {size.replicas} grows", "GangResized", least=size.replicas)
+        return True
+
+    def look_for_room(self) -> None:
+        """While a gang R-Storm placed runs short of spec.workers.replicas, look for room for more
+        every gang scheduling timeout. It can grow only at a checkpoint, which the operator learns
+        of from rank 0's metrics: jobs without spec.checkpoint or metrics grow at restarts only."""
+        size, placement = self.status.size, self.status.placement
+        if (
+            self.status.phase is not Phase.RUNNING
+            or size is None
+            or size.gang != self.status.gang
+            or size.replicas >= self.replicas
+            or size.grow_to
+            or size.next_look is None
+            or self.now < parse_timestamp(size.next_look)
+            or not (self.job.spec.checkpoint and self.job.spec.metrics.enabled)
+            or placement is None
+            or placement.gang != self.status.gang
+            or placement.by is not PlacedBy.RSTORM
+        ):
             return
-        backoff = self.settings.restart_backoff(self.status.restarts)
+        self.update_size(next_look=timestamp(self.now + timedelta(seconds=self.settings.gang_scheduling_timeout_seconds)))
+        pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=self.status.gang)
+        self.decision.actions.append(PlaceGang(pod, fewest=size.replicas + 1, most=self.replicas, growing=True))
+
+    def restart(
+        self, what: str, reason: str, *, least: int, failure: WorkerFailure | None = None, why: str | None = None
+    ) -> None:
+        """Delete the whole gang and start a new one of at least `least` workers (never fewer than
+        spec.workers.minReplicas); `why`, where given, is why it may have fewer than replicas.
+
+        After a failure the restart counts against backoffLimit (or the job fails there) and
+        waits the backoff. A resize (no failure) does neither: nothing failed, the gang's size
+        changes, and the new gang resumes from the latest checkpoint at once."""
+        current = [w for w in self.workers if w.gang == self.status.gang]
+        shrinking = least < self.expected
+        limit = self.job.spec.run_policy.backoff_limit
+        restarts, backoff = self.status.restarts, 0.0
+        if failure is not None:
+            self.update(last_failure=failure)
+            if restarts >= limit:
+                self.fail("BackoffLimitExceeded", f"{what}; spec.runPolicy.backoffLimit ({limit}) reached")
+                return
+            backoff = self.settings.restart_backoff(restarts)
+            restarts += 1
         self.enter(Phase.RESTARTING)
-        self.update(
-            restarts=self.status.restarts + 1,
-            gang=self.status.gang + 1,
-            restart_after=timestamp(self.now + timedelta(seconds=backoff)),
-        )
-        message = f"{what}; restarting the whole gang ({self.status.restarts} of {limit}) in {backoff:.0f} s"
+        self.update(restarts=restarts, gang=self.status.gang + 1, restart_after=timestamp(self.now + timedelta(seconds=backoff)))
+        self.update_size(least=max(self.floor, least), reason=self.size.reason if why is None else why)
+        if failure is not None:
+            message = f"{what}; restarting the whole gang ({restarts} of {limit}) in {backoff:.0f} s"
+        else:
+            message = f"{what}; restarting the whole gang from its latest checkpoint"
         self.update(message=message)
         self.condition(ConditionType.RESTARTING, True, reason, message)
         self.condition(ConditionType.RUNNING, False, reason, what)
-        # The failed pod goes with its gang: its last lines stay in the Event (the status keeps
-        # only the last failure's).
-        self.event("Warning", reason, fit([message], failure.message.splitlines(), EVENT_MESSAGE_BYTES))
+        if failure is not None:
+            # The failed pod goes with its gang: its last lines stay in the Event (the status keeps
+            # only the last failure's).
+            self.event("Warning", reason, fit([message], failure.message.splitlines(), EVENT_MESSAGE_BYTES))
+        else:
+            self.event("Warning" if shrinking else "Normal", reason, message)
         self.delete([w for w in current if not w.terminating])
 
-    def first_failure(self, current: dict[int, WorkerObservation]) -> WorkerFailure | None:
-        for index in range(self.replicas):
+    def failures(self, current: dict[int, WorkerObservation]) -> list[WorkerFailure]:
+        """The current gang's failed workers, by index."""
+        found = []
+        for index in range(self.expected):
             worker = current.get(index)
             if worker is None:
                 # Gone after the gang ran: deleted by someone, or garbage-collected with its node.
                 if self.status.phase is Phase.RUNNING:
-                    return WorkerFailure(worker=worker_name(self.job, index), reason="PodDeleted")
-                continue
-            if worker.state is WorkerState.FAILED:
-                return WorkerFailure(
-                    worker=worker.name,
-                    reason=worker.failure_reason,
-                    exit_code=worker.exit_code,
-                    cause=worker.failure_cause,
-                    message=worker.failure_message,
+                    found.append(WorkerFailure(worker=worker_name(self.job, index), reason=POD_DELETED))
+            elif worker.state is WorkerState.FAILED:
+                found.append(
+                    WorkerFailure(
+                        worker=worker.name,
+                        reason=worker.failure_reason,
+                        exit_code=worker.exit_code,
+                        cause=worker.failure_cause,
+                        message=worker.failure_message,
+                    )
                 )
-            if worker.terminating:
-                return WorkerFailure(worker=worker.name, reason="PodDeleted", message="deleted while the job was running")
-        return None
+            elif worker.terminating:
+                found.append(WorkerFailure(worker=worker.name, reason=POD_DELETED, message="deleted while the job was running"))
+        return found
 
     def create_gang(self, current: dict[int, WorkerObservation]) -> None:
         placement = self.placement(current)
         if placement is None:
             return
-        missing = [index for index in range(self.replicas) if index not in current]
-        nodes: list[str | None] = [worker.node for worker in placement.workers] or [None] * self.replicas
+        size = len(placement.workers) or self.gang_size or self.least
+        if self.gang_size is None:
+            self.size_gang(size)
+        missing = [index for index in range(size) if index not in current]
+        nodes: list[str | None] = [worker.node for worker in placement.workers] or [None] * size
         topology = (
             placed_topology(placement.workers, self.job.spec.workers.slots_per_worker, self.settings.links)
             if placement.workers
@@ -438,6 +608,7 @@ class _Reconciliation:
                 index,
                 default_image=self.settings.runtime_image,
                 gang=self.status.gang,
+                replicas=size,
                 tuning=self.status.tuning,
                 node=nodes[index],
                 topology=topology,
@@ -445,17 +616,41 @@ class _Reconciliation:
             )
             for index in missing
         ]
-        self.decision.actions.append(CreatePods(pods))
+        if pods:
+            self.decision.actions.append(CreatePods(pods))
         if not current:
             message = f"created {len(pods)} worker pods (gang {self.status.gang})"
             self.condition(ConditionType.CREATED, True, "GangCreated", message)
             self.event("Normal", "GangCreated", message)
 
+    def size_gang(self, size: int) -> None:
+        """Record the size of the gang being created; where it differs from the gang before, say
+        so in the Resized condition and an Event."""
+        before = self.size
+        short = size < self.replicas
+        # Every way to fewer workers gives its reason; the fallback covers a spec edited since.
+        reason = (before.reason or "no room for more") if short else ""
+        timeout = timedelta(seconds=self.settings.gang_scheduling_timeout_seconds)
+        self.update(
+            size=GangSize(
+                gang=self.status.gang,
+                replicas=size,
+                least=size,
+                reason=reason,
+                next_look=timestamp(self.now + timeout) if short else None,
+            )
+        )
+        if size == before.replicas:
+            return
+        message = f"running {self.of_replicas(size)}" + (f": {reason}" if short else " again")
+        self.condition(ConditionType.RESIZED, short, "FewerWorkers" if short else "AllWorkers", message)
+        self.event("Warning" if size < before.replicas else "Normal", "Resized", message)
+
     def placement(self, current: dict[int, WorkerObservation]) -> GangPlacement | None:
         """The current gang's placement; None while R-Storm is still to place it (nothing to create)."""
         gang = self.status.gang
         recorded = self.status.placement if self.status.placement and self.status.placement.gang == gang else None
-        if recorded and (recorded.by is not PlacedBy.RSTORM or len(recorded.workers) == self.replicas):
+        if recorded and (recorded.by is not PlacedBy.RSTORM or recorded.workers):
             return recorded
         pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=gang)
         if current:
@@ -469,8 +664,20 @@ class _Reconciliation:
             self.update(placement=placement)
             return placement
         if recorded is None or recorded.retry_after is None or self.now >= parse_timestamp(recorded.retry_after):
-            self.decision.actions.append(PlaceGang(pod))
+            self.decision.actions.append(PlaceGang(pod, fewest=self.fewest_to_place(recorded), most=self.replicas))
         return None
+
+    def fewest_to_place(self, recorded: GangPlacement | None) -> int:
+        """`least`, or spec.workers.minReplicas once R-Storm has found no room for the gang for the
+        gang scheduling timeout."""
+        timeout = self.settings.gang_scheduling_timeout_seconds
+        waited = recorded is not None and recorded.waiting_since is not None and (
+            self.now - parse_timestamp(recorded.waiting_since)
+        ).total_seconds() >= timeout
+        if not waited or self.floor >= self.least:
+            return self.least
+        self.update_size(reason=f"the whole gang did not fit within the gang scheduling timeout ({timeout:.0f} s)")
+        return self.floor
 
     def progress_phase(self, current: dict[int, WorkerObservation]) -> None:
         states = [worker.state for worker in current.values()]
@@ -487,9 +694,10 @@ class _Reconciliation:
             if self.status.phase is not Phase.RUNNING:
                 self.enter(Phase.RUNNING)
                 self.update(message="")
-                self.condition(ConditionType.RUNNING, True, "AllWorkersRunning", f"{self.replicas} workers running")
+                running = self.of_replicas(len(current))
+                self.condition(ConditionType.RUNNING, True, "AllWorkersRunning", f"{running} running")
                 self.condition(ConditionType.RESTARTING, False, "AllWorkersRunning")
-                self.event("Normal", "Running", f"all {self.replicas} workers running")
+                self.event("Normal", "Running", f"{running} running")
         else:
             self.explain_pending(current)
 

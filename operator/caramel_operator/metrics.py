@@ -11,7 +11,9 @@ REGISTRY = CollectorRegistry()
 JOBS_CREATED = Counter("caramel_operator_jobs_created", "CaramelJobs seen created.", registry=REGISTRY)
 JOBS_SUCCEEDED = Counter("caramel_operator_jobs_succeeded", "CaramelJobs that succeeded.", registry=REGISTRY)
 JOBS_FAILED = Counter("caramel_operator_jobs_failed", "CaramelJobs that failed.", registry=REGISTRY)
-JOBS_RESTARTED = Counter("caramel_operator_jobs_restarted", "Whole-gang restarts after a worker failure.", registry=REGISTRY)
+JOBS_RESTARTED = Counter(
+    "caramel_operator_jobs_restarted", "Whole-gang restarts: after a failure, or to resize the gang (spec.workers.minReplicas).", registry=REGISTRY
+)
 RECONCILE_DURATION = Histogram(
     "caramel_operator_reconcile_duration_seconds",
     "Time to reconcile one CaramelJob: observe, decide, act, scrape progress.",

@@ -142,13 +142,20 @@ class _Cluster:
             np.where(self.rack == self.rack[node], same_rack, np.where(self.zone == self.zone[node], same_zone, farther)),
         )
 
-    def require(self, cpu_hard: bool) -> None:
-        """Raise Unplaceable unless the nodes can hold the whole gang."""
+    def holds(self, cpu_hard: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Workers each node holds (by memory and pod slots, and CPU where hard), and those its free
+        memory, free CPU and free pod slots each hold."""
         gang = self.gang
         by_memory = np.floor(self.memory / gang.memory) if gang.memory > 0 else np.full(len(self.nodes), np.inf)
         by_cpu = np.floor(self.cpu / gang.cpu) if gang.cpu > 0 else np.full(len(self.nodes), np.inf)
         by_pods = np.maximum(self.pods, 0)
         room = np.minimum(np.minimum(by_memory, by_cpu) if cpu_hard else by_memory, by_pods)
+        return room, by_memory, by_cpu, by_pods
+
+    def require(self, cpu_hard: bool) -> None:
+        """Raise Unplaceable unless the nodes can hold the whole gang."""
+        gang = self.gang
+        room, by_memory, by_cpu, by_pods = self.holds(cpu_hard)
         if room.sum(initial=0) >= gang.replicas:
             return
         wanted = f"{gang.replicas} workers (each {_cores(gang.cpu)} CPU, {_gib(gang.memory)} memory)"
@@ -171,6 +178,15 @@ class _Cluster:
         if not short:  # each resource alone would do, but not on the same nodes
             short.append(f"cpu and memory: nodes with both free hold {int(room.sum())} of them")
         raise Unplaceable(f"cannot place {wanted}; short of {'; '.join(short)}")
+
+
+def largest_fit(nodes: Sequence[NodeFree], gang: Gang, fewest: int) -> int:
+    """How many workers to place, from `fewest` up to the gang's replicas: the most whose memory,
+    pod slots and CPU the nodes all hold, so that a gang allowed to run smaller
+    (spec.workers.minReplicas) runs with workers that all start; `fewest` where not even that many
+    get their CPU, which R-Storm may still place (CPU is soft) or say what is short."""
+    room, *_ = _Cluster(nodes, gang).holds(cpu_hard=True)
+    return max(fewest, int(min(gang.replicas, room.sum(initial=0))))  # a node stating no limits holds any number
 
 
 def rstorm(nodes: Sequence[NodeFree], gang: Gang, weights: Weights = Weights()) -> Placement:

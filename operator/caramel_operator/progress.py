@@ -8,7 +8,7 @@ from datetime import datetime
 from prometheus_client.parser import text_string_to_metric_families
 
 from caramel.job.api import TrainingProgress, Tuning
-from caramel.metrics import BANDWIDTH, BUCKET_BYTES, GLOBAL_STEP, LINK_ALPHA, LINK_BETA, LOSS, STEP_DURATION
+from caramel.metrics import BANDWIDTH, BUCKET_BYTES, CHECKPOINT_STEP, GLOBAL_STEP, LINK_ALPHA, LINK_BETA, LOSS, STEP_DURATION
 from caramel_operator.lifecycle import timestamp
 
 
@@ -48,6 +48,7 @@ def read_progress(metrics_text: str, previous: StepTotals | None, now: datetime)
         bandwidth_bytes_per_second=bandwidth,
         bandwidth=human_bandwidth(bandwidth) if bandwidth else "",
         loss=samples.get(LOSS),
+        checkpoint_step=int(samples[CHECKPOINT_STEP]) if CHECKPOINT_STEP in samples else None,
         update_time=timestamp(now),
     )
     bucket = samples.get(BUCKET_BYTES)

@@ -15,6 +15,7 @@ from caramel.planner.timing import StepTimes
 # Series the operator reads from rank 0 to report progress and tuning in the job's status.
 STEP_DURATION = "caramel_step_duration_seconds"
 GLOBAL_STEP = "caramel_global_step"
+CHECKPOINT_STEP = "caramel_checkpoint_step"
 BANDWIDTH = "caramel_bandwidth_bytes_per_second"
 LOSS = "caramel_loss"
 BUCKET_BYTES = "caramel_batching_bucket_bytes"
@@ -66,6 +67,9 @@ class WorkerMetrics:
         self.steps = metric(Counter, "caramel_steps", "Training steps completed by this process.")
         self.global_step = metric(Gauge, GLOBAL_STEP, "Training step reached, counting restored steps.")
         self.loss = metric(Gauge, LOSS, "Training loss of the last step on this rank.")
+        # The operator restarts a gang that found room to grow right after a checkpoint: the
+        # restart then loses the fewest steps.
+        self.checkpoint_step = metric(Gauge, CHECKPOINT_STEP, "Step of the latest checkpoint written or restored (0: none).")
         self.bucket_bytes = metric(Gauge, BUCKET_BYTES, "Largest gradient transfer the plan in force allows.")
         self.transfers = metric(Gauge, "caramel_batching_transfers", "Gradient transfers per step in the plan in force.")
         self.plan_changes = metric(Counter, "caramel_plan_changes", "Re-plans that changed the transfer schedule.")

@@ -56,6 +56,7 @@ class Ledger:
             self.metrics.serve(self.contract.metrics_port)
         self._manager = self._restore_and_sync()
         self._last_saved_step = self.completed_steps
+        self.metrics.checkpoint_step.set(self._last_saved_step)  # the restored checkpoint's step; 0 without one
         self._step_seconds: list[float] = []
         self._last_loss = float("nan")
         self._last_progress = 0.0
@@ -121,6 +122,8 @@ class Ledger:
         if self._manager and self.rank == 0:
             self._manager.save(checkpoint_number=self.completed_steps)
         self._last_saved_step = self.completed_steps
+        if self._manager:
+            self.metrics.checkpoint_step.set(self._last_saved_step)
 
     def _report(self, step: int, seconds: float, final: bool) -> ProgressReport:
         return ProgressReport(
