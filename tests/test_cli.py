@@ -74,6 +74,13 @@ def test_workers_flag_overrides_replicas_through_validation(tmp_path, capsys, re
     assert code == 2 and recorded_run["job"].spec.workers.replicas == 5
 
 
+def test_workers_flag_below_min_replicas_is_named_and_nothing_starts(tmp_path, capsys, no_spawn):
+    manifest = write_manifest(tmp_path, job_manifest(workers={"replicas": 4, "minReplicas": 3}))
+    code, err = run_cli(capsys, "run", str(manifest), "--workers", "2")
+    assert code == 2
+    assert "with --workers 2 is not a valid CaramelJob" in err and "spec.workers.minReplicas: must not exceed replicas (2) (got 3)" in err
+
+
 RACKS_TOPOLOGY = "kind: racks\nracks: 2\nhostsPerRack: 2\nlink: {gbps: 1}\nuplink: {gbps: 0.25}\n"
 
 
@@ -100,6 +107,15 @@ def test_bad_topology_flag_is_named_and_nothing_starts(tmp_path, capsys, no_spaw
     code, err = run_cli(capsys, "run", str(write_manifest(tmp_path, job_manifest())), "--topology", str(tmp_path / "topology.yaml"))
     assert code == 2
     assert "--topology: " in err and message in err
+
+
+def test_a_topology_for_a_gang_that_may_shrink_is_refused(tmp_path, capsys, no_spawn):
+    """The file has a host for each rank of the whole gang, and none for a gang of fewer workers."""
+    (tmp_path / "racks.yaml").write_text(RACKS_TOPOLOGY)
+    manifest = write_manifest(tmp_path, job_manifest(workers={"replicas": 4, "minReplicas": 2}))
+    code, err = run_cli(capsys, "run", str(manifest), "--topology", str(tmp_path / "racks.yaml"))
+    assert code == 2
+    assert "--topology: " in err and "(spec.workers.minReplicas 2 of replicas 4)" in err
 
 
 def test_busy_transport_port_is_named_for_a_job_that_may_run_multitree(tmp_path, capsys, no_spawn):

@@ -136,6 +136,38 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path):
     assert "steps 30/30   none left to run: resumed from a checkpoint at step 30" in again.stderr
 
 
+@pytest.mark.timeout(600)
+def test_a_lost_worker_shrinks_the_gang_which_resumes_from_its_checkpoint_with_the_loss_going_on(tmp_path):
+    """spec.workers.minReplicas: a worker the machine kills (SIGKILL, as its out-of-memory killer
+    does) is lost; the next gang runs without it, from the latest checkpoint, and trains on."""
+    manifest = job_manifest(
+        args=["--steps", "600", "--batch-size", "32", "--hidden", "64"],
+        workers={"replicas": 3, "minReplicas": 2},
+        checkpoint={"path": str(tmp_path / "ckpt"), "intervalSteps": 10},
+        runPolicy={"backoffLimit": 1},
+    )
+    run = BackgroundRun(write_manifest(tmp_path, manifest))
+    run.wait_for(re.compile(r"caramel-progress step=([4-9]\d|\d{3,}) "))
+    run.training_process(2).send_signal(signal.SIGKILL)
+    assert run.finish() == 0, run.output
+    before, _, after = run.output.partition("restarting the whole gang")
+    assert after.startswith(" (1 of 1, spec.runPolicy.backoffLimit) in 1 s with 2 of 3 workers: worker 2 was lost"), after[:300]
+    restored = int(re.search(r"restored \S+ at step (\d+)", after).group(1))
+    reports_before = [r for r in map(parse_report, before.splitlines()) if r]
+    reports_after = [r for r in map(parse_report, after.splitlines()) if r]
+    first, last, resumed = reports_before[0], reports_before[-1], reports_after[0]
+    # A checkpoint every 10 steps, at the ends of executions of 4: the latest before the kill, at
+    # step 40 or later, is at most 13 steps behind it.
+    assert 40 - 13 <= restored < 600, restored
+    # The smaller gang goes on from the checkpoint: its first steps follow it, at a loss near the
+    # one the whole gang had reached, far below where training began.
+    assert restored < resumed.step <= restored + 10
+    assert resumed.loss < 0.7 * first.loss and resumed.loss < 2 * last.loss, (first, last, resumed)
+    assert reports_after[-1].step == 600 and reports_after[-1].final
+    assert sorted(digests(after)) == [0, 1] and len(set(digests(after).values())) == 1
+    assert "after 1 whole-gang restart(s), with 2 of 3 workers" in after
+
+
 def test_slots_run_several_ranks_per_worker(tmp_path):
     manifest = job_manifest(workers={"replicas": 1, "slotsPerWorker": 2})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from caramel import __version__
+from caramel.job.api import CaramelJob
 from caramel.job.jobfile import JobFileError, load_job, parse_job
 from caramel.launch.launcher import LaunchError, LocalRun, RunOutcome
 from caramel.job.progress import ProgressReport, format_report
@@ -67,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.topology} has {topology.size} hosts; the job runs {job.world_size} ranks "
                 "(spec.workers.replicas x slotsPerWorker), and the topology needs one host per rank"
             )
+        if topology is not None and job.spec.workers.floor < job.spec.workers.replicas:
+            raise TopologySpecError(
+                f"{args.topology} has a host for each rank of the whole gang, and this gang may run with fewer "
+                f"(spec.workers.minReplicas {job.spec.workers.floor} of replicas {job.spec.workers.replicas}), "
+                "for which it has none: leave out one or the other"
+            )
     except JobFileError as error:
         console.print(f"[red]error:[/] {escape(str(error))}")
         return EXIT_BAD_INPUT
@@ -75,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
     workers = job.spec.workers
+    shrinks = f", down to {workers.floor} worker(s) as workers are lost (spec.workers.minReplicas)" if workers.floor < workers.replicas else ""
     console.print(
         f"[bold]caramel run[/] {job.name}: {workers.replicas} worker(s) x {workers.slots_per_worker} slot(s) "
-        f"= {job.world_size} rank(s)"
+        f"= {job.world_size} rank(s){escape(shrinks)}"
     )
     display = ProgressDisplay(console)
     try:
@@ -86,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as error:
         console.print(f"[red]error:[/] {escape(str(error))}")
         return EXIT_BAD_INPUT
-    print_outcome(console, job.name, outcome)
+    print_outcome(console, job, outcome)
     if outcome.succeeded:
         return 0
     return EXIT_INTERRUPTED if outcome.reason == "interrupted" else EXIT_FAILED
@@ -136,10 +144,12 @@ class ProgressDisplay:
         )
 
 
-def print_outcome(console: Console, name: str, outcome: RunOutcome) -> None:
+def print_outcome(console: Console, job: CaramelJob, outcome: RunOutcome) -> None:
+    name, replicas = job.name, job.spec.workers.replicas
     if outcome.succeeded:
         restarted = f" after {outcome.restarts} whole-gang restart(s)" if outcome.restarts else ""
-        console.print(f"[green bold]Succeeded[/] {name} in {outcome.wall_seconds:.1f} s{restarted}")
+        fewer = f", with {outcome.workers} of {replicas} workers" if outcome.workers < replicas else ""
+        console.print(f"[green bold]Succeeded[/] {name} in {outcome.wall_seconds:.1f} s{restarted}{fewer}")
         first, last = outcome.first_report, outcome.last_report
         if last and not last.timed:
             console.print(f"  steps {last.step}/{last.total}   none left to run: resumed from a checkpoint at step {last.step}")

@@ -6,6 +6,13 @@ as soon as one worker fails, and never leaves a process behind. Like the operato
 restarts the whole gang, up to spec.runPolicy.backoffLimit times, after a backoff (shorter than
 the operator's: 1 s, doubling up to 30 s); a job with spec.checkpoint resumes from its latest
 checkpoint.
+
+This machine is the run's only node, and what it can take away from a gang is a worker: one it
+kills (SIGKILL, what the kernel's out-of-memory killer sends) is lost, as a worker whose node
+goes is in a cluster. Where spec.workers.minReplicas allows it, the next gang runs without it,
+one worker fewer; any other failure restarts the whole gang, as a later restart in a cluster
+asks for it again. Nothing here waits for room, so the gang scheduling timeout has no local
+counterpart, and a gang grows back only at a restart.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from pathlib import Path
 
 from caramel.job.api import Allreduce, CaramelJob
 from caramel.job.contract import worker_command, worker_env
-from caramel.launch.processes import describe_exit, pump_lines, spawn, stop_groups
+from caramel.launch.processes import describe_exit, killed_by_the_machine, pump_lines, spawn, stop_groups
 from caramel.job.progress import ProgressReport, parse_report
 from caramel.topology.model import Topology
 
@@ -51,6 +58,10 @@ class RunOutcome:
     last_lines: list[str] = field(default_factory=list)
     restarts: int = 0
     """Whole-gang restarts after a worker failed."""
+    workers: int = 0
+    """Workers of the last gang: spec.workers.replicas, or fewer after workers were lost."""
+    lost: bool = False
+    """The failed worker was killed by SIGKILL, as the machine kills what it cannot hold."""
 
 
 # Why a signal stops a gang, by signal: the handlers only note it, and the loop that watches the
@@ -108,17 +119,19 @@ class LocalRun:
         started = time.monotonic()
         limit = self.job.spec.run_policy.backoff_limit
         restarts = 0
+        size = self.job.spec.workers.replicas
         while True:
-            outcome = self._run_gang(started)
+            outcome = self._run_gang(started, size)
             outcome.restarts = restarts
             if outcome.succeeded or outcome.failed_worker is None or restarts >= limit:
                 break
             restarts += 1
             backoff = min(RESTART_BACKOFF_MAX_SECONDS, RESTART_BACKOFF_SECONDS * 2 ** (restarts - 1))
+            size, sizing = self._next_size(outcome)
             tail = "".join(f"\n  | {line}" for line in outcome.last_lines)
             self.on_notice(
                 f"{outcome.reason}; restarting the whole gang ({restarts} of {limit}, spec.runPolicy.backoffLimit) "
-                f"in {backoff:.0f} s. Its last lines:{tail}"
+                f"in {backoff:.0f} s{sizing}. Its last lines:{tail}"
             )
             try:
                 time.sleep(backoff)
@@ -131,14 +144,28 @@ class LocalRun:
         outcome.wall_seconds = time.monotonic() - started
         return outcome
 
-    def _run_gang(self, started: float) -> RunOutcome:
-        """One gang: every worker started, run until all finish or one fails."""
-        replicas = self.job.spec.workers.replicas
+    def _next_size(self, failed: RunOutcome) -> tuple[int, str]:
+        """The next gang's workers after the failed one, and what to tell of its size."""
+        workers = failed.workers
+        spec = self.job.spec.workers
+        if failed.lost:  # the survivors fit: as many, never fewer than minReplicas
+            if workers == spec.floor:
+                return workers, ""
+            return workers - 1, (
+                f" with {workers - 1} of {spec.replicas} workers: worker {failed.failed_worker} was lost (killed by SIGKILL, as "
+                f"the kernel does when the machine runs out of memory; spec.workers.minReplicas {spec.floor})"
+            )
+        if workers < spec.replicas:
+            return spec.replicas, f" with all {spec.replicas} workers again"
+        return spec.replicas, ""
+
+    def _run_gang(self, started: float, replicas: int) -> RunOutcome:
+        """One gang of `replicas` workers: every worker started, run until all finish or one fails."""
         peers = [LOCALHOST] * replicas
         lines: queue.Queue[tuple[int, str]] = queue.Queue()
         last_lines = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
         deadline = self.job.spec.run_policy.active_deadline_seconds
-        outcome = RunOutcome(False, "", 0.0)
+        outcome = RunOutcome(False, "", 0.0, workers=replicas)
         workers: list[subprocess.Popen[bytes]] = []
         pumps = []
 
@@ -163,6 +190,7 @@ class LocalRun:
                     if returncode != 0:
                         outcome.failed_worker = index
                         outcome.reason = f"worker {index} {describe_exit(returncode)}"
+                        outcome.lost = killed_by_the_machine(returncode)
                         running.clear()
                         break
                 if deadline and running and time.monotonic() - started > deadline:

@@ -81,6 +81,13 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def killed_by_the_machine(returncode: int) -> bool:
+    """Whether a worker, or a training process of it (whose status the entrypoint passes on as
+    128 + N), was killed by SIGKILL: what the kernel's out-of-memory killer sends, and no program
+    sends itself."""
+    return exit_code(returncode) == 128 + signal.SIGKILL
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         return f"killed by {signal.Signals(-returncode).name}"
