@@ -13,8 +13,9 @@ restart, refusals, Pod Security, network policies, RBAC and placement (R-Storm's
 as the real scheduler binds them, a gang too large for the cluster, the Scheduler policy), and
 what a live v1.36 cluster showed wrong (issue 28): a re-created CRD, a late peer, deadlines of
 gangs that never run, the final step of a resumed run, SIGTERM at the rendezvous, failure causes
-and logs, the operator's log, timeouts, probes and the users' aggregated roles; each test has its
-own restricted namespace.
+and logs, the operator's log, timeouts, probes and the users' aggregated roles; and a gang that
+shrinks for want of room and grows back (spec.workers.minReplicas). Each test has its own
+restricted namespace.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pytest
 import yaml
 
 from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
+from caramel_operator.node_resources import free_resources
 from testbed.bad_jobs import HAND_WRITTEN
 from testbed.cluster import IMAGE, RELEASE, REPO, Namespace, cluster_unavailable, kubectl, run, tool
 from testbed.crd_validation import validate_object
@@ -383,6 +385,82 @@ def test_users_who_may_edit_a_namespace_may_run_caramel_jobs_there(namespace, op
     # The aggregation controller fills the roles asynchronously.
     eventually(lambda: can("editor", "create") == "yes", 60, "create granted through edit", interval=2)
     assert (can("editor", "delete"), can("viewer", "get"), can("viewer", "create")) == ("yes", "yes", "no")
+
+
+# The gang scheduling timeout while the shrinking gang runs: how long a gang without room waits
+# before it runs smaller, and how often it then looks for room to grow (the chart's default, 300 s,
+# would keep the test waiting 10 minutes).
+ELASTIC_GANG_TIMEOUT_SECONDS = 60
+DEFAULT_GANG_TIMEOUT_SECONDS = 300
+
+
+@pytest.fixture
+def short_gang_timeout(operator_release: str) -> Iterator[None]:
+    def set_timeout(seconds: int) -> None:
+        run(tool("helm"), "upgrade", RELEASE, str(REPO / "helm" / "caramel"), "--namespace", operator_release, "--reuse-values",
+            "--set", f"gangSchedulingTimeoutSeconds={seconds}", "--wait", "--timeout", "5m", timeout=600)
+        kubectl("-n", operator_release, "rollout", "status", f"deployment/{RELEASE}-operator", "--timeout=180s")
+
+    set_timeout(ELASTIC_GANG_TIMEOUT_SECONDS)
+    try:
+        yield
+    finally:
+        set_timeout(DEFAULT_GANG_TIMEOUT_SECONDS)
+
+
+def roomiest_node() -> tuple[str, int]:
+    """The node with the most free memory as R-Storm counts it, and that memory in bytes."""
+    nodes = json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    pods = json.loads(kubectl("get", "pods", "--all-namespaces", "-o", "json").stdout)["items"]
+    best = max(free_resources(nodes, pods), key=lambda node: node.memory)
+    return best.name, int(best.memory)
+
+
+def blocker_pod(name: str, node: str, memory: int) -> dict:
+    """A pod that only holds memory on a node (Pod Security "restricted", as the namespace enforces)."""
+    security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 1,
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+                     "containers": [{"name": "hold", "image": IMAGE, "command": ["python", "-c", "import time; time.sleep(3600)"],
+                                     "resources": {"requests": {"cpu": "10m", "memory": str(memory)}}, "securityContext": security}]}}
+
+
+def test_a_gang_without_room_runs_smaller_and_grows_back_at_a_checkpoint(namespace, short_gang_timeout):
+    """spec.workers.minReplicas on a real cluster: the real scheduler binds what R-Storm placed.
+    One node, and a pod holding its memory so that two of three workers fit: the gang runs with
+    two after the gang scheduling timeout; the pod gone, it grows to three at a checkpoint,
+    resuming from it, and succeeds, no failure counted."""
+    node, free = roomiest_node()
+    worker_memory = free // 5
+    namespace.apply(blocker_pod("blocker", node, free - worker_memory * 5 // 2))
+    claim, job = paced_job("elastic", steps=400)
+    job["spec"]["workers"].update(replicas=3, minReplicas=2, resources={"requests": {"cpu": "100m", "memory": str(worker_memory)}})
+    job["spec"]["workers"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    namespace.apply([claim, job])
+
+    def size() -> int:
+        return (namespace.job("elastic").get("status", {}).get("size") or {}).get("replicas", 0)
+
+    eventually(lambda: size() == 2, 300, "the gang of two after the gang scheduling timeout", interval=2)
+    pods = namespace.pods("elastic")
+    assert len(pods) == 2 and {(env_of(p)["HOROVOD_SIZE"], env_of(p)["CARAMEL_FULL_SIZE"]) for p in pods} == {("2", "3")}
+    [shrunk] = namespace.events("elastic", "Resized")
+    assert shrunk["type"] == "Warning" and shrunk["message"] == (
+        f"running 2 of 3 workers: the whole gang did not fit within the gang scheduling timeout ({ELASTIC_GANG_TIMEOUT_SECONDS} s)"
+    )
+    namespace.wait_for_phase("elastic", {"Running"})
+    eventually(lambda: (namespace.job("elastic")["status"].get("progress") or {}).get("checkpointStep", 0) > 0, 600, "a checkpoint", interval=2)
+
+    kubectl("delete", "pod", "blocker", "-n", namespace.name, "--wait=true")
+    eventually(lambda: namespace.events("elastic", "RoomToGrow"), 300, "room found", interval=2)
+    eventually(lambda: size() == 3, 300, "the gang grown to three", interval=2)
+    assert namespace.wait_for_phase("elastic", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("elastic")
+    status = namespace.job("elastic")["status"]
+    assert status["restarts"] == 0 and status["progress"]["step"] == 400
+    assert [e["message"] for e in namespace.events("elastic", "Resized") if e["type"] == "Normal"] == ["running all 3 workers again"]
+    assert "restored" in namespace.logs("elastic-worker-0")
+    assert {env_of(p)["HOROVOD_SIZE"] for p in namespace.pods("elastic")} == {"3"}
 
 
 def test_a_deleted_and_recreated_crd_is_served_again(namespace, operator_release):
