@@ -676,10 +676,11 @@ def test_a_shrunk_gang_looks_for_room_and_grows_after_its_next_checkpoint():
     [place] = actions_of(looking, PlaceGang)
     assert (place.fewest, place.most, place.growing) == (4, 4, True)
     assert looking.status.size.next_look == timestamp(due + timedelta(seconds=120))
-    # No room: the gang runs on, quietly.
-    none = record_placement(looking, the_job, NoRoom("short of memory"), due, SETTINGS)
-    assert none.status == looking.status and none.events == []
-    room = record_placement(looking, the_job, Placed(workers=tuple(ON)), due, SETTINGS)
+    # No room, or room short of CPU: the gang runs on, quietly.
+    for outcome in (NoRoom("short of memory"), Placed(workers=tuple(ON), cpu_short=("n3",))):
+        quiet = record_placement(replace(looking, events=list(looking.events)), the_job, outcome, due, SETTINGS)
+        assert quiet.status == looking.status and quiet.events == looking.events == []
+    room = record_placement(replace(looking, events=list(looking.events)), the_job, Placed(workers=tuple(ON)), due, SETTINGS)
     assert (room.status.size.grow_to, room.status.size.grow_after_step) == (4, 100)
     assert room.status.placement == running.placement  # the running gang's placement stands
     assert [e.message for e in room.events] == ["room for 4 of 4 workers: the gang of 3 restarts with them after its next checkpoint"]

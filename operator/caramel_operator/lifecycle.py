@@ -246,9 +246,10 @@ def record_placement(decision: Decision, job: CaramelJob, outcome: Outcome, now:
 def record_room(decision: Decision, job: CaramelJob, outcome: Outcome) -> Decision:
     """Room found for more workers of a gang that runs short: it restarts with them after rank 0's
     next checkpoint (the lifecycle's `grow_at_checkpoint`). No room, or no right to look: the gang
-    runs on as it is, quietly, and looks again later."""
+    runs on as it is, quietly, and looks again later. Nor is room short of CPU room to grow into:
+    the new workers would wait for it, and the gang would shrink again after the timeout."""
     size = decision.status.size
-    if not isinstance(outcome, Placed) or size is None:
+    if not isinstance(outcome, Placed) or outcome.cpu_short or size is None:
         return decision
     progress = decision.status.progress
     grow_to = len(outcome.workers)
