@@ -109,10 +109,12 @@ def calibrate(bench: Bench, workloads: list[Workload], rates: list[float], point
 
 
 def save_points(points: dict, args: argparse.Namespace) -> None:
+    """The points, and every calibration that measured some of them (a run calibrates the
+    profiles and rates it was given; the others keep what an earlier one measured)."""
+    this = f"{time.strftime('%Y-%m-%d')}, commit {commit()}: " + " ".join(["python -m benchmarks.zoo_bench", *args.argv])
+    earlier = json.loads(ZOO_POINTS.read_text()).get("calibrations", []) if ZOO_POINTS.is_file() else []
     document = {
-        "command": " ".join(["python -m benchmarks.zoo_bench", *args.argv]),
-        "commit": commit(),
-        "date": time.strftime("%Y-%m-%d"),
+        "calibrations": list(dict.fromkeys([*earlier, this])),
         "method": "device_tflops = the profile's own rate x C0 / M: C0 compute-only at the profile's own rate, M comm-only",
         "points": points,
     }
