@@ -1,34 +1,34 @@
 """Where a collective's time goes inside the step, from Horovod's timeline.
 
-    python -m benchmarks.timeline_split TIMELINE.json [--match caramel_transfer] [--last-seconds 20]
+    python -m benchmarks.timeline_split TIMELINE.json [--match caramel_transfer] [--last-seconds 15]
 
 Run a benchmark with `--worker-env HOROVOD_TIMELINE=<file>` (rank 0, Horovod's coordinator,
 writes it: every tensor a "process" of a Chrome trace, `horovod/common/timeline.cc`). Each time a
-tensor is reduced, the timeline holds:
-- its negotiation, where rank 0 coordinated it: the moment rank 0 first heard of it, a tick as
-  each rank reported it ready, and the end, once the last one had (a tensor whose negotiation
-  Horovod's response cache answered has none);
-- its processing: from the moment Horovod's background thread started it (it runs one response
-  after another) through activities (copies into and out of the fusion buffer, the all-reduce
-  on the wire) to its end.
+tensor is reduced, the timeline holds its negotiation (from the moment rank 0 had it to the moment
+every rank had it; a tick per rank the first time, none where the response cache answers) and its
+processing (from the moment Horovod's background thread started it, through copies into and out
+of the fusion buffer and the all-reduce on the wire, to its end). Tensors fused into one
+collective (a grouped allreduce's pieces, or what Horovod fused in one cycle) are processed
+together, and count here as one collective, named after its first tensor, without the graph's
+scopes and the piece's `_KofN`.
 
-Per tensor, over its reductions in the window read, this prints the median of:
-    skew      first rank ready to last rank ready: a rank late with its gradients
-    respond   last rank ready to the end of negotiation: the coordinator's cycle
-    queued    end of negotiation to the start of processing: waiting behind another collective
-              in Horovod's background thread (unknown where the response cache answered)
-    copies    into and out of the fusion buffer
-    wire      the all-reduce itself (Gloo's ring: transfer and summation)
-    gap       the link idle before it: from the end of the collective processed before it to
-              its start
-and a total line: how much of the window the link was busy, idle while nothing was ready for
-it, and idle while this tensor was already negotiated (Horovod's own hand-over).
+Per collective name, over its runs in the window read, this prints the median of:
+    negotiate  rank 0 had it to every rank had it: ranks late with their gradients, and the
+               coordinator's cycles
+    queued     every rank had it to its processing started: waiting behind another collective
+               in Horovod's background thread, which runs one after another
+    copies     into and out of the fusion buffer
+    wire       the all-reduce itself (Gloo's ring: transfer and summation)
+    gap        the link idle before it: from the end of the collective processed before it
+and a total line: how much of the window the link was busy, and how much of its idle time came
+while the next collective was already negotiated (Horovod's own hand-over) or not yet.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -37,6 +37,7 @@ from pathlib import Path
 
 MICROSECONDS = 1e-6
 COPY_ACTIVITIES = ("MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER")
+_PIECE = re.compile(r"_\d+of\d+$")
 
 
 @dataclass
@@ -45,22 +46,32 @@ class Reduction:
 
     name: str
     heard: float | None = None
-    """When rank 0 first heard of it (None where the response cache answered)."""
-    ready: dict[int, float] = field(default_factory=dict)
-    """When each rank reported it ready."""
+    """When rank 0 had it: the start of its negotiation."""
     negotiated: float | None = None
+    """When every rank had it: the end of its negotiation."""
     started: float | None = None
     ended: float | None = None
     activities: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     """Seconds spent in each activity of its processing."""
 
-    @property
-    def wire(self) -> float:
-        return sum(seconds for activity, seconds in self.activities.items() if activity not in COPY_ACTIVITIES)
 
-    @property
-    def copies(self) -> float:
-        return sum(self.activities.get(activity, 0.0) for activity in COPY_ACTIVITIES)
+@dataclass(frozen=True)
+class Collective:
+    """Reductions processed together (fused): the phases of the first, whose name it takes."""
+
+    name: str
+    started: float
+    ended: float
+    negotiate: float | None
+    queued: float | None
+    copies: float
+    wire: float
+    negotiated: float | None
+
+
+def collective_name(tensor_name: str) -> str:
+    """A tensor's name without its graph scopes and a grouped allreduce's `_KofN`."""
+    return _PIECE.sub("", tensor_name.rsplit("/", 1)[-1])
 
 
 def read_timeline(path: Path) -> list[Reduction]:
@@ -70,9 +81,8 @@ def read_timeline(path: Path) -> list[Reduction]:
         text = text.rstrip(",") + "]"  # a timeline cut off by a run that ended mid-write
     events = json.loads(text)
     names: dict[int, str] = {}
-    open_reduction: dict[int, Reduction] = {}
-    open_activity: dict[int, tuple[str, float]] = {}
-    depth: dict[int, list[str]] = defaultdict(list)
+    current: dict[int, Reduction] = {}
+    labels: dict[int, list[tuple[str, float]]] = defaultdict(list)
     done: list[Reduction] = []
     for event in events:
         pid, phase = event.get("pid"), event.get("ph")
@@ -80,60 +90,58 @@ def read_timeline(path: Path) -> list[Reduction]:
             if event.get("name") == "process_name" and "name" in event.get("args", {}):
                 names[pid] = event["args"]["name"]
             continue
-        if pid not in names or "ts" not in event:
-            continue
+        if pid not in names or "ts" not in event or phase not in ("B", "E"):
+            continue  # rank ticks (X) are not needed: the negotiation's end is the last rank's
         at = event["ts"] * MICROSECONDS
-        reduction = open_reduction.setdefault(pid, Reduction(names[pid]))
-        stack = depth[pid]
+        reduction = current.setdefault(pid, Reduction(names[pid]))
+        stack = labels[pid]
         if phase == "B":
             label = event["name"]
             if label.startswith("NEGOTIATE_"):
                 reduction.heard = at
             elif not stack:
                 reduction.started = at
-            else:
-                open_activity[pid] = (label, at)
-            stack.append(label)
-        elif phase == "X" and stack and stack[-1].startswith("NEGOTIATE_"):
-            reduction.ready[int(event["name"])] = at
-        elif phase == "E" and stack:
-            label = stack.pop()
+            stack.append((label, at))
+        elif stack:
+            label, began = stack.pop()
             if label.startswith("NEGOTIATE_"):
                 reduction.negotiated = at
             elif stack:
-                activity, began = open_activity.pop(pid, (label, at))
-                reduction.activities[activity] += at - began
+                reduction.activities[label] += at - began
             else:
                 reduction.ended = at
-                if reduction.started is not None:
-                    done.append(reduction)
-                del open_reduction[pid]
-    return sorted(done, key=lambda r: r.started)
+                done.append(reduction)
+                del current[pid]
+    return sorted(done, key=lambda reduction: reduction.started)
 
 
-@dataclass(frozen=True)
-class Phases:
-    skew: float | None
-    respond: float | None
-    queued: float | None
-    copies: float
-    wire: float
-    gap: float
-
-
-def phases(reductions: list[Reduction]) -> list[tuple[Reduction, Phases]]:
-    """Each reduction's phases; `gap` against the reduction processed before it (Horovod's
-    background thread runs one after another)."""
-    out = []
-    previous_end: float | None = None
+def collectives(reductions: list[Reduction]) -> list[Collective]:
+    """The reductions grouped into the collectives they were processed in: Horovod's background
+    thread processes one at a time, so reductions whose processing overlaps were fused."""
+    groups: list[list[Reduction]] = []
     for reduction in reductions:
-        gap = 0.0 if previous_end is None else max(0.0, reduction.started - previous_end)
-        queued = max(0.0, reduction.started - reduction.negotiated) if reduction.negotiated is not None else None
-        ticks = sorted(reduction.ready.values())
-        skew = ticks[-1] - ticks[0] if ticks else None
-        respond = reduction.negotiated - ticks[-1] if ticks and reduction.negotiated is not None else None
-        out.append((reduction, Phases(skew, respond, queued, reduction.copies, reduction.wire, gap)))
-        previous_end = reduction.ended if previous_end is None else max(previous_end, reduction.ended)
+        if groups and reduction.started < max(member.ended for member in groups[-1]):
+            groups[-1].append(reduction)
+        else:
+            groups.append([reduction])
+    out = []
+    for group in groups:
+        first = group[0]
+        negotiated = max((member.negotiated for member in group if member.negotiated is not None), default=None)
+        heard = min((member.heard for member in group if member.heard is not None), default=None)
+        wire = sum(seconds for activity, seconds in first.activities.items() if activity not in COPY_ACTIVITIES)
+        out.append(
+            Collective(
+                name=collective_name(first.name),
+                started=first.started,
+                ended=max(member.ended for member in group),
+                negotiate=negotiated - heard if negotiated is not None and heard is not None else None,
+                queued=max(0.0, first.started - negotiated) if negotiated is not None else None,
+                copies=sum(first.activities.get(activity, 0.0) for activity in COPY_ACTIVITIES),
+                wire=wire,
+                negotiated=negotiated,
+            )
+        )
     return out
 
 
@@ -143,49 +151,48 @@ def median(values: list[float | None]) -> float | None:
 
 
 def report(reductions: list[Reduction], match: str, last_seconds: float | None) -> None:
-    if not reductions:
-        print("no complete reduction in the timeline")
+    runs = collectives(reductions)
+    if last_seconds is not None and runs:
+        runs = [run for run in runs if run.started >= runs[-1].ended - last_seconds]
+    if not runs:
+        print("no complete collective in the timeline")
         return
-    if last_seconds is not None:
-        end = max(r.ended for r in reductions)
-        reductions = [r for r in reductions if r.started >= end - last_seconds]
-    timed = phases(reductions)
-    window = max(r.ended for r in reductions) - min(r.started for r in reductions)
-    by_name: dict[str, list[Phases]] = defaultdict(list)
-    for reduction, phase in timed:
-        if match in reduction.name:
-            by_name[reduction.name].append(phase)
+    gaps = [0.0] + [max(0.0, after.started - before.ended) for before, after in zip(runs, runs[1:])]
+    rows: dict[str, list[tuple[Collective, float]]] = defaultdict(list)
+    for run, gap in zip(runs, gaps):
+        if match in run.name:
+            rows[run.name].append((run, gap))
 
     def ms(value: float | None) -> str:
-        return f"{value * 1e3:8.2f}" if value is not None else f"{'-':>8}"
+        return f"{value * 1e3:9.2f}" if value is not None else f"{'-':>9}"
 
-    print(f"{'tensor':44} {'times':>5} {'skew':>8} {'respond':>8} {'queued':>8} {'copies':>8} {'wire':>8} {'gap':>8}  (ms, medians)")
-    for name, rows in sorted(by_name.items(), key=lambda item: statistics.median(p.wire for p in item[1]), reverse=True):
+    print(f"{'collective':40} {'runs':>5} {'negotiate':>9} {'queued':>9} {'copies':>9} {'wire':>9} {'gap':>9}  (ms, medians)")
+    for name, found in sorted(rows.items(), key=lambda item: median([run.wire for run, _ in item[1]]) or 0.0, reverse=True):
         print(
-            f"{name[-44:]:44} {len(rows):5d} {ms(median([p.skew for p in rows]))} {ms(median([p.respond for p in rows]))} "
-            f"{ms(median([p.queued for p in rows]))} {ms(median([p.copies for p in rows]))} {ms(median([p.wire for p in rows]))} "
-            f"{ms(median([p.gap for p in rows]))}"
+            f"{name[-40:]:40} {len(found):5d} {ms(median([run.negotiate for run, _ in found]))} {ms(median([run.queued for run, _ in found]))} "
+            f"{ms(median([run.copies for run, _ in found]))} {ms(median([run.wire for run, _ in found]))} {ms(median([gap for _, gap in found]))}"
         )
-    busy = sum(p.wire + p.copies for _, p in timed)
-    negotiated_idle = sum(p.gap for r, p in timed if r.negotiated is not None and r.negotiated <= r.started - p.gap)
-    idle = sum(p.gap for _, p in timed)
+    window = runs[-1].ended - runs[0].started
+    busy = sum(run.ended - run.started for run in runs)
+    handed_over = sum(gap for run, gap in zip(runs, gaps) if run.negotiated is not None and run.negotiated <= run.started - gap)
     print(
-        f"\nwindow {window:.3f} s, {len(timed)} reductions: processing {busy:.3f} s ({busy / window:.0%}: wire and copies), idle "
-        f"{idle:.3f} s between reductions, of which {negotiated_idle:.3f} s while the next one was already negotiated"
+        f"\nwindow {window:.3f} s, {len(runs)} collectives: processing {busy:.3f} s ({busy / window:.0%}), idle {sum(gaps):.3f} s, "
+        f"of which {handed_over:.3f} s with the next collective already negotiated (Horovod's hand-over) and "
+        f"{sum(gaps) - handed_over:.3f} s before every rank had it"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the phases.")
     parser.add_argument("timeline", type=Path, help="a Horovod timeline (HOROVOD_TIMELINE, written by rank 0)")
-    parser.add_argument("--match", default="", help="only tensors whose name contains this (default: all)")
-    parser.add_argument("--last-seconds", type=float, help="only the reductions of the timeline's last seconds (the steady state)")
+    parser.add_argument("--match", default="", help="only collectives whose name contains this (default: all)")
+    parser.add_argument("--last-seconds", type=float, help="only the collectives of the timeline's last seconds (the steady state)")
     args = parser.parse_args(argv)
     if not args.timeline.is_file():
         parser.error(f"{args.timeline}: no such file")
     try:
         reductions = read_timeline(args.timeline)
-    except (json.JSONDecodeError, KeyError, ValueError) as error:
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         print(f"timeline_split: {args.timeline} is not a Horovod timeline: {error}", file=sys.stderr)
         return 2
     report(reductions, args.match, args.last_seconds)

@@ -136,6 +136,28 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path):
     assert "steps 30/30   none left to run: resumed from a checkpoint at step 30" in again.stderr
 
 
+def test_a_restored_learning_rate_is_every_ranks(tmp_path):
+    """Rank 0 restores the checkpoint, learning rate included, and every rank takes its values:
+    a second run started with another rate trains on at the checkpoint's on every rank, and ends
+    where an uninterrupted run does (a rate restored on rank 0 alone set the ranks' weights apart,
+    and the run failed its end-of-run check)."""
+
+    def job(directory, steps, rate):
+        manifest = job_manifest(
+            args=["--steps", str(steps), "--batch-size", "32", "--hidden", "64", "--learning-rate", rate],
+            checkpoint={"path": str(tmp_path / directory), "intervalSteps": 10},
+        )
+        return write_manifest(tmp_path, manifest, filename=f"{directory}-{steps}.yaml")
+
+    assert run_caramel("run", str(job("straight", 20, "0.05"))).returncode == 0
+    assert run_caramel("run", str(job("resumed", 10, "0.05"))).returncode == 0
+    second = run_caramel("run", str(job("resumed", 20, "0.5")))
+    assert second.returncode == 0, second.stderr
+    expected, resumed = checkpoint_weights(tmp_path / "straight"), checkpoint_weights(tmp_path / "resumed")
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 @pytest.mark.timeout(600)
 def test_a_lost_worker_shrinks_the_gang_which_resumes_from_its_checkpoint_with_the_loss_going_on(tmp_path):
     """spec.workers.minReplicas: a worker the machine kills (SIGKILL, as its out-of-memory killer

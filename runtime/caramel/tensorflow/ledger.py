@@ -77,7 +77,12 @@ class Ledger:
                 checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
                 say(f"restored {manager.latest_checkpoint} at step {self.completed_steps}")
         # The counter may be one of the optimizer's own variables (Keras counts its iterations).
-        variables = {v.ref(): v for v in [*self.model.variables, *self.optimizer.variables, self.counter]}
+        # The learning rate is a variable the checkpoint keeps outside the optimizer's
+        # `variables`: restored on rank 0 alone, it would leave the ranks updating at different
+        # rates, and their weights apart.
+        rate = getattr(self.optimizer, "learning_rate", None)
+        learning_rate = [rate] if isinstance(rate, tf.Variable) else []
+        variables = {v.ref(): v for v in [*self.model.variables, *self.optimizer.variables, self.counter, *learning_rate]}
         hvd.broadcast_variables(list(variables.values()), root_rank=0)
         return manager
 
