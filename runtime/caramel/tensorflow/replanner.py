@@ -242,33 +242,29 @@ class Replanner:
     def worth_several_steps(self, found: Plan, steps_left: int | None) -> bool:
         """Whether the plan found, several steps per graph, repays building those graphs (the
         estimate in `retrace_seconds`) against the step measured so far, one per graph, within
-        the steps left (said on rank 0's log where it does not). Where nobody said how many steps
-        are left, the steps per execution asked for are taken as they are."""
+        the steps left. Where nobody said how many steps are left, the steps per execution
+        asked for are taken as they are."""
         if self.seconds_per_step is None or steps_left is None:
             return True
-        gain = self.seconds_per_step - found.predicted_step_seconds
-        if repays_retrace(gain, self.retrace_seconds, steps_left):
+        return self._repays_rebuild(self.seconds_per_step - found.predicted_step_seconds, steps_left, "one step per graph")
+
+    def _worth_retracing(self, found: Plan, current_seconds: float, steps_left: int | None) -> Plan | None:
+        """The plan found, unless its gain would not repay the re-trace."""
+        return found if self._repays_rebuild(current_seconds - found.predicted_step_seconds, steps_left, "the plan in force") else None
+
+    def _repays_rebuild(self, gain_seconds: float, steps_left: int | None, kept: str) -> bool:
+        """Whether a predicted gain per step repays the rebuild it costs (`retrace_seconds`)
+        within the steps left (PAYBACK_STEPS where unknown); rank 0's log says what is kept
+        where it does not."""
+        if repays_retrace(gain_seconds, self.retrace_seconds, steps_left):
             return True
-        steps = f"the {steps_left} steps left"
+        steps = f"the {steps_left} steps left" if steps_left is not None else f"{PAYBACK_STEPS} steps"
         print(
-            f"caramel: keeping one step per graph: several per graph, predicted {gain * 1e3:.3g} ms faster per step, would "
-            f"not repay building their graph (about {self.retrace_seconds:.3g} s) within {steps}",
+            f"caramel: keeping {kept}: predicted {gain_seconds * 1e3:.3g} ms faster per step, the change would not repay its "
+            f"rebuild ({self.retrace_seconds:.3g} s) within {steps}",
             file=sys.stderr, flush=True,
         )  # fmt: skip
         return False
-
-    def _worth_retracing(self, found: Plan, current_seconds: float, steps_left: int | None) -> Plan | None:
-        """The plan found, unless its gain would not repay the re-trace (said on rank 0's log)."""
-        gain = current_seconds - found.predicted_step_seconds
-        if repays_retrace(gain, self.retrace_seconds, steps_left):
-            return found
-        steps = f"the {steps_left} steps left" if steps_left is not None else f"{PAYBACK_STEPS} steps"
-        print(
-            f"caramel: keeping the plan in force: a plan predicted {gain * 1e3:.3g} ms faster per step would not repay "
-            f"its re-trace ({self.retrace_seconds:.3g} s, as last measured) within {steps}",
-            file=sys.stderr, flush=True,
-        )  # fmt: skip
-        return None
 
     def _probe(self) -> None:
         """Time a few back-to-back collectives; the first of each size also lines the ranks up."""
