@@ -710,8 +710,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=24, help="measured steps per run (default 24)")
     parser.add_argument(
         "--warmup", type=int,
-        help="unmeasured steps first (default: until Caramel runs the way its first measured round chose, Horovod's or its "
-        "plan, 24 steps at 4 steps per execution; no fewer where a Caramel strategy runs)",
+        help="unmeasured steps first (default: until Caramel runs what its first rounds chose, Horovod's way or its plan and "
+        "then its graph or Horovod's own, 40 steps at 4 steps per execution; no fewer where a Caramel strategy runs)",
     )  # fmt: skip
     parser.add_argument(
         "--steps-per-execution", type=int, default=4,
@@ -793,7 +793,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.warmup = settled
     elif args.warmup < settled and (args.rate_drop or any(STRATEGIES[name].worker == "caramel" for name in args.strategy_names)):
         parser.error(
-            f"--warmup: {args.warmup} steps end before Caramel's first measured round chose between Horovod's way and its plan "
+            f"--warmup: {args.warmup} steps end before Caramel's first rounds chose Horovod's way or its plan, and its graph or Horovod's own, "
             f"at {args.steps_per_execution} steps per execution (by step {settled}); use at least {settled}"
         )
     args.rate_list = parse_rates(parser, args.rates)

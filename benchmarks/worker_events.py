@@ -120,7 +120,10 @@ def caramel_details() -> dict:
         "alpha_seconds": replanner.link.alpha,
         "bytes_per_second": replanner.link.bytes_per_second,
         "plan_changes": replanner.plan_changes,
-        "planned": communicator.selector.planned,
+        "planned": communicator.runs_plan,
+        "graph": communicator.graphs.running,
+        # What the last round between Caramel's graph and Horovod's own measured, per step.
+        "graph_step_seconds": communicator.graphs.means,
         "arm_decisions": int(communicator.selector.decisions.numpy()),
         # What the last round of the selector measured, per step: each arm's mean.
         "horovod_way_step_seconds": float(communicator.selector.means.numpy()[0]) or None,

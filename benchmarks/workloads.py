@@ -16,20 +16,20 @@ import sys
 from dataclasses import dataclass
 
 from benchmarks.profiles import BYTES_PER_PARAMETER, NAMES, Profile, load_profile, scaled
-from caramel.planner.rounds import first_decision_step
+from caramel.planner.rounds import settled_step
 
 EMULATED_WORKER = "benchmarks.emulated_worker"
 REAL_WORKER = "benchmarks.real_worker"
 
 
 def warmup_steps(steps_per_execution: int) -> int:
-    """Unmeasured steps of every run: until Caramel's steps run the arm that its first measured
-    plan's round chose (`caramel.planner.rounds`). With 4 steps per execution Caramel runs steps
-    1-4 one at a time, adopts its first measured plan for step 5, whose first execution builds its
-    graph, measures Horovod's way and the plan in blocks of 4 steps over steps 9-24, and from step
-    25 on runs the faster: 24 steps. Later re-plans, if any, land in the measured steps, as they
-    would in training."""
-    return first_decision_step(steps_per_execution)
+    """Unmeasured steps of every run: until Caramel's steps run what its first rounds chose
+    (`caramel.planner.rounds`). With 4 steps per execution Caramel runs steps 1-4 one at a time,
+    adopts its first measured plan for step 5, whose first execution builds its graph, measures
+    Horovod's way and the plan in blocks of 4 steps over steps 9-24, then its graph and Horovod's
+    own graph of one step in blocks of 4 over steps 25-40, and from step 41 on runs the faster:
+    40 steps. Later re-plans, if any, land in the measured steps, as they would in training."""
+    return settled_step(steps_per_execution)
 
 
 @dataclass(frozen=True)

@@ -328,7 +328,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="an environment variable for every worker of every strategy, such as HOROVOD_TIMELINE=<file> (rank 0 writes it); repeatable",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/zoo-<time>)")
-    parser.add_argument("--report", type=Path, metavar="RESULTS_JSON", help="print the table of an earlier run's results.json, and run nothing")
+    parser.add_argument("--report", type=Path, metavar="RESULTS_JSON", help="print the table of an earlier run's results.json and draw its plot beside it (zoo.png), and run nothing")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()] if args.profiles else list(NAMES)
@@ -363,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]])[0] for key in results}
         print_table(results, workloads, args.strategy_names)
         print_summary(results, workloads, args.strategy_names)
+        plot(results, args.strategy_names, args.report.with_name("zoo.png"))
+        print(f"\nplot: {args.report.with_name('zoo.png')}")
         return 0
     if os.geteuid() != 0:
         print("zoo_bench needs root: it builds network namespaces, veths, a bridge, tc shaping and an iptables rule", file=sys.stderr)

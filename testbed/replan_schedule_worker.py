@@ -1,7 +1,8 @@
 """A lone Horovod rank for tests/test_replan_schedule.py: drives the real `Replanner` through
 the execution boundaries of a training run at several steps per execution, with real probes
 and plan searches, and prints at which completed step it decided each plan, as JSON
-{steps_per_execution: [steps]}.
+{"decided": {steps_per_execution: [steps]}, "back_to_back": [steps]}: the latter where
+boundaries come back to back while a search runs.
 
 The steps' timings are made up (every gradient's backward pass and transfer take the same
 time); only when the replanner decides is read, not what.
@@ -10,6 +11,7 @@ time); only when the replanner decides is read, not what.
 from __future__ import annotations
 
 import json
+import time
 
 import horovod.tensorflow as hvd
 
@@ -19,11 +21,13 @@ from caramel.planner.timing import StepTimes, TransferTiming
 from caramel.tensorflow.replanner import Replanner
 
 GRADIENT_SIZES = [(64 * 1024 * 4, 4)] * 8  # eight float32 gradients of 64 Ki elements
-STEPS = 60  # past the second decision at every steps per execution below
+GIVE_UP_SECONDS = 60  # a second decision long after this is a failure the test reports
 STEPS_PER_EXECUTION = (1, 4, 8)
 
 
-def decision_steps(steps_per_execution: int) -> list[int]:
+def decision_steps(steps_per_execution: int, search_ends_first: bool = True) -> list[int]:
+    """The steps at which the replanner decided. With `search_ends_first`, each boundary comes only once a running search has ended, as
+    where steps take longer than a search; without, boundaries come back to back."""
     replanner = Replanner(Scheduling(), LinkModel(alpha=1e-4, beta=1e-9))
     replanner.plan_for(GRADIENT_SIZES)
     decided = []
@@ -41,15 +45,23 @@ def decision_steps(steps_per_execution: int) -> list[int]:
         transfer_wait_seconds=0.0,
         exposed_seconds=0.0,
     )
-    for completed in range(steps_per_execution, STEPS + 1, steps_per_execution):
+    completed, deadline = 0, time.monotonic() + GIVE_UP_SECONDS
+    while len(decided) < 2 and time.monotonic() < deadline:
+        completed += steps_per_execution
         replanner.observe([step] * steps_per_execution)
+        pending = replanner._pending  # noqa: SLF001 (the test drives the replanner's own search)
+        while search_ends_first and pending is not None and pending.search is not None and not pending.search.done():
+            time.sleep(0.01)
+        if not search_ends_first:
+            time.sleep(0.01)  # a short step, beside the search
         replanner.at_boundary(completed, steps_left=10_000)
     return decided
 
 
 def main() -> None:
     hvd.init()
-    print(json.dumps({spe: decision_steps(spe) for spe in STEPS_PER_EXECUTION}), flush=True)
+    decided = {spe: decision_steps(spe) for spe in STEPS_PER_EXECUTION}
+    print(json.dumps({"decided": decided, "back_to_back": decision_steps(4, search_ends_first=False)}), flush=True)
 
 
 if __name__ == "__main__":

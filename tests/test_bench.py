@@ -260,17 +260,17 @@ def test_cpu_floor_is_every_ranks_cpu_over_the_cores(monkeypatch: pytest.MonkeyP
     assert bench.cpu_floor_seconds(cell, workers=4) == pytest.approx(4 * 0.35 / 2)
 
 
-def test_warmup_covers_caramels_first_round() -> None:
-    """The default warm-up ends once Caramel runs the way its first measured round chose."""
-    assert bench.parse_args([]).warmup == 24  # steps 1-4 single, 5-8 settle the plan, 4 blocks of 4
-    assert bench.parse_args(["--steps-per-execution", "8"]).warmup == 16 + 4 * 8  # blocks of whole executions
-    assert bench.parse_args(["--steps-per-execution", "1", "--steps", "3"]).warmup == 2 + 4 * 4
+def test_warmup_covers_caramels_first_rounds() -> None:
+    """The default warm-up ends once Caramel runs what its first rounds chose: the arm, then the graph."""
+    assert bench.parse_args([]).warmup == 24 + 16  # steps 1-4 single, 5-8 settle the plan, 4 blocks of 4 of each round
+    assert bench.parse_args(["--steps-per-execution", "8"]).warmup == 16 + 2 * 4 * 8  # blocks of whole executions
+    assert bench.parse_args(["--steps-per-execution", "1", "--steps", "3"]).warmup == 2 + 2 * 4 * 4
 
 
 def test_warmup_short_of_caramels_replan(capsys: pytest.CaptureFixture[str]) -> None:
     message = parse_error(capsys, "--steps-per-execution", "8", "--warmup", "24")
-    assert "--warmup: 24 steps end before Caramel's first measured round chose between Horovod's way and its plan at 8 steps per execution" in message
-    assert "use at least 48" in message
+    assert "--warmup: 24 steps end before Caramel's first rounds chose Horovod's way or its plan, and its graph or Horovod's" in message
+    assert "use at least 80" in message
     assert bench.parse_args(["--strategies", "horovod", "--warmup", "3"]).warmup == 3  # Horovod alone does not re-plan
     assert "--warmup: 3 steps end before" in parse_error(capsys, "--strategies", "horovod", "--warmup", "3", "--rate-drop", "4000:1000:20")
 

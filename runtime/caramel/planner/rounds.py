@@ -1,5 +1,7 @@
 """How long the graph measures Horovod's own way against the plan: the arithmetic of a round of
-the arm selector (`caramel.tensorflow.selector`), which benchmarks need without TensorFlow.
+the arm selector (`caramel.tensorflow.selector`), and of the round between Caramel's graph and
+Horovod's own that follows it (`caramel.tensorflow.graph_choice`), which benchmarks need without
+TensorFlow.
 
 A round settles for some steps, then runs blocks of each arm in turn, BLOCK_PAIRS of each, and
 decides. A block is whole executions, so that each arm's measured steps carry as many execution
@@ -23,6 +25,14 @@ def block_steps(steps_per_execution: int) -> int:
 def explore_steps(steps_per_execution: int) -> int:
     """Steps of a round's blocks, both arms."""
     return 2 * BLOCK_PAIRS * block_steps(steps_per_execution)
+
+
+def settled_step(steps_per_execution: int) -> int:
+    """The last step before a `caramel.tensorflow.function` runs what its first rounds chose:
+    the arm its first measured plan's round chose (`first_decision_step`), then the graph, after
+    a round of blocks of Caramel's graph and Horovod's own (`caramel.tensorflow.graph_choice`),
+    as long as the selector's."""
+    return first_decision_step(steps_per_execution) + explore_steps(steps_per_execution)
 
 
 def first_decision_step(steps_per_execution: int) -> int:

@@ -6,8 +6,8 @@ second to seconds of pure Python) then runs beside training without taking the t
 process's interpreter lock, which the emulated accelerator, callbacks and the input pipeline's
 Python need, and costs the job's CPU once instead of once per rank. It runs at the lowest
 priority: a search that competed with the ranks for a busy CPU made the steps it ran beside
-slower than any plan could make up for, and training waits for it only where it has not ended
-by the time its plan is due.
+slower than any plan could make up for. Training waits for it only for the first measured plan;
+a later one is decided at the first execution boundary after it has ended.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ class Search:
         # One line: the search starts as soon as it has read it.
         self._process.stdin.write(request(tensors, link, scheduling, steps_per_execution) + "\n")
         self._process.stdin.flush()
+
+    def done(self) -> bool:
+        """Whether the search has ended (its result is then there without waiting)."""
+        return self._process.poll() is not None
 
     def result(self) -> Plan:
         """The plan found (waits for it)."""

@@ -43,6 +43,8 @@ from caramel.planner.timing import StepStamps, StepTimes, execution_times
 from caramel.tensorflow.collectives import Chain, Reduce, horovod_average, run_split_transfers, run_transfers
 from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
+from caramel.planner.rounds import MIN_BLOCK_STEPS
+from caramel.tensorflow.graph_choice import CARAMEL, GraphChoice
 from caramel.tensorflow.selector import HOROVOD, PLANNED, ArmSelector
 from caramel.tensorflow.stamps import StampBook
 from caramel.topology.simulate import choose_allreduce
@@ -80,6 +82,9 @@ class GradientCommunicator:
         """ring or multitree, chosen when the first graph's gradients are seen."""
         self._reduce: Reduce = horovod_average
         """How the plan's transfers are averaged: Horovod's collectives, or MULTITREE's trees."""
+        self.graphs = GraphChoice(MIN_BLOCK_STEPS)
+        """Caramel's graph of several steps against Horovod's own per-step graph (driven by the
+        step function between executions)."""
         self._stamps = StampBook()
         self._releases: tf.Variable | None = None
         """While Caramel's own steps are traced (None at any other time): whether the step stamps
@@ -124,6 +129,12 @@ class GradientCommunicator:
         with tf.control_dependencies(gradients):
             self.selector.tick(tf.identity(gradients[0]))
         return list(averaged)
+
+    @property
+    def runs_plan(self) -> bool:
+        """Whether the steps send their gradients by the plan (not Horovod's own way, in
+        Caramel's graph or in Horovod's own)."""
+        return self.graphs.running == CARAMEL and self.selector.planned
 
     def _stamped(self, start: tf.Tensor, gradients: Sequence[tf.Tensor], ready: Sequence[tf.Tensor], done: Sequence[tf.Tensor]) -> tf.Tensor:
         """The stamps of a step that ran the plan: its execution's start, when each transfer's

@@ -146,7 +146,7 @@ def plan_record() -> PlanRecord:
     gradient_communicator = communicator()
     replanner = gradient_communicator.replanner
     bucket = replanner.plan.batch.max_bytes if replanner.plan else 0
-    return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes, gradient_communicator.selector.planned)
+    return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes, gradient_communicator.runs_plan)
 
 
 def weights_digest(model: tf.keras.Model) -> str:

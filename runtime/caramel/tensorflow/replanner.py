@@ -6,9 +6,10 @@ executions, never inside a step) every rank probes the link together, with the a
 the step's transfers (Horovod's ring or MULTITREE's trees, whose costs differ); rank 0 fits alpha
 and beta from the probes and the timed transfers (each at its least over ranks), takes the measured
 release times (TicTac's TAC), and searches for a plan in a process of its own
-(`caramel.planner.search`) while training goes on. At the first boundary `PLAN_LAG_STEPS` steps
-later, rank 0 broadcasts its decision, the plan and its link model, so every rank runs the same plan
-from the same step. Adopting a plan re-traces the step, which costs seconds to minutes (a
+(`caramel.planner.search`) while training goes on. At the first boundary at least `PLAN_LAG_STEPS`
+steps later where the search has ended (it runs at the lowest priority, and the steps do not wait
+for it), rank 0 broadcasts its decision, the plan and its link model, so every rank runs the same
+plan from the same step. Adopting a plan re-traces the step, which costs seconds to minutes (a
 several-step graph of a large model), so a plan is adopted only if it is predicted to be clearly
 faster than the plan in force, and only if that gain repays the re-trace, as last measured, within
 the steps left (or `PAYBACK_STEPS` where nobody said how many are left). The first measured plan is
@@ -167,7 +168,7 @@ class Replanner:
         if not self.several_steps:
             return False  # one step per graph: no order of the transfers has a window to gain in
         adopted = False
-        if self._pending is not None and completed_steps >= self._pending.adopt_at:
+        if self._pending is not None and completed_steps >= self._pending.adopt_at and self._search_done(self._pending):
             adopted = self._adopt(self._pending, steps_left)
             self._pending = None
         if may_search and self.plan is not None and self._pending is None and completed_steps >= self._next_replan:
@@ -200,6 +201,14 @@ class Replanner:
         search = Search(tensors, link, self.scheduling, self.steps_per_execution) if hvd.rank() == 0 else None
         self._search_start_seconds = time.perf_counter() - started
         return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
+
+    def _search_done(self, pending: _PendingSearch) -> bool:
+        """Whether rank 0's search has ended, on every rank. The search runs at the lowest
+        priority beside the steps, and may not have had the CPU to end by the time its plan is
+        due: the decision then waits for a later boundary rather than the steps for the search."""
+        self.communicated = True
+        done = pending.search is not None and pending.search.done()
+        return bool(hvd.broadcast(tf.constant(int(done)), root_rank=0, name="caramel_search_done").numpy())
 
     def _adopt(self, pending: _PendingSearch, steps_left: int | None, first: bool = False) -> bool:
         """Rank 0 decides from its search and its measurements; every rank takes its decision.

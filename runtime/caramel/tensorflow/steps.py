@@ -33,10 +33,11 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from caramel.planner.timing import StepTimes
-from caramel.tensorflow.process import communicator
 from caramel.planner.rounds import block_steps
+from caramel.planner.timing import StepTimes
 from caramel.tensorflow.communicator import ARMS_NAME
+from caramel.tensorflow.graph_choice import CARAMEL, HOROVOD
+from caramel.tensorflow.process import communicator
 from caramel.tensorflow.unrolled import TracedStep
 
 DEFAULT_STEPS_PER_EXECUTION = 4
@@ -81,6 +82,9 @@ class StepFunction:
         self._first_execution_seconds: float | None = None
         self._build_seconds: float | None = None
         """The estimated cost of building a graph of steps_per_execution steps (from the first)."""
+        self._horovod_step: Callable[[Any], Any] | None = None
+        """The step as Horovod runs it: a tf.function of one step (see graph_choice.py)."""
+        self._selector_decisions = 0
         functools.update_wrapper(self, step)
 
     def __call__(self, iterator: Iterator[Any], steps: int | None = None) -> list[Any]:
@@ -95,8 +99,11 @@ class StepFunction:
         if not replanner.measured and self.steps_per_execution > 1 and self._build_seconds is not None:
             replanner.retrace_seconds = self._build_seconds  # the first measured plan weighs it
         several_before = replanner.several_steps
-        # No search while the selector measures: a new plan would restart its round.
-        replanned = replanner.at_boundary(self.completed_steps, steps_left, may_search=not gradient_communicator.selector.exploring)
+        # No search while the selector measures (a new plan would restart its round), nor while
+        # Horovod's own graph runs (it stamps nothing to plan from).
+        graphs = gradient_communicator.graphs
+        may_search = not gradient_communicator.selector.exploring and graphs.running == CARAMEL
+        replanned = replanner.at_boundary(self.completed_steps, steps_left, may_search=may_search)
         if replanner.communicated:
             gradient_communicator.selector.untime_last_step()  # the re-plan's time is neither arm's
         if replanned:
@@ -105,15 +112,58 @@ class StepFunction:
         if new_graphs:
             # The first execution of the new graphs builds them: it is not measured.
             gradient_communicator.selector.set_block(block_steps(self.steps_per_execution))
+            graphs.block_steps = block_steps(self.steps_per_execution)
             gradient_communicator.selector.start_round(settle=self.steps_per_execution)
             if hvd.rank() == 0:
                 print(f"caramel: from step {self.completed_steps + 1}, {replanner.describe()}", file=sys.stderr, flush=True)
-        # One step per graph until the first measured plan was found worth several (the
-        # replanner), and for an execution shorter than the rest (the end of an epoch or of the
-        # training), whose graph of its own would cost more to build than its steps can gain.
-        per_graph = count if replanner.several_steps and count == self.steps_per_execution else 1
+        regular = replanner.several_steps and count == self.steps_per_execution
+        graph = self._next_graph(regular)
+        if graph == HOROVOD:
+            outputs, timed_steps, timed_seconds = self._run_horovod_steps(iterator, count)
+        else:
+            started, built = time.perf_counter(), len(self._executions)
+            outputs = self._run_caramel_steps(iterator, count, per_graph=count if regular else 1)
+            seconds = time.perf_counter() - started
+            timed_steps, timed_seconds = (count, seconds) if len(self._executions) == built else (0, 0.0)
+            if self._first_execution_seconds is not None and self._build_seconds is None and replanner.seconds_per_step is not None:
+                self._build_seconds = self._several_steps_build_seconds(self._first_execution_seconds - replanner.seconds_per_step)
+            if new_graphs and replanner.seconds_per_step is not None and regular:
+                replanner.retrace_seconds = max(0.0, seconds - count * replanner.seconds_per_step)
+        graphs.running = graph
+        if regular:
+            outcome = graphs.ran(graph, count, timed_steps, timed_seconds)
+            if outcome and hvd.rank() == 0:
+                print(f"caramel: at step {self.completed_steps}, {outcome}", file=sys.stderr, flush=True)
+        return outputs
+
+    def _next_graph(self, regular: bool) -> str:
+        """The graph the next steps run (graph_choice.py); Caramel's until the steps run several
+        per graph, for executions shorter than the rest, and where the gradients go through
+        MULTITREE's trees, which Horovod's own graph does not use."""
+        gradient_communicator = communicator()
+        selector, graphs = gradient_communicator.selector, gradient_communicator.graphs
+        if not regular or gradient_communicator.algorithm != "ring":
+            return CARAMEL
+        decisions = int(selector.decisions.numpy())
+        if decisions != self._selector_decisions and not graphs.measuring and graphs.chosen == CARAMEL:
+            graphs.start_round()  # the selector chose anew: against Horovod's own graph again
+        self._selector_decisions = decisions
+        graph = graphs.next_graph()
+        if graph == CARAMEL and graphs.running == HOROVOD:
+            # Back from Horovod's graph: the selector's last tick was before it, and its step
+            # counts for nothing; after a spell of it, the selector measures both arms again.
+            selector.untime_last_step()
+            if not graphs.measuring:
+                selector.start_round(settle=self.steps_per_execution)
+        return graph
+
+    def _run_caramel_steps(self, iterator: Iterator[Any], count: int, per_graph: int) -> list[Any]:
+        """`count` steps of Caramel's graphs, `per_graph` per execution: one per graph until the
+        first measured plan was found worth several (the replanner), and for an execution
+        shorter than the rest (the end of an epoch or of the training), whose graph of its own
+        would cost more to build than its steps can gain."""
+        replanner = communicator().replanner
         outputs, times = [], []
-        started = time.perf_counter()
         for _ in range(count // per_graph):
             execution_started, built = time.perf_counter(), len(self._executions)
             outputs += self._execute(iterator, per_graph)
@@ -126,11 +176,27 @@ class StepFunction:
             elif per_graph == 1 and self._first_execution_seconds is None:
                 self._first_execution_seconds = seconds
         self.last_times = times
-        if self._first_execution_seconds is not None and self._build_seconds is None and replanner.seconds_per_step is not None:
-            self._build_seconds = self._several_steps_build_seconds(self._first_execution_seconds - replanner.seconds_per_step)
-        if new_graphs and replanner.seconds_per_step is not None and per_graph > 1:
-            replanner.retrace_seconds = max(0.0, time.perf_counter() - started - count * replanner.seconds_per_step)
         return outputs
+
+    def _run_horovod_steps(self, iterator: Iterator[Any], count: int) -> tuple[list[Any], int, float]:
+        """`count` steps of Horovod's own graph, one call each; and how many of them built
+        nothing, and their seconds (each timed to its loss, as a loop over it would)."""
+        outputs, timed_steps, timed_seconds = [], 0, 0.0
+        for _ in range(count):
+            built = self._horovod_step is None
+            if built:
+                self._horovod_step = tf.function(self._one_step)  # traced outside Caramel's steps: Horovod's own way
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                raise RuntimeError("the data ran out: give the iterator at least as many batches as steps") from None
+            outputs.append(self._horovod_step(batch))  # returns once the step has run
+            if not built:
+                timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
+        self.completed_steps += count
+        self.last_times = []
+        return outputs, timed_steps, timed_seconds
 
     def _several_steps_build_seconds(self, first_build_seconds: float) -> float:
         """What building a graph of steps_per_execution steps will cost, from what the first
