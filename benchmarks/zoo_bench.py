@@ -171,8 +171,11 @@ def planner_error(cell: Cell) -> float:
 
 
 def arms(cell: Cell) -> str:
-    """Which arm each run's steps ran at the end: P the plan, H Horovod's own way."""
-    return "".join({True: "P", False: "H"}.get(run.details.get("planned"), "?") for run in cell.runs)
+    """How each run's steps ran at the end: P the plan, H Horovod's own way in Caramel's graph,
+    G Horovod's own graph of one step (graph_choice.py)."""
+    return "".join(
+        "G" if run.details.get("graph") == "horovod" else {True: "P", False: "H"}.get(run.details.get("planned"), "?") for run in cell.runs
+    )
 
 
 def print_table(results: dict[str, Point], workloads: dict[str, Workload], strategies: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from caramel.planner.rounds import settled_step
 from conftest import job_manifest, run_caramel, write_manifest
 from examples import train_small
 
@@ -28,12 +29,12 @@ APIS = ("tape-fit", "optimizer-fit", "tape-loop", "eager", "keras")
 RANKS, STEPS, BATCH, HIDDEN = 2, 15, 16, 32
 
 
-def synchronous_sgd() -> list[np.ndarray]:
+def synchronous_sgd(steps: int = STEPS) -> list[np.ndarray]:
     """Plain synchronous SGD in this process: one model, the global batch of every rank."""
     tf.keras.utils.set_random_seed(train_small.SEED)
     model = train_small.build_model(HIDDEN)
     optimizer = train_small.build_optimizer(train_small.DEFAULT_LEARNING_RATE)
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         with tf.GradientTape() as tape:
             batches = [train_small.batch(step, rank, BATCH) for rank in range(RANKS)]
             loss = tf.add_n([train_small.LOSS(labels, model(features)) for features, labels in batches]) / RANKS
@@ -51,12 +52,14 @@ def trained_weights(tmp_path, api: str, caramel: dict, steps_per_execution: int 
     return train(tmp_path, api, caramel, steps_per_execution)[0]
 
 
-def train(tmp_path, api: str, caramel: dict, steps_per_execution: int, env: dict | None = None) -> tuple[list[np.ndarray], str]:
-    """Rank 0's weights after training through `api` with these spec.caramel settings and
-    extra environment variables, and the job's standard error."""
+def train(
+    tmp_path, api: str, caramel: dict, steps_per_execution: int, env: dict | None = None, steps: int = STEPS
+) -> tuple[list[np.ndarray], str]:
+    """Rank 0's weights after training `steps` steps through `api` with these spec.caramel
+    settings and extra environment variables, and the job's standard error."""
     output = tmp_path / "weights.npz"
     command = [
-        sys.executable, "-m", "testbed.sgd_worker", "--api", api, "--steps", str(STEPS), "--batch-size", str(BATCH),
+        sys.executable, "-m", "testbed.sgd_worker", "--api", api, "--steps", str(steps), "--batch-size", str(BATCH),
         "--hidden", str(HIDDEN), "--steps-per-execution", str(steps_per_execution), "--output", str(output),
     ]  # fmt: skip
     extra_env = [{"name": name, "value": value} for name, value in (env or {}).items()]
@@ -85,6 +88,17 @@ def test_every_public_path_matches_synchronous_sgd(tmp_path, expected, api):
 def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode):
     # Several steps per graph, with a step count that leaves a shorter last execution.
     assert_same_weights(trained_weights(tmp_path, "tape-fit", MODES[mode], steps_per_execution=4), expected)
+
+
+@pytest.mark.parametrize("api", ["tape-fit", "keras"])
+def test_steps_that_go_between_caramels_graph_and_horovods_own_match_synchronous_sgd(tmp_path, api):
+    # Past Caramel's first rounds: the round between its graph of several steps and Horovod's
+    # own graph of one step (graph_choice.py) runs blocks of each, and the steps go on in the
+    # one chosen.
+    steps = settled_step(4) + 8
+    weights, stderr = train(tmp_path, api, {}, steps_per_execution=4, steps=steps)
+    assert "steps run Caramel's graph of several steps" in stderr or "steps run Horovod's own graph of one step" in stderr, stderr
+    assert_same_weights(weights, synchronous_sgd(steps))
 
 
 def test_a_transfer_of_gradients_of_two_dtypes_averages_each(tmp_path):

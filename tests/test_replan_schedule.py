@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from caramel.job.api import Scheduling
 from caramel.planner.schedule import PLAN_LAG_STEPS
 from conftest import REPO
@@ -51,3 +53,17 @@ def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build():
     assert replanner.worth_several_steps(plan, steps_left=None)  # not said: as many steps per graph as asked
     slower = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.55)
     assert not replanner.worth_several_steps(slower, steps_left=10**6)
+
+
+def test_the_steps_time_a_search_took_beside_them_counts_as_the_re_plans_cost():
+    from caramel.planner.linkmodel import LinkModel
+    from caramel.tensorflow.replanner import Replanner
+
+    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9))
+    replanner.executed(4, 0.4)  # no search running: the usual step
+    assert replanner.seconds_per_step == pytest.approx(0.1)
+    replanner._pending = object()  # noqa: SLF001 (a search runs beside the next executions)
+    replanner.executed(4, 0.6)
+    replanner.executed(4, 0.38)  # faster than usual: no credit
+    assert replanner.seconds_per_step == pytest.approx(0.1)  # the usual step, not the slowed one
+    assert replanner._beside_seconds == pytest.approx(0.2)  # noqa: SLF001

@@ -44,7 +44,8 @@ def test_table_and_summary_give_ratios_to_horovod(capsys: pytest.CaptureFixture[
     point = Point(1000.0, 1.0, {
         "horovod-tape": Cell([run(1.0), run(1.2)]),
         "caramel-tape": Cell([run(1.1), run(1.1)]),
-        "caramel-function": Cell([run(0.88, planned=True, predicted_step_seconds=0.8, planned_step_seconds=0.88), run(0.88, planned=False)]),
+        "caramel-function": Cell([run(0.88, planned=True, predicted_step_seconds=0.8, planned_step_seconds=0.88), run(0.88, planned=False),
+                                  run(0.88, planned=False, graph="horovod")]),
         "compute-only": Cell([run(0.6)]),
         "comm-only": Cell([run(0.6)]),
     })  # fmt: skip
@@ -59,6 +60,8 @@ def test_table_and_summary_give_ratios_to_horovod(capsys: pytest.CaptureFixture[
     # Horovod's median is 1.1 s: caramel-tape 1.0x, caramel-function 0.8x (its runs 0.88 s).
     assert " 1.000 (1.000-1.000)" in row and " 0.800 (0.800-0.800)" in row
     columns = [column.strip() for column in row.split("|")]
-    assert columns[-3:-1] == ["0.91", "PH"]  # predicted over measured; the arm each caramel-function run ended on
+    # Predicted over measured; how each caramel-function run ended: the plan, Horovod's way in
+    # Caramel's graph, Horovod's own graph.
+    assert columns[-3:-1] == ["0.91", "PHG"]
     assert "caramel-function: geometric mean 0.800x horovod-tape over 1 points; at most 1.0x on 1" in out
     assert "planner: predicted against measured off by 9.1%" in out  # 0.8 / 0.88

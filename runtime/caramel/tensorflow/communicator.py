@@ -39,12 +39,12 @@ import tensorflow as tf
 from caramel.job.api import Allreduce, Collective, Tuning
 from caramel.job.contract import WorkerContract
 from caramel.planner.linkmodel import LinkModel
+from caramel.planner.rounds import MIN_BLOCK_STEPS
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
 from caramel.tensorflow.collectives import Chain, Reduce, horovod_average, run_split_transfers, run_transfers
+from caramel.tensorflow.graph_choice import CARAMEL, GraphChoice
 from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
-from caramel.planner.rounds import MIN_BLOCK_STEPS
-from caramel.tensorflow.graph_choice import CARAMEL, GraphChoice
 from caramel.tensorflow.selector import HOROVOD, PLANNED, ArmSelector
 from caramel.tensorflow.stamps import StampBook
 from caramel.topology.simulate import choose_allreduce

@@ -110,7 +110,8 @@ class Replanner:
         self.probe_allreduce: ProbeAllreduce = horovod_probe
         """What the probes time: the all-reduce the plan's transfers go through."""
         self.seconds_per_step: float | None = None
-        """Of the last execution that traced nothing (None until one ran)."""
+        """Of the last execution that traced nothing and ran with no search beside it (None
+        until one ran): what plans and re-plans are weighed against (`executed`)."""
         self.steps_per_execution: int | None = None
         """Steps per graph execution, as the caller runs them: plans are predicted for such
         executions (None: the steady state of steps that never meet an execution boundary)."""
@@ -118,8 +119,10 @@ class Replanner:
         """Steps between re-plans, as rank 0 last decided (`replan_interval`)."""
         self._search_start_seconds = 0.0
         """What starting the last search cost this process (probes, link fit, the search's process)."""
-        self._decision_seconds = 0.0
-        """What sharing the last decision cost this process."""
+        self._beside_seconds = 0.0
+        """How much longer than `seconds_per_step` the steps took while the pending search ran
+        beside them: on cores the ranks share, its CPU is theirs, and it is part of what a
+        re-plan costs."""
         self.communicated = False
         """Whether the last boundary ran collectives: the step across it took longer for it."""
         self.retrace_seconds: float | None = None
@@ -144,6 +147,13 @@ class Replanner:
                 "communication of one fixed set of trainable variables"
             )
         return self.plan
+
+    def executed(self, steps: int, seconds: float) -> None:
+        """An execution of `steps` steps that traced nothing took `seconds`."""
+        if self._pending is not None and self.seconds_per_step is not None:
+            self._beside_seconds += max(0.0, seconds - steps * self.seconds_per_step)
+        else:
+            self.seconds_per_step = seconds / steps
 
     def observe(self, steps: Sequence[StepTimes]) -> None:
         """Timings of steps just run with the plan in force."""
@@ -230,11 +240,14 @@ class Replanner:
                     if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - MIN_GAIN):
                         chosen = self._worth_retracing(found, current, steps_left)
         self._tensors = pending.tensors
-        replan_seconds = self._search_start_seconds + self._decision_seconds  # this decision's, as the last one cost
+        # What this re-plan cost rank 0, whose measure is shared: starting the search, the steps'
+        # time the search took beside them, and this decision (for the first measured plan, the
+        # whole search, which the steps waited for: as much as it takes from them beside them).
+        replan_seconds = self._search_start_seconds + self._beside_seconds + time.perf_counter() - started
+        self._beside_seconds = 0.0
         interval = replan_interval(self.scheduling.replan_interval_steps, replan_seconds, self.seconds_per_step)
         previous_interval = self._interval_steps
         self.link, chosen, self._interval_steps, self.several_steps = _share_decision(pending.link, chosen, interval, several)
-        self._decision_seconds = time.perf_counter() - started
         if self._interval_steps != previous_interval and hvd.rank() == 0:
             print(
                 f"caramel: re-planning every {self._interval_steps} steps (a re-plan costs {replan_seconds * 1e3:.4g} ms at "

@@ -172,7 +172,7 @@ class StepFunction:
             if len(self._executions) == built:
                 # What the steps take, as the plan's re-plan interval and gain are weighed.
                 if per_graph == count or not replanner.several_steps:
-                    replanner.seconds_per_step = seconds / per_graph
+                    replanner.executed(per_graph, seconds)
             elif per_graph == 1 and self._first_execution_seconds is None:
                 self._first_execution_seconds = seconds
         self.last_times = times
