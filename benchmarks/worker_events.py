@@ -8,6 +8,7 @@ watches them live, for rate drops); every rank ends with one `{"event": "summary
 
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import statistics
@@ -26,6 +27,22 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class CollectorClock:
+    """Wall time this process has spent in Python's cyclic garbage collector: each collection
+    stops the thread that triggered it, and a full one walks every object, a traced graph's too."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+
 class StepLog:
     """Counts steps; rank 0 prints every measured one as it ends. Steps of one graph execution
     share its time equally. The CPU time of the measured steps is kept for the summary: from the
@@ -37,6 +54,9 @@ class StepLog:
         self.count = 0
         self._cpu_at_warmup_end = cpu_seconds() if warmup == 0 else None
         self._cpu_at_last_step: float | None = None
+        self._collector = CollectorClock()
+        self._collector_at_warmup_end = 0.0
+        self._collector_at_last_step = 0.0
 
     def append(self, seconds: float, steps: int = 1) -> None:
         for _ in range(steps):
@@ -44,9 +64,9 @@ class StepLog:
             if hvd.rank() == 0 and self.count > self.warmup:
                 print(json.dumps({"event": "step", "step": self.count - self.warmup, "seconds": seconds / steps}), flush=True)
         if self._cpu_at_warmup_end is None and self.count >= self.warmup:
-            self._cpu_at_warmup_end = cpu_seconds()
+            self._cpu_at_warmup_end, self._collector_at_warmup_end = cpu_seconds(), self._collector.seconds
         elif self.count > self.warmup:
-            self._cpu_at_last_step = cpu_seconds()
+            self._cpu_at_last_step, self._collector_at_last_step = cpu_seconds(), self._collector.seconds
 
     def cpu_seconds_per_step(self) -> float:
         """CPU seconds per measured step (from the first execution that ended after the warm-up to
@@ -55,6 +75,13 @@ class StepLog:
         if self._cpu_at_warmup_end is None or self._cpu_at_last_step is None or measured <= 0:
             return float("nan")
         return (self._cpu_at_last_step - self._cpu_at_warmup_end) / measured
+
+    def collector_seconds_per_step(self) -> float:
+        """Seconds in Python's garbage collector per measured step (over the same steps)."""
+        measured = self.count - self.warmup
+        if self._cpu_at_warmup_end is None or self._cpu_at_last_step is None or measured <= 0:
+            return float("nan")
+        return (self._collector_at_last_step - self._collector_at_warmup_end) / measured
 
 
 class StepLogCallback(tf.keras.callbacks.Callback):
@@ -93,6 +120,7 @@ def print_summary(strategy: str, times: StepLog, details: dict) -> None:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "tensor_peak_bytes": tensor_peak_bytes(),
         "cpu_seconds_per_step": times.cpu_seconds_per_step(),
+        "collector_seconds_per_step": times.collector_seconds_per_step(),
         **details,
     }
     print(json.dumps(summary), flush=True)
