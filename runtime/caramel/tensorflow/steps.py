@@ -137,18 +137,12 @@ class StepFunction:
         return outputs
 
     def _next_graph(self, regular: bool) -> str:
-        """The graph the next steps run (graph_choice.py). Caramel's for executions shorter than
-        the rest, and where the gradients go through MULTITREE's trees, which Horovod's own
-        graph does not use. Horovod's own once the first measured plan kept the steps at one per
-        graph (too few steps left to repay a graph of several): in a graph of one step every
-        transfer ends before the next step starts, so Caramel's graph has nothing to gain."""
+        """The graph the next steps run (graph_choice.py); Caramel's until the steps run several
+        per graph, for executions shorter than the rest, and where the gradients go through
+        MULTITREE's trees, which Horovod's own graph does not use."""
         gradient_communicator = communicator()
-        replanner, selector, graphs = gradient_communicator.replanner, gradient_communicator.selector, gradient_communicator.graphs
-        if gradient_communicator.algorithm != "ring":
-            return CARAMEL
-        if replanner.measured and not replanner.several_steps:
-            return HOROVOD
-        if not regular:
+        selector, graphs = gradient_communicator.selector, gradient_communicator.graphs
+        if not regular or gradient_communicator.algorithm != "ring":
             return CARAMEL
         decisions = int(selector.decisions.numpy())
         if decisions != self._selector_decisions and not graphs.measuring and graphs.chosen == CARAMEL:
