@@ -62,3 +62,19 @@ def test_no_tensor_peak_where_the_allocator_keeps_no_count():
     env = {**os.environ, "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=True, cwd=REPOSITORY)
     assert result.stdout.strip().splitlines()[-1] == "None"
+
+
+def test_time_in_the_garbage_collector_counts_the_measured_steps_only(cpu_clock):
+    import gc
+
+    times = worker_events.StepLog(warmup=4)
+    gc.collect()  # during the warm-up: not counted
+    times.append(1.0, steps=4)
+    assert times.collector_seconds_per_step() != times.collector_seconds_per_step()  # NaN: nothing measured yet
+    for _ in range(3):
+        gc.collect()
+        times.append(1.0, steps=4)
+    measured = times.collector_seconds_per_step()
+    assert measured > 0
+    gc.collect()  # after the last step: not counted
+    assert times.collector_seconds_per_step() == measured
