@@ -19,7 +19,9 @@ adopt a new plan; the step is then traced once more and its executions built aga
 selector measures the new plan against Horovod's own way before it keeps one. Every rank runs
 the same executions, so every rank re-plans at the same step. What adopting a plan cost (its
 first execution's time beyond an ordinary execution's) goes back to the replanner, which adopts
-a later plan only if its gain repays that within the steps left.
+a later plan only if its gain repays that within the steps left. Once the selector has chosen,
+blocks of this graph and of Horovod's own graph of one step run in turn, and the one measured
+faster runs on (graph_choice.py).
 """
 
 from __future__ import annotations
