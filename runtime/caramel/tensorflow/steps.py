@@ -192,7 +192,7 @@ class StepFunction:
             try:
                 batch = next(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
-                raise RuntimeError("the data ran out: give the iterator at least as many batches as steps") from None
+                raise _data_ran_out(count) from None
             outputs.append(self._horovod_step(batch))  # returns once the step has run
             if not built:
                 timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
@@ -213,9 +213,7 @@ class StepFunction:
         try:
             outputs = self._executions[count](iterator)
         except tf.errors.OutOfRangeError:
-            raise RuntimeError(
-                f"the data ran out within an execution of {count} steps: give the iterator at least as many batches as steps"
-            ) from None
+            raise _data_ran_out(count) from None
         self.completed_steps += count
         self.last_times = communicator().measure(count)
         return outputs
@@ -242,6 +240,10 @@ class StepFunction:
 
     def _one_step(self, batch: Any) -> Any:
         return self.step(*batch) if self.unpack and isinstance(batch, tuple) else self.step(batch)
+
+
+def _data_ran_out(count: int) -> RuntimeError:
+    return RuntimeError(f"the data ran out within an execution of {count} steps: give the iterator at least as many batches as steps")
 
 
 def function(
