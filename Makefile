@@ -3,17 +3,17 @@
 PYTHON ?= python3.11
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
-TENSORFLOW := tensorflow-cpu==2.18.1
-# Packages whose declared dependencies must not be installed ([tool.caramel] in pyproject.toml):
-# tf-keras would pull the full `tensorflow` over tensorflow-cpu.
-NO_DEPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['caramel']['install-without-dependencies'])")
+# The TensorFlow pin, read from pyproject.toml (the one place versions are written).
+TENSORFLOW := $(shell $(PYTHON) -c "import tomllib; print(next(d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if d.startswith('tensorflow')))")
 HOROVOD_VERSION := 0.28.1
 # Horovod ships only as source and compiles against one TensorFlow ABI, so its wheel is cached
-# per Horovod and TensorFlow version, outside the clone: a fresh clone reuses it. pip's own
-# wheel cache is bypassed because it would not tell TensorFlow versions apart.
-WHEEL_CACHE ?= $(HOME)/.cache/caramel/horovod-$(HOROVOD_VERSION)-tf2.18.1-cp311
-HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
+# per Horovod and TensorFlow version and per patch, outside the clone: a fresh clone reuses it.
+# pip's own wheel cache is bypassed because it would not tell TensorFlow versions apart.
+HOROVOD_PATCH_ID := $(shell cat scripts/horovod/*.patch scripts/horovod/build-wheel.sh | sha256sum | cut -c1-12)
+WHEEL_CACHE ?= $(HOME)/.cache/caramel/horovod-$(HOROVOD_VERSION)-$(subst ==,,$(TENSORFLOW))-cp311-$(HOROVOD_PATCH_ID)
+# CARAMEL_WITHOUT_HOROVOD=1 make setup: TensorFlow's own collectives only (spec.caramel.backend:
+# tensorflow), nothing compiled.
+CARAMEL_WITHOUT_HOROVOD ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup test test-fast crd clean bench bench-zoo bench-topology bench-needs-root
@@ -23,33 +23,23 @@ CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
 
 setup: $(VENV)/.setup-done
 
-$(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh
-	@command -v cmake >/dev/null || { echo "cmake is needed to build Horovod: apt-get install cmake"; exit 1; }
+$(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh scripts/horovod/build-wheel.sh scripts/horovod/*.patch
 	$(PYTHON) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --upgrade pip setuptools wheel
 	@# kubectl and helm, for the chart tests and the kind end-to-end script; cached like Horovod.
 	@bash scripts/install-k8s-tools.sh $(VENV)
-	@echo "--- installing TensorFlow (CPU)"
-	$(VENV_PYTHON) -m pip install --quiet $(TENSORFLOW)
-	@if ls $(WHEEL_CACHE)/horovod-*.whl >/dev/null 2>&1; then \
+	@echo "--- installing $(TENSORFLOW) and Caramel"
+	$(VENV_PYTHON) -m pip install --quiet -e '.[test]'
+	@if [ -n "$(CARAMEL_WITHOUT_HOROVOD)" ]; then \
+		echo "--- CARAMEL_WITHOUT_HOROVOD is set: no Horovod (the tensorflow backend only)"; \
+	elif ls $(WHEEL_CACHE)/horovod-*.whl >/dev/null 2>&1; then \
 		echo "--- using the cached Horovod wheel in $(WHEEL_CACHE)"; \
 	else \
-		echo "--- building Horovod $(HOROVOD_VERSION) with Gloo (takes 2-5 minutes, once)"; \
-		$(HOROVOD_BUILD_ENV) $(VENV_PYTHON) -m pip wheel --no-build-isolation --no-deps --no-cache-dir \
-			--wheel-dir $(WHEEL_CACHE) horovod==$(HOROVOD_VERSION); \
+		echo "--- building Horovod $(HOROVOD_VERSION) with Gloo against $(TENSORFLOW) (takes 3-5 minutes, once)"; \
+		bash scripts/horovod/build-wheel.sh $(VENV_PYTHON) $(WHEEL_CACHE); \
 	fi
-	$(VENV_PYTHON) -m pip install --quiet $(WHEEL_CACHE)/horovod-*.whl
-	@echo "--- installing Caramel"
-	$(VENV_PYTHON) -m pip install --quiet -e '.[test]'
-	$(VENV_PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
-	@# An earlier set-up installed tensorflow beside tensorflow-cpu; both write the same files,
-	@# so removing one breaks the other: remove it, then reinstall tensorflow-cpu whole.
-	@if $(VENV_PYTHON) -m pip show --quiet tensorflow >/dev/null 2>&1; then \
-		echo "--- removing the second TensorFlow (tensorflow) beside tensorflow-cpu"; \
-		$(VENV_PYTHON) -m pip uninstall --quiet -y tensorflow; \
-		$(VENV_PYTHON) -m pip install --quiet --force-reinstall --no-deps $(TENSORFLOW); \
-	fi
-	TF_CPP_MIN_LOG_LEVEL=3 $(VENV_PYTHON) -c "import horovod.tensorflow, caramel.job.api"
+	@if [ -z "$(CARAMEL_WITHOUT_HOROVOD)" ]; then $(VENV_PYTHON) -m pip install --quiet $(WHEEL_CACHE)/horovod-*.whl; fi
+	TF_CPP_MIN_LOG_LEVEL=3 $(VENV_PYTHON) -c "import caramel.tensorflow, caramel.job.api"
 	$(VENV_PYTHON) -m caramel.job.one_tensorflow
 	@touch $@
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"

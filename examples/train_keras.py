@@ -37,7 +37,7 @@ def main() -> None:
         loss=LOSS,
         steps_per_execution=args.steps_per_execution,
     )
-    caramel = TrainingCallback(model, steps_per_epoch=args.steps_per_epoch, epochs=args.epochs, batch_size=args.batch_size)
+    caramel = TrainingCallback(model)  # restores the latest checkpoint before fit: initial_epoch
     # The batches of the steps still to run: a resumed run starts at its checkpoint's epoch.
     first_step = caramel.initial_epoch * args.steps_per_epoch + 1
     steps = tf.data.Dataset.range(first_step, args.epochs * args.steps_per_epoch + 1)

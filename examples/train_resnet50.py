@@ -8,7 +8,6 @@ downloaded.
 
 import argparse
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
@@ -26,9 +25,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=64, help="image height and width, at least 32 (default 64)")
     parser.add_argument("--classes", type=int, default=100, help="number of classes (default 100)")
     parser.add_argument("--learning-rate", type=float, default=0.01, help="SGD learning rate (default 0.01)")
-    parser.add_argument(
-        "--horovod-baseline", action="store_true", help="average gradients with Horovod's own tape (for benchmarks)"
-    )
     args = parser.parse_args()
     if args.image_size < MIN_IMAGE_SIZE:
         parser.error(f"--image-size must be at least {MIN_IMAGE_SIZE} for ResNet-50, got {args.image_size}")
@@ -55,19 +51,15 @@ def main() -> None:
     ctf.init()
     tf.keras.utils.set_random_seed(SEED)
     model = build_model(args.image_size, args.classes)
-    sgd = build_optimizer(args.learning_rate)
     # The wrapped optimizer averages the gradients over all ranks before applying them.
-    optimizer = sgd if args.horovod_baseline else ctf.DistributedOptimizer(sgd)
+    optimizer = ctf.DistributedOptimizer(build_optimizer(args.learning_rate))
 
     @tf.function
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = LOSS(labels, model(images, training=True))
-        if args.horovod_baseline:
-            gradients = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        else:
-            optimizer.minimize(loss, model.trainable_variables, tape=tape)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 
     run = TrainingRun(model, optimizer, total_steps=args.steps, batch_size=args.batch_size)

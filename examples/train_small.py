@@ -7,7 +7,6 @@ would have seen, and its weights continue exactly.
 
 import argparse
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
@@ -30,9 +29,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help="SGD learning rate (default 0.05)")
     parser.add_argument(
         "--steps-per-execution", type=int, default=4, help="steps run in one graph execution (default 4)"
-    )
-    parser.add_argument(
-        "--horovod-baseline", action="store_true", help="average gradients with Horovod's own tape (for benchmarks)"
     )
     return parser.parse_args()
 
@@ -65,24 +61,16 @@ def main() -> None:
     tf.keras.utils.set_random_seed(SEED)
     model = build_model(args.hidden)
     optimizer = build_optimizer(args.learning_rate)
-    # The tape averages the gradients over all ranks (see train_resnet50.py for the optimizer wrapper).
-    distributed_tape = hvd.DistributedGradientTape if args.horovod_baseline else ctf.DistributedGradientTape
-
     def train_step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = LOSS(labels, model(features, training=True))
-        gradients = distributed_tape(tape).gradient(loss, model.trainable_variables)
+        # The tape averages the gradients over all ranks (see train_resnet50.py for the optimizer wrapper).
+        gradients = ctf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 
     run = TrainingRun(model, optimizer, total_steps=args.steps, batch_size=args.batch_size)
-    if args.horovod_baseline:
-        # Horovod's own way: one tf.function call per step.
-        graph_step = tf.function(train_step)
-        for step in run.steps():
-            run.report_loss(graph_step(*batch(step, ctf.rank(), args.batch_size)))
-    else:
-        run.fit(train_step, lambda step: batch(step, ctf.rank(), args.batch_size), steps_per_execution=args.steps_per_execution)
+    run.fit(train_step, lambda step: batch(step, ctf.rank(), args.batch_size), steps_per_execution=args.steps_per_execution)
 
 
 if __name__ == "__main__":

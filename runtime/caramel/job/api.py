@@ -272,6 +272,14 @@ class Allreduce(StrEnum):
     MULTITREE = "multitree"
 
 
+class Backend(StrEnum):
+    """What moves the gradients between the ranks."""
+
+    AUTO = "auto"
+    TENSORFLOW = "tensorflow"
+    HOROVOD = "horovod"
+
+
 class Collective(StrEnum):
     """How a planned transfer averages its gradients."""
 
@@ -319,6 +327,14 @@ class Scheduling(ApiModel):
     """Steps between re-plans from fresh latency and bandwidth observations (rank 0's fit is
     shared, so every rank follows the same plan). Caramel re-plans less often where a re-plan,
     as measured, would take more than 2% of the training time (steps of a few milliseconds)."""
+
+    backend: Backend = Backend.AUTO
+    """Collectives that move the gradients: tensorflow is TensorFlow's own collective ops over
+    gRPC (nothing compiled); horovod is Horovod's over Gloo (built at set-up; the image has it);
+    auto takes what the script uses: horovod for a script written for Horovod's API (`import
+    horovod.tensorflow`, which Caramel serves) where Horovod is installed, tensorflow otherwise.
+    Either way Caramel schedules the transfers, and falls back to the backend's own way where
+    that measured faster."""
 
     collective: Collective = Collective.ALLREDUCE
     """allreduce averages each planned transfer in one collective; split (DeAR's decoupling)

@@ -10,8 +10,9 @@ the job lives on worker r // slots as slot r % slots.
 
 Processes that share a machine (workers with the same address) take consecutive ports: worker
 w's first process takes the spec's port plus the processes of workers before it on the same
-address (`machine_offsets`), each next slot the port after. Metrics ports and the multitree
-transport's ports follow this rule.
+address (`machine_offsets`), each next slot the port after. Metrics ports, the multitree
+transport's ports and the collective ports (TensorFlow's servers: the rendezvous port plus one
+onwards) follow this rule.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from caramel.topology.wire import from_json, to_json
 RENDEZVOUS_TIMEOUT_SECONDS = 600
 
 TENSORFLOW_ENV = {
-    # Horovod 0.28.1 on TensorFlow 2.16+ works only with legacy Keras (the tf-keras package).
-    "TF_USE_LEGACY_KERAS": "1",
     # Hide TensorFlow's start-up chatter (CUDA probing on CPU machines); spec.env can override.
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
@@ -58,8 +57,8 @@ def machine_offsets(peers: Sequence[str], slots: int) -> list[int]:
     return offsets
 
 
-def transport_addresses(peers: Sequence[str], slots: int, first_port: int) -> list[tuple[str, int]]:
-    """Where each rank's multitree transport listens, in rank order."""
+def rank_addresses(peers: Sequence[str], slots: int, first_port: int) -> list[tuple[str, int]]:
+    """Where each rank listens on a per-process port whose first is `first_port`, in rank order."""
     return [
         (peer, first_port + offset + slot)
         for peer, offset in zip(peers, machine_offsets(peers, slots))
@@ -125,12 +124,13 @@ def worker_env(
         "CARAMEL_SCHEDULING": spec.caramel.model_dump_json(by_alias=True),
         "CARAMEL_MEMORY_ALLOCATOR": spec.workers.memory_allocator.value,
         "CARAMEL_METRICS_PORT": str(spec.metrics.port + processes_before_on_same_machine) if spec.metrics.enabled else "",
+        "CARAMEL_PEERS": ",".join(peers),
+        "CARAMEL_COLLECTIVE_PORT": str(collective_port(spec.rendezvous.port) + processes_before_on_same_machine),
     }
     if spec.rendezvous.network_interface:
         env["HOROVOD_GLOO_IFACE"] = spec.rendezvous.network_interface
     if spec.caramel.allreduce != Allreduce.RING:
-        # Only for jobs that may run the transport: a ring job's workers need no peer list.
-        env["CARAMEL_PEERS"] = ",".join(peers)
+        # Only for jobs that may run the multitree transport.
         env["CARAMEL_TRANSPORT_PORT"] = str(spec.caramel.transport_port + processes_before_on_same_machine)
     if topology is not None:
         env["CARAMEL_TOPOLOGY"] = to_json(topology)
@@ -140,6 +140,12 @@ def worker_env(
         env["CARAMEL_TUNING"] = tuning.model_dump_json(by_alias=True)
     env.update({var.name: var.value for var in spec.env})
     return env
+
+
+def collective_port(rendezvous_port: int) -> int:
+    """The collective port (TensorFlow's server) of a machine's first training process: the one
+    after worker 0's rendezvous port."""
+    return rendezvous_port + 1
 
 
 def worker_command(job: CaramelJob, python: str = "python") -> list[str]:
@@ -155,7 +161,7 @@ def slot_env(worker: Mapping[str, str], slot: int) -> dict[str, str]:
     local_size = int(worker["HOROVOD_LOCAL_SIZE"])
     rank = int(worker["CARAMEL_WORKER_INDEX"]) * local_size + slot
     env = {"HOROVOD_RANK": str(rank), "HOROVOD_LOCAL_RANK": str(slot)}
-    for port in ("CARAMEL_METRICS_PORT", "CARAMEL_TRANSPORT_PORT"):
+    for port in ("CARAMEL_METRICS_PORT", "CARAMEL_TRANSPORT_PORT", "CARAMEL_COLLECTIVE_PORT"):
         if worker.get(port):
             env[port] = str(int(worker[port]) + slot)
     return env
@@ -186,7 +192,7 @@ class WorkerContract:
     metrics_port: int | None
     rank: int | None
     peers: tuple[str, ...]
-    """Every worker's address (CARAMEL_PEERS); empty for a job whose all-reduce is the ring."""
+    """Every worker's address (CARAMEL_PEERS)."""
     topology: Topology
     """The network under the job, one host per rank (CARAMEL_TOPOLOGY); a flat one (every rank
     on one switch) when the job has none."""
@@ -203,11 +209,33 @@ class WorkerContract:
         return global_batch // self.world_size + (self.rank < global_batch % self.world_size)
 
     @property
+    def required_rank(self) -> int:
+        """This training process's rank (HOROVOD_RANK, which every training process has)."""
+        if self.rank is None:
+            raise RuntimeError("HOROVOD_RANK is unset: not a training process of a Caramel worker")
+        return self.rank
+
+    @property
     def transport_addresses(self) -> list[tuple[str, int]]:
         """Where each rank's multitree transport listens, in rank order."""
+        return rank_addresses(self._required_peers(), self.slots_per_worker, self.scheduling.transport_port)
+
+    @property
+    def collective_addresses(self) -> list[tuple[str, int]]:
+        """Where each rank's TensorFlow server listens (the tensorflow backend), in rank order."""
+        return rank_addresses(self._required_peers(), self.slots_per_worker, collective_port(self.rendezvous_port))
+
+    @property
+    def collective_timeout_seconds(self) -> float:
+        """How long a collective waits for its peers: as long as the workers wait for each other
+        at the rendezvous (a peer may be tracing its first step, or restoring a checkpoint), as
+        Gloo's timeout bounds Horovod's. A peer whose process ended fails it sooner."""
+        return self.rendezvous_timeout_seconds
+
+    def _required_peers(self) -> tuple[str, ...]:
         if not self.peers:
-            raise RuntimeError("CARAMEL_PEERS is unset: this job's all-reduce is the ring, which runs no transport")
-        return transport_addresses(self.peers, self.slots_per_worker, self.scheduling.transport_port)
+            raise RuntimeError("CARAMEL_PEERS is unset: not started as a Caramel worker (start jobs with `caramel run` or the operator)")
+        return self.peers
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerContract:

@@ -4,21 +4,22 @@ Where a step is traced decides how its gradients travel:
 - in Caramel's own multi-step executions (`caramel.tensorflow.function`, `TrainingRun.fit`, the
   Keras callback), two ways to average them are built into the step's graph as the branches of
   one `switch_case`:
-  - Horovod's own way: each gradient its own allreduce, as `hvd.DistributedGradientTape` sends
-    them, fused by Horovod's background thread; no order, no stamps;
-  - the plan in force: its transfers as Horovod collectives (`collectives.py`), in its order and
+  - the backend's own way (`Backend.own_way`): on Horovod each gradient its own allreduce, as
+    `hvd.DistributedGradientTape` sends them, fused by Horovod's background thread; on TensorFlow
+    one packed collective, as MultiWorkerMirroredStrategy sends them; no order, no stamps;
+  - the plan in force: its transfers as the backend's collectives (`collectives.py`), in its order and
     window, with stamps of when each transfer's gradients existed and when it ended
     (`stamps.py`), which, read between executions, give the step's timings
     (`caramel.planner.timing`) for the metrics and the replanner.
   The selector (`selector.py`) picks the branch of every step by measured step time, in the
   graph: there is no Python on the step's path.
 - in any other graph (a `tf.function` the user calls once per step, Keras' own train function),
-  Horovod's own way alone, unless the gradients go through MULTITREE's trees (then as above).
+  the backend's own way alone, unless the gradients go through MULTITREE's trees (then as above).
   Such a function returns only once its last transfer has ended, so the next step's forward
-  pass cannot start earlier whatever the order of the transfers: on Horovod's ring the plan has
+  pass cannot start earlier whatever the order of the transfers: on the ring the plan has
   nothing to gain there, and measured slower than Horovod's own way in such functions
-  (benchmarks/README.md). The step is then exactly Horovod's.
-- eagerly, the gradients go to Horovod as one grouped allreduce.
+  (benchmarks/README.md). The step is then exactly the backend's own.
+- eagerly, the gradients go to the backend as one fused all-reduce.
 
 The branches move bytes and do nothing else: the outputs of a branch, and of a function, wait
 for all of its side effects, so a stamp of the last transfer inside one would hold every averaged
@@ -32,7 +33,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
@@ -41,11 +41,12 @@ from caramel.job.contract import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.rounds import MIN_BLOCK_STEPS
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
-from caramel.tensorflow.collectives import Chain, Reduce, horovod_average, run_split_transfers, run_transfers
+from caramel.tensorflow.backends import Backend, ReduceOp
+from caramel.tensorflow.collectives import Chain, Reduce, run_split_transfers, run_transfers
 from caramel.tensorflow.graph_choice import CARAMEL, GraphChoice
 from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
-from caramel.tensorflow.selector import HOROVOD, PLANNED, ArmSelector
+from caramel.tensorflow.selector import OWN_WAY, PLANNED, ArmSelector
 from caramel.tensorflow.stamps import StampBook
 from caramel.topology.simulate import choose_allreduce
 from caramel.topology.transport import SUPPORTED_DTYPES
@@ -56,11 +57,6 @@ ARMS_NAME = "caramel_arms"
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
 
 
-def horovod_way(gradients: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """Each gradient its own allreduce, as `hvd.DistributedGradientTape` sends them."""
-    return [hvd.allreduce(gradient, op=hvd.Average, name=f"caramel_gradient_{i}") for i, gradient in enumerate(gradients)]
-
-
 def initial_link(tuning: Tuning | None) -> LinkModel:
     """The link a restarted gang measured last, or a cautious guess."""
     if tuning and tuning.alpha_seconds is not None and tuning.beta_seconds_per_byte is not None:
@@ -69,20 +65,26 @@ def initial_link(tuning: Tuning | None) -> LinkModel:
 
 
 class GradientCommunicator:
-    """Averages gradients across all ranks, by the arm the selector picks: Horovod's own way, or
-    the plan in force with the job's all-reduce algorithm (Horovod's ring, or MULTITREE's trees
-    over the job's topology)."""
+    """Averages gradients across all ranks, by the arm the selector picks: the backend's own way,
+    or the plan in force with the job's all-reduce algorithm (the backend's ring, or MULTITREE's
+    trees over the job's topology)."""
 
-    def __init__(self, contract: WorkerContract) -> None:
+    def __init__(self, contract: WorkerContract, backend: Backend) -> None:
         self.contract = contract
+        self.backend = backend
         self.scheduling = contract.scheduling
-        self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning))
-        self.selector = ArmSelector()
+        if self.scheduling.collective is Collective.SPLIT and not hasattr(backend, "reduce_scatter"):
+            raise ValueError(
+                f"spec.caramel.collective: split needs reduce-scatter, which the {backend.name} backend has not on the CPU "
+                "(TensorFlow's CollectiveReduceScatterV2 has no CPU kernel); use collective allreduce or backend horovod"
+            )
+        self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning), backend)
+        self.selector = ArmSelector(backend)
         self.algorithm: str | None = None
         """ring or multitree, chosen when the first graph's gradients are seen."""
-        self._reduce: Reduce = horovod_average
-        """How the plan's transfers are averaged: Horovod's collectives, or MULTITREE's trees."""
-        self.graphs = GraphChoice(MIN_BLOCK_STEPS)
+        self._trees: TreeReduce | None = None
+        """MULTITREE's trees, where they average the plan's transfers instead of the backend."""
+        self.graphs = GraphChoice(MIN_BLOCK_STEPS, backend)
         """Caramel's graph of several steps against Horovod's own per-step graph (driven by the
         step function between executions)."""
         self._stamps = StampBook()
@@ -91,26 +93,31 @@ class GradientCommunicator:
         its gradients' releases (read in the graph; only the first step of an execution does,
         see `stamp_releases`)."""
 
-    def allreduce(self, gradients: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """The average of every (dense) gradient over all ranks."""
+    def allreduce(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
+        """Every (dense) gradient reduced over all ranks: averaged, or summed (op SUM)."""
+        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+            raise ValueError(f"gradients are averaged or summed over the ranks, not reduced by {op.value}")
         if tf.executing_eagerly() or not all(g.shape.is_fully_defined() for g in gradients):
             # Eagerly there is no graph to plan; shapes known only at run time cannot be planned.
-            return list(hvd.grouped_allreduce(list(gradients), op=hvd.Average, name="caramel_gradients"))
+            return self.backend.all_reduce(list(gradients), op, "caramel_gradients")
         if self.algorithm is None:
             self._choose_algorithm(gradients)
         if self._releases is None and self.algorithm == "ring":
-            return horovod_way(gradients)  # a step of a graph Caramel does not run (see the module's docstring)
+            return self.backend.own_way(gradients, op)  # a step of a graph Caramel does not run (see the module's docstring)
+        if self._trees is not None and op is not ReduceOp.AVERAGE:
+            raise ValueError("MULTITREE's trees average the gradients; summing them (op Sum) needs spec.caramel.allreduce: ring")
+        reduce: Reduce = self._trees or (lambda pieces, name: self.backend.all_reduce(pieces, op, name))
         plan = self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
         count, transfers = len(gradients), plan.transfers
 
         def unplanned() -> list[tf.Tensor]:
-            return [*horovod_way(gradients), *(tf.zeros([1], gradients[t.pieces[0].tensor].dtype) for t in transfers)]
+            return [*self.backend.own_way(gradients, op), *(tf.zeros([1], gradients[t.pieces[0].tensor].dtype) for t in transfers)]
 
         def planned() -> list[tf.Tensor]:
             if self.scheduling.collective is Collective.SPLIT:
-                averaged, done = run_split_transfers(gradients, transfers, Chain())
+                averaged, done = run_split_transfers(gradients, transfers, Chain(), self.backend)
             else:
-                averaged, done = run_transfers(gradients, transfers, Chain(), self._reduce)
+                averaged, done = run_transfers(gradients, transfers, Chain(), reduce)
             return [*averaged, *(tf.reshape(output, [-1])[:1] for output in done)]
 
         start = self._stamps.stamp()  # the execution's start (no input: it runs first), for its first step
@@ -122,7 +129,7 @@ class GradientCommunicator:
         for transfer in transfers:
             with tf.control_dependencies([gradients[piece.tensor] for piece in transfer.pieces]):
                 ready.append(tf.identity(gradients[transfer.pieces[0].tensor]))
-        stamps = tf.cond(tf.equal(arm, PLANNED), lambda: self._stamped(start, gradients, ready, done), lambda: tf.constant([HOROVOD], tf.float64))
+        stamps = tf.cond(tf.equal(arm, PLANNED), lambda: self._stamped(start, gradients, ready, done), lambda: tf.constant([OWN_WAY], tf.float64))
         self._stamps.reserve(0).assign(stamps)
         # The step's time runs from when the step before released its last gradient to when
         # this one does: a point of every step that no transfer holds up.
@@ -132,8 +139,8 @@ class GradientCommunicator:
 
     @property
     def runs_plan(self) -> bool:
-        """Whether the steps send their gradients by the plan (not Horovod's own way, in
-        Caramel's graph or in Horovod's own)."""
+        """Whether the steps send their gradients by the plan (not the backend's own way, in
+        Caramel's graph or in the backend's own)."""
         return self.graphs.running == CARAMEL and self.selector.planned
 
     def _stamped(self, start: tf.Tensor, gradients: Sequence[tf.Tensor], ready: Sequence[tf.Tensor], done: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -155,7 +162,7 @@ class GradientCommunicator:
     def tracing_steps(self) -> Iterator[tf.Variable]:
         """While Caramel's own multi-step executions trace their step: the step runs the arm the
         selector picks, and stamps its gradients' releases, for the replanner, where the
-        variable given says so (a step traced anywhere else runs Horovod's own way)."""
+        variable given says so (a step traced anywhere else runs the backend's own way)."""
         self._releases = self.stamp_releases(0)
         try:
             yield self._releases
@@ -167,9 +174,12 @@ class GradientCommunicator:
         the first does (once per execution is enough for the planner, and stamps cost ops)."""
         return self._stamps.flag(slot, slot == 0)
 
-    def stamp_store(self, slot: int) -> tf.Variable:
-        """Where the step at position `slot` of an execution keeps its stamps."""
-        return self._stamps.reserve(slot)
+    def slot_variables(self, slot: int) -> list[tf.Variable]:
+        """The variables the step at position `slot` of an execution reads where the trace (the
+        first step's) read slot 0's: where it keeps its stamps, whether it stamps its gradients'
+        releases (only the first does), and what the backend tells copies apart by."""
+        copy = self.backend.copy_variable(slot)
+        return [self._stamps.reserve(slot), self.stamp_releases(slot), *([copy] if copy is not None else [])]
 
     def _choose_algorithm(self, gradients: Sequence[tf.Tensor]) -> None:
         """Ring, or MULTITREE where asked for, or where `auto` predicts it clearly faster on the
@@ -184,17 +194,16 @@ class GradientCommunicator:
             )
         if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(self.contract.topology, nbytes) == "multitree"):
             self.algorithm = "multitree"
-            tree_reduce = TreeReduce(self.contract, hvd.rank())
-            self._reduce = tree_reduce
-            self.replanner.probe_allreduce = tree_reduce.allreduce_now  # the plans are for the trees' link
+            self._trees = TreeReduce(self.contract, self.backend.rank)
+            self.replanner.probe_allreduce = self._trees.allreduce_now  # the plans are for the trees' link
         else:
             self.algorithm = "ring"
-        if hvd.rank() == 0:
+        if self.backend.rank == 0:
             print(f"caramel: gradients all-reduced by {self.algorithm} (spec.caramel.allreduce: {wanted.value})", file=sys.stderr, flush=True)
 
     def measure(self, steps: int) -> list[StepTimes]:
         """The timings of the steps of the execution just run (`steps` of them), if they ran the
-        plan in force, and hands them to the replanner; [] if they ran Horovod's own way (which
+        plan in force, and hands them to the replanner; [] if they ran the backend's own way (which
         stamps nothing) or communicated eagerly."""
         plan = self.replanner.plan
         if plan is None:

@@ -1,15 +1,16 @@
 """Keras `model.fit` as a Caramel job: one callback does what the job needs.
 
-    model.compile(optimizer=ctf.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), loss=...,
+    model.compile(optimizer=ctf.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=...,
                   steps_per_execution=4)
-    caramel = TrainingCallback(model, steps_per_epoch=100, epochs=5, batch_size=64)
+    caramel = TrainingCallback(model)
     model.fit(data, epochs=5, steps_per_epoch=100, initial_epoch=caramel.initial_epoch,
               callbacks=[caramel], verbose=0)
 
-The callback
+The callback reads the steps and epochs from what `fit` tells every callback (`self.params`) and
 - restores the latest checkpoint on rank 0 (when the job has `spec.checkpoint`) and broadcasts
   every weight and optimizer variable from rank 0, so all ranks start identical (Horovod's
-  BroadcastGlobalVariablesCallback); `initial_epoch` is the epoch to resume at;
+  BroadcastGlobalVariablesCallback); `initial_epoch` is the epoch to resume at, which the
+  checkpoint keeps;
 - runs Keras' own `train_step` through `caramel.tensorflow.function`: the `steps_per_execution`
   given to `compile` are unrolled in one graph (Keras' own loop finishes every step before the
   next starts), so each step's transfers overlap the next forward pass, and the transfer plan
@@ -25,62 +26,99 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from caramel.tensorflow.ledger import Ledger
+from caramel.tensorflow.runtime import Runtime, current
 from caramel.tensorflow.steps import StepFunction
 
+BATCH_SIZE = "caramel_batch_size"
+"""The output by which Caramel's step tells the callback its batch's size (taken out of the logs)."""
 
-class TrainingCallback(tf.keras.callbacks.Callback):
-    """Broadcast, scheduling, metrics, progress, checkpoints and resume for `model.fit`."""
 
-    def __init__(self, model: tf.keras.Model, *, steps_per_epoch: int, epochs: int, batch_size: int) -> None:
+class TrainingCallback(keras.callbacks.Callback):
+    """Broadcast, scheduling, metrics, progress, checkpoints and resume for `model.fit`.
+
+    With `checkpoints=False` it leaves checkpoints and resume to the script (Horovod's
+    callbacks, as Caramel serves them, are this callback so)."""
+
+    def __init__(self, model: keras.Model | None = None, *, checkpoints: bool = True) -> None:
         super().__init__()
-        if model.optimizer is None or not model.built:
-            raise ValueError("build the model and compile it (with ctf.DistributedOptimizer) before TrainingCallback")
-        if steps_per_epoch < 1 or epochs < 1:
-            raise ValueError(f"steps_per_epoch and epochs must be at least 1, got {steps_per_epoch} and {epochs}")
-        # Keras counts the steps done in the optimizer's iterations, which checkpoints keep.
-        self.ledger = Ledger(
-            model, model.optimizer, model.optimizer.iterations, total_steps=steps_per_epoch * epochs, batch_size=batch_size
-        )
-        self.initial_epoch = self.ledger.completed_steps // steps_per_epoch
-        """The epoch to pass to `fit` as initial_epoch: the one after the restored checkpoint's."""
+        self._runtime: Runtime = current()
+        self._checkpoints = checkpoints
+        self._ledger: Ledger | None = None
         self._steps: StepFunction | None = None
         self._execution: tuple[float, list[Any]] = (0.0, [])
+        self._next_step = 0
+        """The epoch's step (0-based) the next execution starts at."""
+        if model is not None:
+            self._start(model)
+
+    @property
+    def initial_epoch(self) -> int:
+        """The epoch to pass to `fit` as initial_epoch: the one after the restored checkpoint's (0
+        without one)."""
+        if self._ledger is None:
+            raise RuntimeError("TrainingCallback(model) restores before fit: give it the compiled model to know initial_epoch")
+        return int(self._ledger.epochs.numpy())
+
+    def _start(self, model: keras.Model) -> None:
+        """Restore (rank 0) and broadcast, before fit: the model is built and compiled."""
+        if model.optimizer is None or not model.built:
+            raise ValueError("build the model and compile it (with ctf.DistributedOptimizer) before training with TrainingCallback")
+        # Keras counts the steps done in the optimizer's iterations, which checkpoints keep.
+        self._ledger = Ledger(
+            self._runtime, model, model.optimizer, model.optimizer.iterations, total_steps=0, batch_size=None, checkpoints=self._checkpoints
+        )
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self._ledger is None:
+            self._start(self.model)
+        steps_per_epoch, epochs = self.params.get("steps"), self.params.get("epochs")
+        if not steps_per_epoch:
+            raise ValueError(
+                "Caramel runs a known number of steps per epoch: pass steps_per_epoch to fit, or a dataset whose length is known"
+            )
+        self._ledger.total_steps = steps_per_epoch * epochs
         self._steps = StepFunction(
-            self._keras_step, int(self.model._steps_per_execution.numpy()), unpack=False,
-            total_steps=self.ledger.total_steps - self.ledger.completed_steps,
+            self._keras_step, self.model.steps_per_execution, unpack=False,
+            total_steps=self._ledger.total_steps - self._ledger.completed_steps,
         )  # fmt: skip
         self.model.train_function = self._train_function
 
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._next_step = 0
+
     def _keras_step(self, data: Any) -> Any:
-        """Keras' own training step, counted once it has succeeded, as Keras counts it."""
-        outputs = self.model.train_step(data)
-        with tf.control_dependencies(tf.nest.flatten(outputs)[:1]):
-            self.model._train_counter.assign_add(1)
+        """Keras' own training step, and the size of its batch."""
+        outputs = dict(self.model.train_step(data))
+        outputs[BATCH_SIZE] = tf.shape(tf.nest.flatten(data)[0])[0]
         return outputs
 
     def _train_function(self, iterator: Any) -> Any:
         """What `fit` calls per execution: the steps Keras asks for, several per graph."""
-        count = int(self.model._steps_per_execution.numpy())
+        count = min(self.model.steps_per_execution, self.params["steps"] - self._next_step)
+        self._next_step += count
         started = time.perf_counter()
         outputs = self._steps(iterator, count)
         self._execution = ((time.perf_counter() - started) / count, outputs)
-        return outputs[-1]
+        return {name: value for name, value in outputs[-1].items() if name != BATCH_SIZE}
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         seconds, outputs = self._execution
         times = self._steps.last_times or [None] * len(outputs)
-        first = self.ledger.completed_steps - len(outputs) + 1
+        ledger = self._ledger
+        if ledger.global_batch is None and outputs:
+            ledger.global_batch = int(outputs[0][BATCH_SIZE]) * self._runtime.size
+        first = ledger.completed_steps - len(outputs) + 1
         for offset, (output, step_times) in enumerate(zip(outputs, times)):
             loss = float(output["loss"]) if "loss" in output else float("nan")
-            self.ledger.record_step(first + offset, seconds, loss, step_times)
+            ledger.record_step(first + offset, seconds, loss, step_times)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.ledger.checkpoint_if_due()
+        self._ledger.epochs.assign(epoch + 1)
+        self._ledger.checkpoint_if_due()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self.ledger.finish()
+        self._ledger.finish()

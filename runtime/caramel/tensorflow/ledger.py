@@ -14,15 +14,13 @@ import statistics
 import sys
 import time
 
-import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from caramel.job.contract import WorkerContract
 from caramel.job.progress import ProgressReport, format_report
-from caramel.metrics import PlanRecord, WorkerMetrics
+from caramel.metrics import PlanRecord
 from caramel.planner.timing import StepTimes
-from caramel.tensorflow.process import communicator
+from caramel.tensorflow.runtime import Runtime
 
 # Rank 0 logs progress at most this often (and always on the first and last step).
 PROGRESS_INTERVAL_SECONDS = 0.5
@@ -37,23 +35,28 @@ class Ledger:
 
     def __init__(
         self,
+        runtime: Runtime,
         model: tf.keras.Model,
         optimizer: tf.keras.optimizers.Optimizer,
         counter: tf.Variable,
         *,
         total_steps: int,
-        batch_size: int,
+        batch_size: int | None,
+        checkpoints: bool = True,
     ) -> None:
+        self.runtime = runtime
         self.model = model
         self.optimizer = optimizer
         self.counter = counter
         self.total_steps = total_steps
-        self.global_batch = batch_size * hvd.size()
-        self.rank = hvd.rank()
-        self.contract = WorkerContract.from_env()
-        self.metrics = WorkerMetrics(self.rank)
-        if self.contract.metrics_port:
-            self.metrics.serve(self.contract.metrics_port)
+        self.global_batch = None if batch_size is None else batch_size * runtime.size
+        """Examples per step over all ranks, for examples/s (None: not known yet)."""
+        self.rank = runtime.rank
+        self.contract = runtime.contract
+        self.metrics = runtime.metrics
+        self.epochs = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_epochs")
+        """Epochs done (Keras resumes at an epoch boundary), kept in checkpoints."""
+        self._checkpoints = checkpoints and self.contract.checkpoint is not None
         self._manager = self._restore_and_sync()
         self._last_saved_step = self.completed_steps
         self.metrics.checkpoint_step.set(self._last_saved_step)  # the restored checkpoint's step; 0 without one
@@ -70,27 +73,24 @@ class Ledger:
         # Optimizer state must exist before it can be restored or broadcast.
         self.optimizer.build(self.model.trainable_variables)
         manager = None
-        if self.contract.checkpoint:
-            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.counter)
+        if self._checkpoints:
+            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.counter, epochs=self.epochs)
             manager = tf.train.CheckpointManager(checkpoint, self.contract.checkpoint.path, max_to_keep=CHECKPOINTS_KEPT)
             if self.rank == 0 and manager.latest_checkpoint:
                 checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
                 say(f"restored {manager.latest_checkpoint} at step {self.completed_steps}")
         # The counter may be one of the optimizer's own variables (Keras counts its iterations).
-        # The learning rate is a variable the checkpoint keeps outside the optimizer's
-        # `variables`: restored on rank 0 alone, it would leave the ranks updating at different
-        # rates, and their weights apart.
-        rate = getattr(self.optimizer, "learning_rate", None)
-        learning_rate = [rate] if isinstance(rate, tf.Variable) else []
-        variables = {v.ref(): v for v in [*self.model.variables, *self.optimizer.variables, self.counter, *learning_rate]}
-        hvd.broadcast_variables(list(variables.values()), root_rank=0)
+        # The optimizer's variables include its learning rate: restored on rank 0 alone, it would
+        # leave the ranks updating at different rates, and their weights apart.
+        variables = {id(v): v for v in [*self.model.variables, *self.optimizer.variables, self.counter, self.epochs]}
+        broadcast_variables(self.runtime, list(variables.values()))
         return manager
 
     def record_step(self, step: int, seconds: float, loss: float, times: StepTimes | None) -> None:
         """A step ended: its metrics, and now and then a progress line from rank 0."""
         self.metrics.record_step(step, seconds, loss, times)
-        self.metrics.record_plan(plan_record())
-        decision = communicator().selector.new_decision()
+        self.metrics.record_plan(plan_record(self.runtime))
+        decision = self.runtime.communicator.selector.new_decision()
         if decision and self.rank == 0:
             say(f"at step {step}, {decision}")
         self._step_seconds.append(seconds)
@@ -103,7 +103,7 @@ class Ledger:
     def checkpoint_if_due(self) -> None:
         """At a point where the variables hold the state after the last step counted: save if
         spec.checkpoint.intervalSteps steps passed since the last checkpoint."""
-        if self.contract.checkpoint and self.completed_steps - self._last_saved_step >= self.contract.checkpoint.interval_steps:
+        if self._checkpoints and self.completed_steps - self._last_saved_step >= self.contract.checkpoint.interval_steps:
             self._save()
 
     def finish(self) -> None:
@@ -113,7 +113,7 @@ class Ledger:
         digest = weights_digest(self.model)
         say(f"weights digest {digest}")
         prefix = np.frombuffer(bytes.fromhex(digest[:16]), dtype=np.int64)
-        every_rank = hvd.allgather(tf.constant(prefix), name="caramel_weights_digest").numpy()
+        every_rank = self.runtime.backend.all_gather(tf.constant(prefix), name="caramel_weights_digest").numpy().reshape(-1)
         if len(set(every_rank.tolist())) != 1:
             raise RuntimeError(f"ranks finished with different weights: digest prefixes {every_rank.tolist()}")
         if self.rank == 0:
@@ -136,14 +136,22 @@ class Ledger:
             total=self.total_steps,
             loss=self._last_loss,
             step_seconds=seconds,
-            examples_per_second=self.global_batch / seconds if seconds > 0 else 0.0,
+            examples_per_second=self.global_batch / seconds if seconds > 0 and self.global_batch else 0.0,
             final=final,
         )
 
 
-def plan_record() -> PlanRecord:
+def broadcast_variables(runtime: Runtime, variables: list[tf.Variable], root_rank: int = 0) -> None:
+    """Overwrite the variables on every rank with rank `root_rank`'s values."""
+    if not variables:
+        return
+    for variable, value in zip(variables, runtime.backend.broadcast([tf.convert_to_tensor(v) for v in variables], root_rank, "caramel_variables")):
+        variable.assign(value)
+
+
+def plan_record(runtime: Runtime) -> PlanRecord:
     """The plan in force, the link it was made for, and whether the steps run it."""
-    gradient_communicator = communicator()
+    gradient_communicator = runtime.communicator
     replanner = gradient_communicator.replanner
     bucket = replanner.plan.batch.max_bytes if replanner.plan else 0
     return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes, gradient_communicator.runs_plan)

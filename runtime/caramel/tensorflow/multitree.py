@@ -14,7 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from caramel.job.contract import WorkerContract
-from caramel.tensorflow.collectives import average_per_dtype
+from caramel.tensorflow.fusion import joined
 from caramel.topology.multitree import multitree
 from caramel.topology.transport import TreeAllreduce
 
@@ -40,7 +40,7 @@ class TreeReduce:
             averaged.set_shape(flat.shape)
             return averaged
 
-        return average_per_dtype(pieces, name, average)
+        return joined(pieces, name, average)
 
     def allreduce_now(self, tensor: tf.Tensor) -> object:
         """The average of `tensor` over the ranks, eagerly, between graph executions (the

@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
@@ -47,6 +46,7 @@ from caramel.planner.schedule import (
 )
 from caramel.planner.search import Search, plan_document, plan_from
 from caramel.planner.timing import StepTimes, typical_backward_seconds
+from caramel.tensorflow.backends import Backend, ReduceOp
 
 # Steps whose timings the replanner remembers for release times.
 RECENT_STEPS = 16
@@ -61,15 +61,6 @@ PROBES = ((1, 3), (1024 * 1024, 2))
 
 ProbeAllreduce = Callable[[tf.Tensor], object]
 """Averages a float32 tensor over all ranks eagerly, and returns once it is done."""
-
-
-def horovod_probe(tensor: tf.Tensor) -> object:
-    return hvd.allreduce(tensor, op=hvd.Average, name="caramel_probe").numpy()
-
-
-def least_over_ranks(values: np.ndarray) -> np.ndarray:
-    """Each element's least value over all ranks."""
-    return hvd.allreduce(tf.constant(values), op=hvd.Min, name="caramel_least").numpy()
 
 
 def measured_costs(tensors: Sequence[TensorCost], backward_seconds: Sequence[float]) -> list[TensorCost]:
@@ -91,8 +82,9 @@ class _PendingSearch:
 class Replanner:
     """The plan in force for one model's gradients, and its re-planning."""
 
-    def __init__(self, scheduling: Scheduling, link: LinkModel) -> None:
+    def __init__(self, scheduling: Scheduling, link: LinkModel, backend: Backend) -> None:
         self.scheduling = scheduling
+        self.backend = backend
         self.link = link
         self.plan: Plan | None = None
         self.version = 0
@@ -107,7 +99,7 @@ class Replanner:
         self._recent: deque[StepTimes] = deque(maxlen=RECENT_STEPS)
         self._next_replan = 0
         self._pending: _PendingSearch | None = None
-        self.probe_allreduce: ProbeAllreduce = horovod_probe
+        self.probe_allreduce: ProbeAllreduce = backend.probe
         """What the probes time: the all-reduce the plan's transfers go through."""
         self.seconds_per_step: float | None = None
         """Of the last execution that traced nothing and ran with no search beside it (None
@@ -205,10 +197,11 @@ class Replanner:
         started = time.perf_counter()
         self._probe()
         # A transfer starts once the last rank is there; that rank's timing is the link's.
-        link = self._observer.model(previous=self.link, transfer_seconds=least_over_ranks(self._observer.transfer_seconds()))
+        least = self.backend.all_reduce([tf.constant(self._observer.transfer_seconds())], ReduceOp.MIN, "caramel_least")[0]
+        link = self._observer.model(previous=self.link, transfer_seconds=least.numpy())
         measured = typical_backward_seconds(self._recent)
         tensors = measured_costs(self._tensors, measured) if measured else self._tensors
-        search = Search(tensors, link, self.scheduling, self.steps_per_execution) if hvd.rank() == 0 else None
+        search = Search(tensors, link, self.scheduling, self.steps_per_execution) if self.backend.rank == 0 else None
         self._search_start_seconds = time.perf_counter() - started
         return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
 
@@ -218,7 +211,7 @@ class Replanner:
         due: the decision then waits for a later boundary rather than the steps for the search."""
         self.communicated = True
         done = pending.search is not None and pending.search.done()
-        return bool(hvd.broadcast(tf.constant(int(done)), root_rank=0, name="caramel_search_done").numpy())
+        return bool(self.backend.broadcast([tf.constant(int(done))], root_rank=0, name="caramel_search_done")[0].numpy())
 
     def _adopt(self, pending: _PendingSearch, steps_left: int | None, first: bool = False) -> bool:
         """Rank 0 decides from its search and its measurements; every rank takes its decision.
@@ -247,8 +240,8 @@ class Replanner:
         self._beside_seconds = 0.0
         interval = replan_interval(self.scheduling.replan_interval_steps, replan_seconds, self.seconds_per_step)
         previous_interval = self._interval_steps
-        self.link, chosen, self._interval_steps, self.several_steps = _share_decision(pending.link, chosen, interval, several)
-        if self._interval_steps != previous_interval and hvd.rank() == 0:
+        self.link, chosen, self._interval_steps, self.several_steps = _share_decision(self.backend, pending.link, chosen, interval, several)
+        if self._interval_steps != previous_interval and self.backend.rank == 0:
             print(
                 f"caramel: re-planning every {self._interval_steps} steps (a re-plan costs {replan_seconds * 1e3:.4g} ms at "
                 f"steps of {self.seconds_per_step * 1e3:.4g} ms; spec.caramel.replanIntervalSteps is the least)",
@@ -300,7 +293,7 @@ class Replanner:
 
 
 def _share_decision(
-    link: LinkModel, plan: Plan | None, interval_steps: int, several_steps: bool
+    backend: Backend, link: LinkModel, plan: Plan | None, interval_steps: int, several_steps: bool
 ) -> tuple[LinkModel, Plan | None, int, bool]:
     """Rank 0's link model, chosen plan (or None), steps to the next re-plan and whether the
     steps run several per graph, on every rank."""
@@ -311,11 +304,11 @@ def _share_decision(
         link.alpha, link.beta, float(plan is not None), document["predicted"] if document else 0.0, len(transfers), interval_steps,
         float(several_steps), *batch.values(),
     ]  # fmt: skip
-    header = hvd.broadcast(tf.constant(header, tf.float64), root_rank=0, name="caramel_plan_header").numpy()
+    header = backend.broadcast([tf.constant(header, tf.float64)], root_rank=0, name="caramel_plan_header")[0].numpy()
     shared_link, shared_interval, shared_several = LinkModel(alpha=float(header[0]), beta=float(header[1])), int(header[5]), bool(header[6])
     if not header[2]:
         return shared_link, None, shared_interval, shared_several
-    values = hvd.broadcast(tf.constant(transfers or [0] * int(header[4]), tf.int64), root_rank=0, name="caramel_plan").numpy()
+    values = backend.broadcast([tf.constant(transfers or [0] * int(header[4]), tf.int64)], root_rank=0, name="caramel_plan")[0].numpy()
     batch = dict(zip(batch, (int(header[7]), int(header[8]), int(header[9]), float(header[10]))))
     plan = plan_from({"transfers": values.tolist(), "batch": batch, "predicted": float(header[3])})
     return shared_link, plan, shared_interval, shared_several

@@ -1,10 +1,10 @@
 """Which way a step's gradients travel, chosen inside the graph by measured step time.
 
-Every step's graph holds two ways (arms) to average its gradients: Horovod's own (each gradient
-its own allreduce, fused by Horovod's background thread, exactly as `hvd.DistributedGradientTape`
-does) and the plan in force (`collectives.py`). A prediction can be wrong; a measurement of both
+Every step's graph holds two ways (arms) to average its gradients: the backend's own
+(`Backend.own_way`: exactly as `hvd.DistributedGradientTape`, or MultiWorkerMirroredStrategy,
+does it) and the plan in force (`collectives.py`). A prediction can be wrong; a measurement of both
 on this job, this model and this link cannot be wrong in the same way. So the graph measures
-both and keeps the faster: Caramel is then never slower than Horovod's own way by more than what
+both and keeps the faster: Caramel is then never slower than the backend's own way by more than what
 the measuring costs, whatever its planner predicted.
 
 Each step ticks the selector once, when all of its gradients exist (backpropagation's end, a
@@ -15,7 +15,7 @@ came from a tick on the step's own first gradient held every step back, measurab
 (benchmarks/results/2026-11-25-selector-index.txt). A round of measurement runs:
 - `settle` steps on the plan, unmeasured (the first round: until the graph runs at its pace and
   the replanner has the plan's stamps; after a new plan: its first steps);
-- then blocks of `block` steps, Horovod's and the plan's in turn, BLOCK_PAIRS of each (ABAB, so a
+- then blocks of `block` steps, the own way's and the plan's in turn, BLOCK_PAIRS of each (ABAB, so a
   drift of the machine hits both alike; `caramel.planner.rounds`); the first step of a block is
   not measured, as it may still carry the other arm's transfers;
 - then every rank takes rank 0's choice (one broadcast of one number): the arm with the lower
@@ -31,18 +31,18 @@ arm's measured steps carry the same share of execution boundaries.
 
 from __future__ import annotations
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from caramel.planner.rounds import BLOCK_PAIRS, MIN_BLOCK_STEPS
+from caramel.tensorflow.backends import Backend
 
-HOROVOD, PLANNED = 0, 1
-"""The arms: Horovod's own way, and the plan in force."""
-ARMS = ("horovod", "planned")
+OWN_WAY, PLANNED = 0, 1
+"""The arms: the backend's own way, and the plan in force."""
+ARMS = ("own", "planned")
 UNTIMED, EXPLORED, EXPLOITED = 0, 1, 2
 """How a step's time counts: not at all, towards its arm's mean, towards the chosen arm's drift."""
 # The plan is chosen only if it measured this much faster: closer than this, noise decides, and
-# Horovod's own way is the safe side.
+# the backend's own way is the safe side.
 MIN_GAIN = 0.01
 # An exploited arm whose step time moves this far from what it measured has met a changed link
 # or load: measure both again.
@@ -59,7 +59,10 @@ DEFAULT_EXPLOIT_STEPS = 200
 class ArmSelector:
     """The arm each step runs, measured and chosen in the graph (see the module's docstring)."""
 
-    def __init__(self, block: int = MIN_BLOCK_STEPS, settle: int = DEFAULT_SETTLE_STEPS, exploit: int = DEFAULT_EXPLOIT_STEPS) -> None:
+    def __init__(
+        self, backend: Backend, block: int = MIN_BLOCK_STEPS, settle: int = DEFAULT_SETTLE_STEPS, exploit: int = DEFAULT_EXPLOIT_STEPS
+    ) -> None:
+        self._backend = backend
         with tf.init_scope():
             variable = lambda value, dtype, name: tf.Variable(value, dtype=dtype, trainable=False, name=f"caramel_selector_{name}")  # noqa: E731
             self.steps = variable(0, tf.int64, "steps")
@@ -76,7 +79,7 @@ class ArmSelector:
             """How the last step's time counts: UNTIMED, EXPLORED or EXPLOITED."""
             self.seconds = variable(tf.zeros([2], tf.float64), tf.float64, "seconds")
             self.counts = variable(tf.zeros([2], tf.float64), tf.float64, "counts")
-            self.chosen = variable(HOROVOD, tf.int32, "chosen")
+            self.chosen = variable(OWN_WAY, tf.int32, "chosen")
             self.chosen_mean = variable(0.0, tf.float64, "chosen_mean")
             """The chosen arm's measured mean step; its running mean since is `recent`."""
             self.recent = variable(0.0, tf.float64, "recent")
@@ -118,9 +121,9 @@ class ArmSelector:
         exploring = steps + 1 - round_start - settle
         explore_steps = 2 * BLOCK_PAIRS * block
         in_blocks = tf.logical_and(exploring >= 0, exploring < explore_steps)
-        block_arm = tf.cast(tf.math.floordiv(tf.maximum(exploring, 0), block) % 2, tf.int32)  # Horovod's first
+        block_arm = tf.cast(tf.math.floordiv(tf.maximum(exploring, 0), block) % 2, tf.int32)  # the own way's first
         deciding = tf.equal(exploring, explore_steps)
-        chosen = tf.cond(deciding, lambda: _decision(seconds, counts), self.chosen.read_value)
+        chosen = tf.cond(deciding, lambda: self._decision(seconds, counts), self.chosen.read_value)
         chosen_mean = tf.where(deciding, tf.gather(tf.math.divide_no_nan(seconds, counts), chosen), self.chosen_mean.read_value())
         recent = tf.where(deciding, chosen_mean, recent)
         # A new round, without settling, at a block boundary, once the chosen arm ran long
@@ -132,12 +135,12 @@ class ArmSelector:
         # broadcasts' cost on short steps.
         check_drift = tf.logical_and(exploiting, tf.equal(tf.math.floormod(exploring, DRIFT_CHECK_BLOCKS * block), 0))
         drifted = tf.cond(
-            check_drift, lambda: _agreed(tf.abs(recent - chosen_mean) > DRIFT * chosen_mean, "caramel_arm_drift"), lambda: tf.constant(False)
+            check_drift, lambda: self._agreed(tf.abs(recent - chosen_mean) > DRIFT * chosen_mean, "caramel_arm_drift"), lambda: tf.constant(False)
         )  # fmt: skip
         due = tf.logical_and(tf.equal(tf.math.floormod(exploring, block), 0), exploring >= explore_steps + exploit)
         restart = tf.logical_and(exploiting, tf.logical_or(due, drifted))
         arm = tf.where(exploring < 0, PLANNED, tf.where(in_blocks, block_arm, chosen))
-        arm = tf.where(restart, HOROVOD, arm)
+        arm = tf.where(restart, OWN_WAY, arm)
         # The first step of a block (a restart opens one) may still carry the other arm's transfers.
         opens_block = tf.logical_or(restart, tf.equal(tf.math.floormod(tf.maximum(exploring, 0), block), 0))
         kind = tf.where(
@@ -167,7 +170,7 @@ class ArmSelector:
         """Eagerly, between executions on every rank: measure both arms again from the next step,
         after `settle` steps of the plan (a new plan was adopted)."""
         self.round_start.assign(self.steps)
-        self.arm.assign(PLANNED if settle > 0 else HOROVOD)  # the next step's, as a tick would choose
+        self.arm.assign(PLANNED if settle > 0 else OWN_WAY)  # the next step's, as a tick would choose
         self.settle.assign(settle)
         self.seconds.assign(tf.zeros([2], tf.float64))
         self.counts.assign(tf.zeros([2], tf.float64))
@@ -200,19 +203,18 @@ class ArmSelector:
         if decisions == self._decisions_seen:
             return None
         self._decisions_seen = decisions
-        horovod, planned = (float(mean) * 1e3 for mean in self.means.numpy())
-        chosen = "the plan" if int(self.chosen.numpy()) == PLANNED else "Horovod's own way"
-        return f"steps run {chosen}: measured {planned:.4g} ms per step with the plan, {horovod:.4g} ms with Horovod's own way"
+        own, planned = (float(mean) * 1e3 for mean in self.means.numpy())
+        own_way = self._backend.own_way_name
+        chosen = "the plan" if int(self.chosen.numpy()) == PLANNED else own_way
+        return f"steps run {chosen}: measured {planned:.4g} ms per step with the plan, {own:.4g} ms with {own_way}"
 
+    def _agreed(self, condition: tf.Tensor, name: str) -> tf.Tensor:
+        """Rank 0's value of a boolean, on every rank."""
+        return tf.cast(self._backend.broadcast([tf.cast(condition, tf.int32)], root_rank=0, name=name)[0], tf.bool)
 
-def _agreed(condition: tf.Tensor, name: str) -> tf.Tensor:
-    """Rank 0's value of a boolean, on every rank."""
-    return tf.cast(hvd.broadcast(tf.cast(condition, tf.int32), root_rank=0, name=name), tf.bool)
-
-
-def _decision(seconds: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
-    """Rank 0's choice, on every rank: the plan if it measured faster by more than MIN_GAIN."""
-    mean = tf.math.divide_no_nan(seconds, counts)
-    planned_faster = tf.logical_and(counts[PLANNED] > 0, mean[PLANNED] < (1.0 - MIN_GAIN) * mean[HOROVOD])
-    choice = tf.where(tf.logical_and(counts[HOROVOD] > 0, planned_faster), PLANNED, HOROVOD)
-    return tf.cast(hvd.broadcast(choice, root_rank=0, name="caramel_arm_choice"), tf.int32)
+    def _decision(self, seconds: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+        """Rank 0's choice, on every rank: the plan if it measured faster by more than MIN_GAIN."""
+        mean = tf.math.divide_no_nan(seconds, counts)
+        planned_faster = tf.logical_and(counts[PLANNED] > 0, mean[PLANNED] < (1.0 - MIN_GAIN) * mean[OWN_WAY])
+        choice = tf.where(tf.logical_and(counts[OWN_WAY] > 0, planned_faster), PLANNED, OWN_WAY)
+        return tf.cast(self._backend.broadcast([choice], root_rank=0, name="caramel_arm_choice")[0], tf.int32)

@@ -16,11 +16,11 @@ its first run), which a short training cannot win back: the first measured plan 
 several steps per graph only if its predicted gain repays that build, estimated from what the
 first graph cost, within the steps left (the replanner). Between executions the replanner may
 adopt a new plan; the step is then traced once more and its executions built again, and the
-selector measures the new plan against Horovod's own way before it keeps one. Every rank runs
+selector measures the new plan against the backend's own way before it keeps one. Every rank runs
 the same executions, so every rank re-plans at the same step. What adopting a plan cost (its
 first execution's time beyond an ordinary execution's) goes back to the replanner, which adopts
 a later plan only if its gain repays that within the steps left. Once the selector has chosen,
-blocks of this graph and of Horovod's own graph of one step run in turn, and the one measured
+blocks of this graph and of the backend's own graph of one step run in turn, and the one measured
 faster runs on (graph_choice.py).
 """
 
@@ -32,14 +32,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from caramel.planner.rounds import block_steps
 from caramel.planner.timing import StepTimes
-from caramel.tensorflow.communicator import ARMS_NAME
-from caramel.tensorflow.graph_choice import CARAMEL, HOROVOD
-from caramel.tensorflow.process import communicator
+from caramel.tensorflow.communicator import ARMS_NAME, GradientCommunicator
+from caramel.tensorflow.graph_choice import CARAMEL, OWN_GRAPH
+from caramel.tensorflow.runtime import current
 from caramel.tensorflow.unrolled import TracedStep
 
 DEFAULT_STEPS_PER_EXECUTION = 4
@@ -75,7 +74,7 @@ class StepFunction:
         plan's gain against its rebuild."""
         self.completed_steps = 0
         self.last_times: list[StepTimes] = []
-        """Timings of the steps of the last call (empty when they ran Horovod's own way or
+        """Timings of the steps of the last call (empty when they ran the backend's own way or
         communicated eagerly)."""
         self._traced: TracedStep | None = None
         self._trace_seconds = 0.0
@@ -84,17 +83,22 @@ class StepFunction:
         self._first_execution_seconds: float | None = None
         self._build_seconds: float | None = None
         """The estimated cost of building a graph of steps_per_execution steps (from the first)."""
-        self._horovod_step: Callable[[Any], Any] | None = None
-        """The step as Horovod runs it: a tf.function of one step (see graph_choice.py)."""
+        self._own_step: Callable[[Any], Any] | None = None
+        """The step as the backend's own API runs it: a tf.function of one step (see graph_choice.py)."""
         self._selector_decisions = 0
         functools.update_wrapper(self, step)
+
+    @property
+    def _communicator(self) -> GradientCommunicator:
+        """The process's (a step function may be made before `caramel.tensorflow.init()`)."""
+        return current().communicator
 
     def __call__(self, iterator: Iterator[Any], steps: int | None = None) -> list[Any]:
         """Run the next `steps` steps (at most steps_per_execution; default that many)."""
         count = self.steps_per_execution if steps is None else steps
         if not 1 <= count <= self.steps_per_execution:
             raise ValueError(f"steps must be between 1 and steps_per_execution ({self.steps_per_execution}), got {count}")
-        gradient_communicator = communicator()
+        gradient_communicator = self._communicator
         replanner = gradient_communicator.replanner
         replanner.steps_per_execution = self.steps_per_execution  # how the plans' steps will run
         steps_left = None if self.total_steps is None else max(0, self.total_steps - self.completed_steps)
@@ -102,7 +106,7 @@ class StepFunction:
             replanner.retrace_seconds = self._build_seconds  # the first measured plan weighs it
         several_before = replanner.several_steps
         # No search while the selector measures (a new plan would restart its round), nor while
-        # Horovod's own graph runs (it stamps nothing to plan from).
+        # the own graph runs (it stamps nothing to plan from).
         graphs = gradient_communicator.graphs
         may_search = not gradient_communicator.selector.exploring and graphs.running == CARAMEL
         replanned = replanner.at_boundary(self.completed_steps, steps_left, may_search=may_search)
@@ -116,12 +120,12 @@ class StepFunction:
             gradient_communicator.selector.set_block(block_steps(self.steps_per_execution))
             graphs.block_steps = block_steps(self.steps_per_execution)
             gradient_communicator.selector.start_round(settle=self.steps_per_execution)
-            if hvd.rank() == 0:
+            if gradient_communicator.backend.rank == 0:
                 print(f"caramel: from step {self.completed_steps + 1}, {replanner.describe()}", file=sys.stderr, flush=True)
         regular = replanner.several_steps and count == self.steps_per_execution
         graph = self._next_graph(regular)
-        if graph == HOROVOD:
-            outputs, timed_steps, timed_seconds = self._run_horovod_steps(iterator, count)
+        if graph == OWN_GRAPH:
+            outputs, timed_steps, timed_seconds = self._run_own_steps(iterator, count)
         else:
             started, built = time.perf_counter(), len(self._executions)
             outputs = self._run_caramel_steps(iterator, count, per_graph=count if regular else 1)
@@ -134,25 +138,25 @@ class StepFunction:
         graphs.running = graph
         if regular:
             outcome = graphs.ran(graph, count, timed_steps, timed_seconds)
-            if outcome and hvd.rank() == 0:
+            if outcome and gradient_communicator.backend.rank == 0:
                 print(f"caramel: at step {self.completed_steps}, {outcome}", file=sys.stderr, flush=True)
         return outputs
 
     def _next_graph(self, regular: bool) -> str:
         """The graph the next steps run (graph_choice.py); Caramel's until the steps run several
         per graph, for executions shorter than the rest, and where the gradients go through
-        MULTITREE's trees, which Horovod's own graph does not use."""
-        gradient_communicator = communicator()
+        MULTITREE's trees, which the own graph does not use."""
+        gradient_communicator = self._communicator
         selector, graphs = gradient_communicator.selector, gradient_communicator.graphs
         if not regular or gradient_communicator.algorithm != "ring":
             return CARAMEL
         decisions = int(selector.decisions.numpy())
         if decisions != self._selector_decisions and not graphs.measuring and graphs.chosen == CARAMEL:
-            graphs.start_round()  # the selector chose anew: against Horovod's own graph again
+            graphs.start_round()  # the selector chose anew: against the own graph again
         self._selector_decisions = decisions
         graph = graphs.next_graph()
-        if graph == CARAMEL and graphs.running == HOROVOD:
-            # Back from Horovod's graph: the selector's last tick was before it, and its step
+        if graph == CARAMEL and graphs.running == OWN_GRAPH:
+            # Back from the own graph: the selector's last tick was before it, and its step
             # counts for nothing; after a spell of it, the selector measures both arms again.
             selector.untime_last_step()
             if not graphs.measuring:
@@ -164,7 +168,7 @@ class StepFunction:
         first measured plan was found worth several (the replanner), and for an execution
         shorter than the rest (the end of an epoch or of the training), whose graph of its own
         would cost more to build than its steps can gain."""
-        replanner = communicator().replanner
+        replanner = self._communicator.replanner
         outputs, times = [], []
         for _ in range(count // per_graph):
             execution_started, built = time.perf_counter(), len(self._executions)
@@ -180,20 +184,20 @@ class StepFunction:
         self.last_times = times
         return outputs
 
-    def _run_horovod_steps(self, iterator: Iterator[Any], count: int) -> tuple[list[Any], int, float]:
-        """`count` steps of Horovod's own graph, one call each; and how many of them built
+    def _run_own_steps(self, iterator: Iterator[Any], count: int) -> tuple[list[Any], int, float]:
+        """`count` steps of the backend's own graph, one call each; and how many of them built
         nothing, and their seconds (each timed to its loss, as a loop over it would)."""
         outputs, timed_steps, timed_seconds = [], 0, 0.0
         for _ in range(count):
-            built = self._horovod_step is None
+            built = self._own_step is None
             if built:
-                self._horovod_step = tf.function(self._one_step)  # traced outside Caramel's steps: Horovod's own way
+                self._own_step = tf.function(self._one_step)  # traced outside Caramel's steps: the backend's own way
             started = time.perf_counter()
             try:
                 batch = next(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise _data_ran_out(count) from None
-            outputs.append(self._horovod_step(batch))  # returns once the step has run
+            outputs.append(self._own_step(batch))  # returns once the step has run
             if not built:
                 timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
         self.completed_steps += count
@@ -215,26 +219,24 @@ class StepFunction:
         except tf.errors.OutOfRangeError:
             raise _data_ran_out(count) from None
         self.completed_steps += count
-        self.last_times = communicator().measure(count)
+        self.last_times = self._communicator.measure(count)
         return outputs
 
     def _build(self, iterator: Iterator[Any], count: int) -> Callable[[Iterator[Any]], list[Any]]:
         """An execution of `count` steps with the plan in force: copies of the step, traced once
         per plan."""
-        gradient_communicator = communicator()
+        gradient_communicator = self._communicator
         if self._traced is None:
             started = time.perf_counter()
             with gradient_communicator.tracing_steps():
                 self._traced = TracedStep(self._one_step, iterator.element_spec)
             self._traced.bypass_identity_n(ARMS_NAME)
             self._trace_seconds = time.perf_counter() - started
-        # Each step keeps its stamps in a variable of its own, and only the first stamps releases.
-        per_slot = [(gradient_communicator.stamp_store(i), gradient_communicator.stamp_releases(i)) for i in range(count)]
-        first_store, first_flag = per_slot[0]
+        # Each copy of the step reads its own slot's variables where the trace read the first's.
+        per_slot = [gradient_communicator.slot_variables(i) for i in range(count)]
 
         def captures(index: int) -> Mapping[int, tf.Tensor]:
-            store, flag = per_slot[index]
-            return {id(first_store.handle): store.handle, id(first_flag.handle): flag.handle}
+            return {id(first.handle): own.handle for first, own in zip(per_slot[0], per_slot[index])}
 
         return self._traced.copies(count, captures)
 

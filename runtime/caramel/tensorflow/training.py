@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from caramel.planner.timing import StepTimes
 from caramel.tensorflow.ledger import Ledger, say
-from caramel.tensorflow.process import communicator
+from caramel.tensorflow.runtime import current
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION, StepFunction
 
 
@@ -35,7 +35,8 @@ class TrainingRun:
         if not model.built:
             raise ValueError("build the model (call it once or model.build(shape)) before TrainingRun")
         counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_step")
-        self.ledger = Ledger(model, optimizer, counter, total_steps=total_steps, batch_size=batch_size)
+        self.runtime = current()
+        self.ledger = Ledger(self.runtime, model, optimizer, counter, total_steps=total_steps, batch_size=batch_size)
         self.total_steps = total_steps
         self._pending_loss: float | None = None
 
@@ -91,7 +92,7 @@ class TrainingRun:
             yield step
             if self._pending_loss is None:
                 raise RuntimeError("call report_loss(loss) in every step of TrainingRun.steps()")
-            measured = communicator().measure(1)
+            measured = self.runtime.communicator.measure(1)
             self._count_step(time.perf_counter() - started, self._pending_loss, measured[0] if measured else None)
             self.ledger.checkpoint_if_due()
         self.ledger.finish()

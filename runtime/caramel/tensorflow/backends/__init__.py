@@ -1,0 +1,121 @@
+"""Collective backends: what moves tensors between the ranks.
+
+Caramel decides which gradients travel together, in which order and how many at once; a backend
+moves them. Each backend is one module of this package, listed in `BACKENDS`, whose
+`set_up(contract)` joins the job's ranks and returns a `Backend`:
+- `horovod`: Horovod's collectives over Gloo (its C++ ops, built at set-up: README, "Versions");
+- `tensorflow`: TensorFlow's own collective ops over gRPC; nothing is compiled.
+
+A backend provides the set-up, one fused all-reduce (in a graph or eagerly), and its own way of
+averaging a step's gradients: the baseline that Caramel measures its plans against and falls
+back to. Broadcasts, gathers and the replanner's probes are built from the all-reduce here, so
+adding a backend means one module and a line in `BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import ClassVar
+
+import tensorflow as tf
+
+from caramel.job.api import Backend as BackendChoice
+from caramel.job.contract import WorkerContract
+
+BACKENDS = {BackendChoice.HOROVOD: "caramel.tensorflow.backends.horovod", BackendChoice.TENSORFLOW: "caramel.tensorflow.backends.tensorflow"}
+
+
+# Dtypes that collectives may not sum, and the dtype each is summed in, exactly, by `broadcast`.
+SUMMED_AS = {
+    tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32, tf.uint16: tf.int32, tf.uint32: tf.int64,
+    tf.bfloat16: tf.float32,
+}  # fmt: skip
+
+
+class ReduceOp(StrEnum):
+    SUM = "sum"
+    AVERAGE = "average"
+    MIN = "min"
+    MAX = "max"
+
+
+class Backend(ABC):
+    """The collectives of one process among the job's ranks."""
+
+    name: ClassVar[str]
+    own_way_name: ClassVar[str]
+    """The baseline, for people: what `own_way` does."""
+
+    def __init__(self, rank: int, size: int, local_rank: int, local_size: int) -> None:
+        self.rank, self.size, self.local_rank, self.local_size = rank, size, local_rank, local_size
+
+    @abstractmethod
+    def all_reduce(self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str) -> list[tf.Tensor]:
+        """Each tensor reduced elementwise over all ranks, as one collective per dtype: in a graph
+        (the collective then starts once every tensor exists) or eagerly (it returns once done).
+        `name` tells this collective from the others of the graph, the same on every rank."""
+
+    @abstractmethod
+    def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
+        """A step's gradients averaged (or summed) as the backend's own API does it (Horovod's tape,
+        or MultiWorkerMirroredStrategy): the baseline Caramel's plans are measured against."""
+
+    def copy_variable(self, copy: int) -> tf.Variable | None:
+        """A variable that copy `copy` of a step in Caramel's graph of several steps reads where
+        the trace read copy 0's, for backends that tell a graph's collectives apart by more than
+        their ops' names (TensorFlow's instance keys); None where names suffice (Horovod's)."""
+        return None
+
+    def broadcast(self, tensors: Sequence[tf.Tensor], root_rank: int = 0, name: str = "caramel_broadcast") -> list[tf.Tensor]:
+        """Rank `root_rank`'s values of the tensors, on every rank: a sum to which only the root
+        contributes (exact, since every other rank adds zeros), in a dtype that sums exactly."""
+        tensors = [tf.convert_to_tensor(tensor) for tensor in tensors]
+        mine = self.rank == root_rank
+        summed = [tf.cast(tensor, SUMMED_AS.get(tensor.dtype, tensor.dtype)) for tensor in tensors]
+        reduced = self.all_reduce([tensor if mine else tf.zeros_like(tensor) for tensor in summed], ReduceOp.SUM, name)
+        return [tf.cast(value, tensor.dtype) for value, tensor in zip(reduced, tensors)]
+
+    def all_gather(self, tensor: tf.Tensor, name: str = "caramel_gather") -> tf.Tensor:
+        """Every rank's `tensor` (of one shape on every rank), stacked along a new first axis in
+        rank order."""
+        tensor = tf.convert_to_tensor(tensor)
+        placed = tf.scatter_nd([[self.rank]], tensor[tf.newaxis], tf.concat([[self.size], tf.shape(tensor)], axis=0))
+        return self.all_reduce([placed], ReduceOp.SUM, name)[0]
+
+    def probe(self, tensor: tf.Tensor) -> None:
+        """The replanner's probe: an eager average of `tensor`, returned once done."""
+        self.all_reduce([tensor], ReduceOp.AVERAGE, "caramel_probe")[0].numpy()
+
+
+def horovod_installed() -> bool:
+    """Whether Horovod's TensorFlow ops are importable (Horovod built and installed)."""
+    try:
+        return importlib.util.find_spec("horovod.tensorflow.mpi_ops") is not None
+    except ImportError:
+        return False
+
+
+def chosen(contract: WorkerContract, horovod_api: bool) -> BackendChoice:
+    """The backend the job's `spec.caramel.backend` asks for, with `auto` resolved: what the script
+    uses. A script written for Horovod's API (`import horovod.tensorflow`, which Caramel serves:
+    `horovod_api`) runs on Horovod's collectives where Horovod is installed; any other script, and
+    any script where Horovod is not installed, on TensorFlow's own."""
+    wanted = contract.scheduling.backend
+    if wanted is BackendChoice.HOROVOD and not horovod_installed():
+        raise RuntimeError(
+            "spec.caramel.backend is horovod, but Horovod is not installed here (make setup builds it, the image carries it); "
+            "use backend tensorflow or auto"
+        )
+    if wanted is not BackendChoice.AUTO:
+        return wanted
+    return BackendChoice.HOROVOD if horovod_api and horovod_installed() else BackendChoice.TENSORFLOW
+
+
+def set_up(choice: BackendChoice, contract: WorkerContract) -> Backend:
+    """Join the job's ranks on the backend chosen."""
+    module = importlib.import_module(BACKENDS[choice])
+    return module.set_up(contract)

@@ -1,0 +1,70 @@
+"""Horovod's collectives over Gloo, through its TensorFlow ops.
+
+Only Horovod's ops are used (`horovod.tensorflow.mpi_ops`), not its Python training API, which
+breaks on Keras 3 and which Caramel serves itself (`caramel.compat`). Horovod's ops are
+asynchronous and not stateful: in a graph each one is handed to Horovod's background thread as
+soon as its inputs exist, and Horovod fuses the requests that are ready together, negotiating
+each by name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import tensorflow as tf
+from horovod.tensorflow import mpi_ops
+
+from caramel.job.contract import WorkerContract
+from caramel.tensorflow.backends import Backend, ReduceOp
+from caramel.tensorflow.fusion import per_dtype
+
+OPS = {ReduceOp.SUM: mpi_ops.Sum, ReduceOp.AVERAGE: mpi_ops.Average, ReduceOp.MIN: mpi_ops.Min, ReduceOp.MAX: mpi_ops.Max}
+# Horovod caches the negotiation of this many tensors (its default is 1024). A graph of several
+# steps hands it each step's tensors under names of their own, and every step two ways to send
+# them (Horovod's own and the plan's): an emulated NASNet-Mobile (742 parameter tensors) at four
+# steps per graph names some 6,000. Beyond the cache, every tensor is negotiated in full, every
+# step. A cache this size costs nothing while unused: Horovod's ranks agree on the entries in use.
+RESPONSE_CACHE_CAPACITY = 16384
+
+
+class HorovodBackend(Backend):
+    name = "horovod"
+    own_way_name = "Horovod's own way"
+
+    def all_reduce(self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str) -> list[tf.Tensor]:
+        """One grouped allreduce per dtype: Horovod copies the tensors into its fusion buffer,
+        which it allocates once, instead of a joined buffer of their size in every step (measured
+        on the emulated benches: the largest rank's peak RSS 1.09x Horovod's instead of 1.21x on
+        BERT-base, 0.95x instead of 1.31x on ResNet-50)."""
+
+        def grouped(group: list[tf.Tensor], group_name: str) -> list[tf.Tensor]:
+            if len(group) == 1:
+                return [mpi_ops._allreduce(group[0], name=group_name, op=OPS[op])]
+            return list(mpi_ops._grouped_allreduce(group, name=group_name, op=OPS[op]))
+
+        return per_dtype([tf.convert_to_tensor(tensor) for tensor in tensors], name, grouped)
+
+    def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
+        """Each gradient its own allreduce, as `hvd.DistributedGradientTape` sends them."""
+        return [mpi_ops._allreduce(gradient, op=OPS[op], name=f"caramel_gradient_{i}") for i, gradient in enumerate(gradients)]
+
+    def reduce_scatter(self, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """Each tensor averaged over the ranks, each rank keeping a share of it along its first
+        axis (`spec.caramel.collective: split`)."""
+        return mpi_ops._grouped_reducescatter(list(tensors), op=mpi_ops.Average)
+
+    def gather_shards(self, shards: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:
+        """The shards of `reduce_scatter`, gathered whole on every rank."""
+        return mpi_ops.grouped_allgather(list(shards), name=name)
+
+    def broadcast(self, tensors: Sequence[tf.Tensor], root_rank: int = 0, name: str = "caramel_broadcast") -> list[tf.Tensor]:
+        return [mpi_ops.broadcast(tf.convert_to_tensor(tensor), root_rank, name=f"{name}_{i}") for i, tensor in enumerate(tensors)]
+
+
+def set_up(contract: WorkerContract) -> HorovodBackend:
+    """Join the job's ranks: Horovod reads the contract's HOROVOD_* variables and meets the others
+    at worker 0's Gloo rendezvous."""
+    os.environ.setdefault("HOROVOD_CACHE_CAPACITY", str(RESPONSE_CACHE_CAPACITY))
+    mpi_ops.init()
+    return HorovodBackend(mpi_ops.rank(), mpi_ops.size(), mpi_ops.local_rank(), mpi_ops.local_size())

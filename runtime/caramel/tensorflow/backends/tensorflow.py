@@ -1,0 +1,127 @@
+"""TensorFlow's own collective ops (`CollectiveReduceV2`) over gRPC: nothing to compile.
+
+Every training process runs a TensorFlow server on its collective port (the job's env contract),
+in a cluster of one task per rank, with TensorFlow's coordination service led by rank 0: the
+same executor MultiWorkerMirroredStrategy sets up, without the strategy. A collective is known
+to the ranks by its instance key, which TensorFlow binds to the collective's shape for the
+process's lifetime; so keys are never reused: each collective traced or run eagerly takes the
+next one, and every rank traces and runs the same collectives in the same order. A step copied
+into Caramel's graph of several steps reads a per-copy offset (`copy_variable`), so that each
+copy's collectives have keys of their own.
+
+A collective waits for its peers at most the contract's collective timeout, and a peer whose
+process ended fails it at once (its server is gone): the step then fails, the process exits, and
+the gang restarts as after any failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+import tensorflow as tf
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.core.protobuf import cluster_pb2, config_pb2, tensorflow_server_pb2
+from tensorflow.python.eager import context
+
+from caramel.job.contract import WorkerContract
+from caramel.tensorflow.backends import Backend, ReduceOp
+from caramel.tensorflow.fusion import joined
+
+JOB = "worker"
+GROUP_KEY = 1
+"""Every collective is among all ranks: one group."""
+COPY_KEY_STRIDE = 1 << 24
+"""Instance keys of copy i of a step are its trace's keys plus i times this: a process may take
+this many keys (traces and eager calls) before copies' keys could meet."""
+MAX_COPIES = (1 << 31) // COPY_KEY_STRIDE
+MERGE = {ReduceOp.SUM: ("Add", "Id"), ReduceOp.AVERAGE: ("Add", "Div"), ReduceOp.MIN: ("Min", "Id"), ReduceOp.MAX: ("Max", "Id")}
+
+
+class TensorFlowBackend(Backend):
+    name = "tensorflow"
+    own_way_name = "MultiWorkerMirroredStrategy's way"
+
+    def __init__(self, rank: int, size: int, local_rank: int, local_size: int, timeout_seconds: float) -> None:
+        super().__init__(rank, size, local_rank, local_size)
+        self.timeout_seconds = timeout_seconds
+        self._next_key = 1
+        self._lock = threading.Lock()
+        self._copies: dict[int, tf.Variable] = {}
+
+    def copy_variable(self, copy: int) -> tf.Variable:
+        """The variable copy `copy` of a step reads to offset its collectives' keys (the trace reads
+        copy 0's, which is 0; Caramel's graph of several steps maps it to each copy's)."""
+        if not 0 <= copy < MAX_COPIES:
+            raise ValueError(f"a graph holds at most {MAX_COPIES} copies of a step on the tensorflow backend, not {copy + 1}")
+        if copy not in self._copies:
+            with tf.init_scope():
+                self._copies[copy] = tf.Variable(copy * COPY_KEY_STRIDE, dtype=tf.int32, trainable=False, name=f"caramel_copy_keys_{copy}")
+        return self._copies[copy]
+
+    def all_reduce(self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str) -> list[tf.Tensor]:
+        return joined([tf.convert_to_tensor(tensor) for tensor in tensors], name, lambda flat, _: self._collective(flat, op))
+
+    def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
+        """As MultiWorkerMirroredStrategy averages gradients by default: in reverse order, packed
+        into one buffer per dtype, one collective each once every gradient exists."""
+        return list(reversed(self.all_reduce(list(reversed(gradients)), op, "caramel_gradients")))
+
+    def _collective(self, tensor: tf.Tensor, op: ReduceOp) -> tf.Tensor:
+        merge, final = MERGE[op]
+        if self.size == 1:
+            return tf.identity(tensor)
+        with self._lock:
+            key = self._next_key
+            self._next_key += 1
+        if key >= COPY_KEY_STRIDE:
+            raise RuntimeError(f"this process ran out of collective instance keys ({COPY_KEY_STRIDE} traced or eager collectives)")
+        instance_key = tf.constant(key, tf.int32)
+        if not tf.executing_eagerly():
+            instance_key += self.copy_variable(0).read_value()
+        return tf.raw_ops.CollectiveReduceV2(
+            input=tensor, group_size=self.size, group_key=GROUP_KEY, instance_key=instance_key, ordering_token=[],
+            merge_op=merge, final_op=final, communication_hint="ring", timeout_seconds=self.timeout_seconds,
+        )  # fmt: skip
+
+
+def set_up(contract: WorkerContract) -> TensorFlowBackend:
+    """Start this rank's server in the job's cluster and set up the collective executor."""
+    rank, size = contract.required_rank, contract.world_size
+    local_rank = rank % contract.slots_per_worker
+    backend = TensorFlowBackend(rank, size, local_rank, contract.slots_per_worker, contract.collective_timeout_seconds)
+    if size == 1:
+        return backend  # no peers: nothing to serve
+    cluster = cluster_pb2.ClusterDef()
+    job = cluster.job.add()
+    job.name = JOB
+    addresses = contract.collective_addresses
+    for task, (host, port) in enumerate(addresses):
+        job.tasks[task] = f"{host}:{port}"
+    leader = f"/job:{JOB}/replica:0/task:0"
+    config = config_pb2.ConfigProto()
+    config.experimental.collective_group_leader = leader
+    config.device_filters.append(f"/job:{JOB}/task:{rank}")
+    # The coordination service (led by rank 0), as MultiWorkerMirroredStrategy starts it: it lines
+    # the tasks up at start and tells every task when one of them is gone.
+    coordination = config.experimental.coordination_config
+    coordination.service_type = "standalone"
+    coordination.service_leader = leader
+    coordination.coordinated_job_list.append(coordination_config_pb2.CoordinatedJob(name=JOB, num_tasks=size))
+    server = tensorflow_server_pb2.ServerDef(
+        cluster=cluster, job_name=JOB, task_index=rank, protocol="grpc", port=addresses[rank][1], default_session_config=config
+    )
+    ctx = context.context()
+    # Everything is in the ServerDef, so this works after the script ran TensorFlow ops too:
+    # tensors made before stay usable, variables made before do not (init first, as Horovod's
+    # hvd.init()). TensorFlow warns of both alike; the README says which.
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        ctx.enable_collective_ops(server)
+    finally:
+        absl_logger.setLevel(level)
+    ctx.ensure_initialized()
+    return backend

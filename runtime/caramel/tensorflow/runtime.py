@@ -1,0 +1,66 @@
+"""One training process's part in the job: what `caramel.tensorflow.init()` returns.
+
+The runtime holds what every part of Caramel's TensorFlow side works with: the job's env contract,
+the collective backend, the gradient communicator (the replanner, the arm selector and the graph
+choice) and the process's metrics. It is made once per process; the public entry points (the
+drop-ins, `caramel.tensorflow.function`, `TrainingRun`, the Keras callback, Horovod's API as
+Caramel serves it) find it with `current()` and hand it to everything below them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from caramel.job.contract import WorkerContract
+from caramel.metrics import WorkerMetrics
+from caramel.tensorflow.backends import Backend, chosen, set_up
+from caramel.tensorflow.communicator import GradientCommunicator
+
+
+@dataclass
+class Runtime:
+    contract: WorkerContract
+    backend: Backend
+    communicator: GradientCommunicator
+    metrics: WorkerMetrics
+
+    @property
+    def rank(self) -> int:
+        return self.backend.rank
+
+    @property
+    def size(self) -> int:
+        return self.backend.size
+
+    def say(self, message: str) -> None:
+        """A line for people, from rank 0 only."""
+        if self.rank == 0:
+            print(f"caramel: {message}", file=sys.stderr, flush=True)
+
+
+_runtime: Runtime | None = None
+
+
+def init(horovod_api: bool = False) -> Runtime:
+    """Join the job's ranks (once per process; later calls return the same runtime).
+    `horovod_api` says the script was written for Horovod's API, which `spec.caramel.backend:
+    auto` takes into account."""
+    global _runtime
+    if _runtime is None:
+        contract = WorkerContract.from_env()
+        choice = chosen(contract, horovod_api)
+        backend = set_up(choice, contract)
+        metrics = WorkerMetrics(backend.rank)
+        if contract.metrics_port:
+            metrics.serve(contract.metrics_port)
+        _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend), metrics)
+        _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value})")
+    return _runtime
+
+
+def current() -> Runtime:
+    """The process's runtime; `caramel.tensorflow.init()` (or Horovod's `hvd.init()`) makes it."""
+    if _runtime is None:
+        raise RuntimeError("call caramel.tensorflow.init() (or hvd.init() in a Horovod script) first")
+    return _runtime
