@@ -24,26 +24,24 @@ RUN if ! command -v python3 >/dev/null || ! python3 -c "import ensurepip, venv" 
 FROM base AS pins
 COPY pyproject.toml /tmp/
 RUN python3 -c "import tomllib; print(*tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
-    > /constraints.txt \
-    && python3 -c "import tomllib; print(*tomllib.load(open('/tmp/pyproject.toml', 'rb'))['tool']['caramel']['install-without-dependencies'], sep='\n')" \
-    > /no-deps.txt
+    > /constraints.txt
 
 # Horovod ships only as source and compiles against one TensorFlow ABI, so its wheel is built here
-# against the pinned TensorFlow, as `make setup` does. cmake comes from apt: the cmake 4 wheel
-# breaks Horovod's bundled Gloo. python3-dev holds Debian's Python headers (public Python images
-# carry their own, and then it is merely unused).
+# against the pinned TensorFlow, with the patch that lets it build against TensorFlow 2.19+, by the
+# script `make setup` runs. cmake comes from apt: the cmake 4 wheel breaks Horovod's bundled Gloo.
+# python3-dev holds Debian's Python headers (public Python images carry their own, and then it is
+# merely unused).
 FROM base AS builder
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends cmake g++ make python3-dev \
+    && apt-get install -y --no-install-recommends cmake g++ make patch python3-dev \
     && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/build
 ENV PATH=/opt/build/bin:$PATH
 COPY --from=pins /constraints.txt /tmp/
 RUN pip install --no-cache-dir --upgrade pip setuptools wheel \
     && pip install --no-cache-dir -c /tmp/constraints.txt tensorflow-cpu
-RUN HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
-    pip wheel --no-build-isolation --no-deps --no-cache-dir -c /tmp/constraints.txt --wheel-dir /wheels horovod
+COPY scripts/horovod /src/scripts/horovod
+RUN bash /src/scripts/horovod/build-wheel.sh python3 /wheels
 # Caramel itself, as a wheel, so that the runtime stage holds the installed package only and
 # no second copy of the source.
 COPY pyproject.toml README.md /src/
@@ -59,21 +57,16 @@ RUN useradd --uid 10001 --create-home --home-dir /home/caramel caramel
 ENV VIRTUAL_ENV=/opt/caramel/venv
 # `python` is the venv's python: worker commands are `python -m caramel.launch.entrypoint ...`.
 ENV PATH=$VIRTUAL_ENV/bin:$PATH \
-    TF_USE_LEGACY_KERAS=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 RUN python3 -m venv $VIRTUAL_ENV && pip install --no-cache-dir --upgrade pip
 # TensorFlow and Horovod first, in their own layer: code changes do not download them again.
 COPY --from=pins /constraints.txt /opt/caramel/
 COPY --from=builder /wheels/horovod-*.whl /opt/caramel/wheels/
-RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt tensorflow-cpu /opt/caramel/wheels/horovod-*.whl
-# tf-keras without its dependencies: its requirement on the full `tensorflow` would add a second
-# TensorFlow (the image was 2.52 GB, and every worker log began with CUDA errors).
-COPY --from=pins /no-deps.txt /opt/caramel/
-RUN pip install --no-cache-dir --no-deps -r /opt/caramel/no-deps.txt
+RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt tensorflow-cpu keras /opt/caramel/wheels/horovod-*.whl
 COPY --from=builder /wheels/caramel-*.whl /opt/caramel/wheels/
 RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt /opt/caramel/wheels/caramel-*.whl \
-    && TF_CPP_MIN_LOG_LEVEL=3 python -c "import horovod.tensorflow, caramel.tensorflow, caramel_operator.builders" \
+    && TF_CPP_MIN_LOG_LEVEL=3 python -c "from horovod.tensorflow import mpi_ops; import caramel.tensorflow, caramel_operator.builders" \
     && python -m caramel.job.one_tensorflow
 WORKDIR /app
 COPY examples examples

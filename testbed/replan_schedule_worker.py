@@ -1,4 +1,4 @@
-"""A lone Horovod rank for tests/test_replan_schedule.py: drives the real `Replanner` through
+"""A lone rank for tests/test_replan_schedule.py: drives the real `Replanner` through
 the execution boundaries of a training run at several steps per execution, with real probes
 and plan searches, and prints at which completed step it decided each plan, as JSON
 {"decided": {steps_per_execution: [steps]}, "back_to_back": [steps]}: the latter where
@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 import time
 
-import horovod.tensorflow as hvd
-
 from caramel.job.api import Scheduling
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepTimes, TransferTiming
+from caramel.tensorflow.backends.tensorflow import TensorFlowBackend
 from caramel.tensorflow.replanner import Replanner
 
 GRADIENT_SIZES = [(64 * 1024 * 4, 4)] * 8  # eight float32 gradients of 64 Ki elements
@@ -28,7 +27,7 @@ STEPS_PER_EXECUTION = (1, 4, 8)
 def decision_steps(steps_per_execution: int, search_ends_first: bool = True) -> list[int]:
     """The steps at which the replanner decided. With `search_ends_first`, each boundary comes only once a running search has ended, as
     where steps take longer than a search; without, boundaries come back to back."""
-    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-4, beta=1e-9))
+    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-4, beta=1e-9), TensorFlowBackend(0, 1, 0, 1, timeout_seconds=10.0))
     replanner.plan_for(GRADIENT_SIZES)
     decided = []
     adopt = replanner._adopt
@@ -59,7 +58,6 @@ def decision_steps(steps_per_execution: int, search_ends_first: bool = True) -> 
 
 
 def main() -> None:
-    hvd.init()
     decided = {spe: decision_steps(spe) for spe in STEPS_PER_EXECUTION}
     print(json.dumps({"decided": decided, "back_to_back": decision_steps(4, search_ends_first=False)}), flush=True)
 

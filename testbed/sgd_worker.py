@@ -4,7 +4,7 @@ of Caramel's public paths, its final weights saved by rank 0.
     --api tape-fit       TrainingRun.fit with ctf.DistributedGradientTape, several steps per graph
     --api optimizer-fit  TrainingRun.fit with ctf.DistributedOptimizer
     --api tape-loop      a tf.function per step with ctf.DistributedGradientTape, TrainingRun.steps()
-    --api eager          eager steps with ctf.DistributedGradientTape (no graph: Horovod's eager path)
+    --api eager          eager steps with ctf.DistributedGradientTape (no graph: the backend's eager path)
     --api keras          model.fit with ctf.DistributedOptimizer and ctf.keras.TrainingCallback
 
 Every path must give the weights of plain synchronous SGD on the global batch: the model's
@@ -36,11 +36,11 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--output", required=True, help="where rank 0 saves the final weights (.npz)")
     args = parser.parse_args()
-    ctf.init()
+    runtime = ctf.init()
     # These runs are far too short for a graph of several steps to repay its build, so the
     # replanner would keep one step per graph; the graphs of several steps are what must be
     # checked here (the first steps of every run still go one per graph).
-    ctf.communicator().replanner.worth_several_steps = lambda found, steps_left: True
+    runtime.communicator.replanner.worth_several_steps = lambda found, steps_left: True
     tf.keras.utils.set_random_seed(SEED)
     model = build_model(args.hidden)
     optimizer = build_optimizer(DEFAULT_LEARNING_RATE)
@@ -50,7 +50,7 @@ def main() -> None:
 
     if args.api == "keras":
         model.compile(optimizer=ctf.DistributedOptimizer(optimizer), loss=LOSS, steps_per_execution=args.steps_per_execution)
-        callback = TrainingCallback(model, steps_per_epoch=args.steps, epochs=1, batch_size=args.batch_size)
+        callback = TrainingCallback(model)
         model.fit(tf.data.Dataset.range(1, args.steps + 1).map(batch_of), epochs=1, steps_per_epoch=args.steps, callbacks=[callback], verbose=0)
     else:
         train(args, model, optimizer, batch_of)
@@ -66,7 +66,7 @@ def train(args: argparse.Namespace, model: tf.keras.Model, optimizer: tf.keras.o
         with tf.GradientTape() as tape:
             loss = LOSS(labels, model(features, training=True))
         if args.api == "optimizer-fit":
-            distributed.minimize(loss, model.trainable_variables, tape=tape)
+            distributed.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         else:
             gradients = ctf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))

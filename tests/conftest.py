@@ -26,6 +26,15 @@ def runtime_metrics() -> dict[str, str]:
     return {f"{family.name}_total" if family.type == "counter" else family.name: family.type for family in families}
 
 
+@pytest.fixture(scope="module")
+def one_rank():
+    """A backend of a job of one rank (TensorFlow's, which needs no server for one): the unit tests'
+    collectives, whose results are their inputs."""
+    from caramel.tensorflow.backends.tensorflow import TensorFlowBackend
+
+    return TensorFlowBackend(rank=0, size=1, local_rank=0, local_size=1, timeout_seconds=10.0)
+
+
 def job_manifest(name: str = "test-job", **spec: Any) -> dict[str, Any]:
     """A CaramelJob manifest for the small example, with free ports; spec entries override."""
     base = {

@@ -96,7 +96,7 @@ def test_user_env_is_added_and_may_override_defaults():
     env = worker_env(job(env=[{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "0"}, {"name": "DATA", "value": "/data"}]), 0, CLUSTER_PEERS)
     assert env["TF_CPP_MIN_LOG_LEVEL"] == "0"
     assert env["DATA"] == "/data"
-    assert env["TF_USE_LEGACY_KERAS"] == "1"
+    assert "TF_USE_LEGACY_KERAS" not in env  # Keras 3, TensorFlow's own
 
 
 def test_worker_command_runs_the_entrypoint_with_the_script_or_command():
@@ -136,11 +136,16 @@ def test_transport_addresses_reach_every_rank_in_both_modes():
         assert [int(env["CARAMEL_TRANSPORT_PORT"]) for env in envs] == [port for _, port in listed]
 
 
-def test_a_ring_job_gets_no_transport_variables():
+def test_a_ring_job_gets_no_transport_port_and_every_job_its_peers_and_collective_ports():
     env = worker_env(job(caramel={"allreduce": "ring"}), 0, CLUSTER_PEERS)
-    assert "CARAMEL_PEERS" not in env and "CARAMEL_TRANSPORT_PORT" not in env
+    assert "CARAMEL_TRANSPORT_PORT" not in env
+    assert env["CARAMEL_PEERS"] == ",".join(CLUSTER_PEERS)
+    contract = WorkerContract.from_env({**env, **slot_env(env, 1)})
+    # TensorFlow's servers listen on the ports after the rendezvous port, a port per slot.
+    first = job().spec.rendezvous.port + 1
+    assert contract.collective_addresses == [(peer, first + slot) for peer in CLUSTER_PEERS for slot in range(2)]
     with pytest.raises(RuntimeError, match="CARAMEL_PEERS is unset"):
-        WorkerContract.from_env({**env, **slot_env(env, 0)}).transport_addresses
+        WorkerContract.from_env({key: value for key, value in {**env, **slot_env(env, 0)}.items() if key != "CARAMEL_PEERS"}).collective_addresses
 
 
 def test_topology_round_trips_and_defaults_to_flat():

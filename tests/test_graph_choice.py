@@ -1,24 +1,18 @@
-"""Caramel's graph of several steps against Horovod's own graph of one step
+"""Caramel's graph of several steps against the backend's own graph of one step
 (`caramel.tensorflow.graph_choice`): blocks of each in turn, then the one that measured faster,
-Caramel's only by more than MIN_GAIN. Driven here with given step times, on one Horovod rank
-(the choice is broadcast from rank 0)."""
+Caramel's only by more than MIN_GAIN. Driven here with given step times, on one rank (the choice
+is broadcast from rank 0)."""
 
 from __future__ import annotations
 
-import horovod.tensorflow as hvd
 import pytest
 
 from caramel.planner.rounds import BLOCK_PAIRS
-from caramel.tensorflow.graph_choice import CARAMEL, HOROVOD, GraphChoice
+from caramel.tensorflow.graph_choice import CARAMEL, OWN_GRAPH, GraphChoice
 from caramel.tensorflow.selector import MIN_GAIN
 
 BLOCK = 4  # steps per block: one execution of 4 steps
 ROUND = 2 * BLOCK_PAIRS * BLOCK
-
-
-@pytest.fixture(scope="module", autouse=True)
-def horovod() -> None:
-    hvd.init()
 
 
 def run_round(choice: GraphChoice, step_seconds: dict[str, float]) -> tuple[list[str], str | None]:
@@ -32,53 +26,53 @@ def run_round(choice: GraphChoice, step_seconds: dict[str, float]) -> tuple[list
     return graphs, outcome
 
 
-def test_blocks_of_each_graph_run_in_turn_horovods_first():
-    choice = GraphChoice(BLOCK)
+def test_blocks_of_each_graph_run_in_turn_the_own_graphs_first(one_rank):
+    choice = GraphChoice(BLOCK, one_rank)
     choice.start_round()
-    graphs, outcome = run_round(choice, {CARAMEL: 0.1, HOROVOD: 0.2})
-    assert graphs == [HOROVOD, CARAMEL] * BLOCK_PAIRS
+    graphs, outcome = run_round(choice, {CARAMEL: 0.1, OWN_GRAPH: 0.2})
+    assert graphs == [OWN_GRAPH, CARAMEL] * BLOCK_PAIRS
     assert outcome is not None and not choice.measuring
-    assert choice.means == pytest.approx({CARAMEL: 0.1, HOROVOD: 0.2})
+    assert choice.means == pytest.approx({CARAMEL: 0.1, OWN_GRAPH: 0.2})
 
 
-def test_caramels_graph_is_kept_only_if_it_measured_clearly_faster():
-    clearly = GraphChoice(BLOCK)
+def test_caramels_graph_is_kept_only_if_it_measured_clearly_faster(one_rank):
+    clearly = GraphChoice(BLOCK, one_rank)
     clearly.start_round()
-    run_round(clearly, {CARAMEL: 0.1 * (1 - 2 * MIN_GAIN), HOROVOD: 0.1})
+    run_round(clearly, {CARAMEL: 0.1 * (1 - 2 * MIN_GAIN), OWN_GRAPH: 0.1})
     assert clearly.chosen == CARAMEL and clearly.next_graph() == CARAMEL
 
-    barely = GraphChoice(BLOCK)
+    barely = GraphChoice(BLOCK, one_rank)
     barely.start_round()
-    _, outcome = run_round(barely, {CARAMEL: 0.1 * (1 - MIN_GAIN / 2), HOROVOD: 0.1})
-    assert barely.chosen == HOROVOD and barely.next_graph() == HOROVOD
-    assert "Horovod's own graph of one step" in outcome
+    _, outcome = run_round(barely, {CARAMEL: 0.1 * (1 - MIN_GAIN / 2), OWN_GRAPH: 0.1})
+    assert barely.chosen == OWN_GRAPH and barely.next_graph() == OWN_GRAPH
+    assert "MultiWorkerMirroredStrategy's way in a graph of one step" in outcome
 
 
-def test_steps_that_built_a_graph_are_not_counted():
-    choice = GraphChoice(BLOCK)
+def test_steps_that_built_a_graph_are_not_counted(one_rank):
+    choice = GraphChoice(BLOCK, one_rank)
     choice.start_round()
     # Horovod's first block builds its graph: three of its four steps timed, the first slow
     # step left out; Caramel's graph measured slower per timed step.
-    choice.ran(HOROVOD, BLOCK, BLOCK - 1, (BLOCK - 1) * 0.1)
-    for graph in [CARAMEL, HOROVOD, CARAMEL][: 2 * BLOCK_PAIRS - 1]:
+    choice.ran(OWN_GRAPH, BLOCK, BLOCK - 1, (BLOCK - 1) * 0.1)
+    for graph in [CARAMEL, OWN_GRAPH, CARAMEL][: 2 * BLOCK_PAIRS - 1]:
         choice.ran(graph, BLOCK, BLOCK, BLOCK * (0.12 if graph == CARAMEL else 0.1))
-    assert choice.means == pytest.approx({CARAMEL: 0.12, HOROVOD: 0.1})
-    assert choice.chosen == HOROVOD
+    assert choice.means == pytest.approx({CARAMEL: 0.12, OWN_GRAPH: 0.1})
+    assert choice.chosen == OWN_GRAPH
 
 
-def test_horovods_graph_once_chosen_runs_its_spell_then_caramels_is_tried_again():
-    choice = GraphChoice(BLOCK, exploit_steps=3 * BLOCK)
+def test_the_own_graph_once_chosen_runs_its_spell_then_caramels_is_tried_again(one_rank):
+    choice = GraphChoice(BLOCK, one_rank, exploit_steps=3 * BLOCK)
     choice.start_round()
-    run_round(choice, {CARAMEL: 0.2, HOROVOD: 0.1})
+    run_round(choice, {CARAMEL: 0.2, OWN_GRAPH: 0.1})
     spell = []
     for _ in range(3):
         spell.append(choice.next_graph())
         assert choice.ran(spell[-1], BLOCK, BLOCK, BLOCK * 0.1) is None
-    assert spell == [HOROVOD] * 3
+    assert spell == [OWN_GRAPH] * 3
     assert choice.next_graph() == CARAMEL  # the step function then starts the selector's round anew
 
 
-def test_no_round_without_a_start():
-    choice = GraphChoice(BLOCK)
+def test_no_round_without_a_start(one_rank):
+    choice = GraphChoice(BLOCK, one_rank)
     assert not choice.measuring and choice.next_graph() == CARAMEL
     assert choice.ran(CARAMEL, BLOCK, BLOCK, 1.0) is None and choice.chosen == CARAMEL

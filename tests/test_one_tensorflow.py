@@ -1,5 +1,5 @@
-"""Only one TensorFlow: tf-keras's requirement on the full `tensorflow` must not add a second one
-beside tensorflow-cpu (make setup and the Dockerfile install it without dependencies)."""
+"""Only one TensorFlow, and Keras 3: a second TensorFlow distribution beside tensorflow-cpu (as
+tf-keras's requirement on the full `tensorflow` would bring) overwrites its files."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ def test_exactly_one_tensorflow_distribution_is_installed():
     assert installed_tensorflows() == ["tensorflow-cpu"]
 
 
-def test_tf_keras_is_installed_without_dependencies_everywhere():
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert not any(dep.startswith("tf-keras") for dep in pyproject["project"]["dependencies"])
-    assert pyproject["tool"]["caramel"]["install-without-dependencies"] == ["tf-keras==2.18.0"]
-    assert "--no-deps $(NO_DEPS)" in (REPO / "Makefile").read_text()
-    assert "pip install --no-cache-dir --no-deps -r /opt/caramel/no-deps.txt" in (REPO / "Dockerfile").read_text()
+def test_keras_3_is_the_products_keras():
+    import keras
+
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(dep.startswith("keras==3.") for dep in dependencies)
+    assert not any(dep.startswith("tf-keras") for dep in dependencies)
+    assert keras.__version__.startswith("3.")
+    assert "TF_USE_LEGACY_KERAS" not in (REPO / "Dockerfile").read_text()

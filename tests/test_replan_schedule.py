@@ -40,12 +40,12 @@ def test_plans_are_decided_at_the_first_boundary_then_every_interval():
     assert back_to_back[0] == 4 and back_to_back[1] > decided[4][1], report
 
 
-def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build():
+def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one_rank):
     from caramel.planner.linkmodel import LinkModel
     from caramel.planner.schedule import Batch, Plan
     from caramel.tensorflow.replanner import Replanner
 
-    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9))
+    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9), one_rank)
     replanner.seconds_per_step, replanner.retrace_seconds = 0.5, 20.0  # one step per graph; the estimated build
     plan = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.45)  # 50 ms faster a step
     assert not replanner.worth_several_steps(plan, steps_left=200)  # 10 s gained: less than the build
@@ -55,11 +55,11 @@ def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build():
     assert not replanner.worth_several_steps(slower, steps_left=10**6)
 
 
-def test_the_steps_time_a_search_took_beside_them_counts_as_the_re_plans_cost():
+def test_the_steps_time_a_search_took_beside_them_counts_as_the_re_plans_cost(one_rank):
     from caramel.planner.linkmodel import LinkModel
     from caramel.tensorflow.replanner import Replanner
 
-    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9))
+    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9), one_rank)
     replanner.executed(4, 0.4)  # no search running: the usual step
     assert replanner.seconds_per_step == pytest.approx(0.1)
     replanner._pending = object()  # noqa: SLF001 (a search runs beside the next executions)

@@ -1,23 +1,17 @@
 """The arm selector (`caramel.tensorflow.selector`): which way each step's gradients travel,
-measured and chosen in the graph. Driven here with given tick times, on one Horovod rank (its
+measured and chosen in the graph. Driven here with given tick times, on one rank (its
 choice is broadcast from rank 0)."""
 
 from __future__ import annotations
 
-import horovod.tensorflow as hvd
 import pytest
 import tensorflow as tf
 
 from caramel.planner.rounds import BLOCK_PAIRS, block_steps, explore_steps, first_decision_step
-from caramel.tensorflow.selector import DRIFT, DRIFT_CHECK_BLOCKS, HOROVOD, MIN_GAIN, PLANNED, ArmSelector
+from caramel.tensorflow.selector import DRIFT, DRIFT_CHECK_BLOCKS, MIN_GAIN, OWN_WAY, PLANNED, ArmSelector
 
 BLOCK, SETTLE = 4, 4
 DECISION = SETTLE + 2 * BLOCK_PAIRS * BLOCK  # the step (0-based) that decides
-
-
-@pytest.fixture(scope="module", autouse=True)
-def horovod() -> None:
-    hvd.init()
 
 
 class Clock:
@@ -44,27 +38,27 @@ def blocks(*arms: int) -> list[int]:
     return [arm for arm in arms for _ in range(BLOCK)]
 
 
-def test_a_round_settles_on_the_plan_then_measures_horovods_way_and_the_plan_in_turn() -> None:
-    clock = Clock(ArmSelector(block=BLOCK, settle=SETTLE), {HOROVOD: 1.0, PLANNED: 0.8})
-    assert clock.run(DECISION) == [PLANNED] * SETTLE + blocks(HOROVOD, PLANNED, HOROVOD, PLANNED)
+def test_a_round_settles_on_the_plan_then_measures_the_own_way_and_the_plan_in_turn(one_rank) -> None:
+    clock = Clock(ArmSelector(one_rank, block=BLOCK, settle=SETTLE), {OWN_WAY: 1.0, PLANNED: 0.8})
+    assert clock.run(DECISION) == [PLANNED] * SETTLE + blocks(OWN_WAY, PLANNED, OWN_WAY, PLANNED)
     assert clock.run(10) == [PLANNED] * 10  # measured faster: kept
     horovod_mean, planned_mean = clock.selector.means.numpy()
     assert (horovod_mean, planned_mean) == pytest.approx((1.0, 0.8))
-    assert clock.selector.new_decision() == "steps run the plan: measured 800 ms per step with the plan, 1000 ms with Horovod's own way"
+    assert clock.selector.new_decision() == "steps run the plan: measured 800 ms per step with the plan, 1000 ms with MultiWorkerMirroredStrategy's way"
     assert clock.selector.new_decision() is None  # said once
 
 
-def test_a_plan_that_measured_slower_or_barely_faster_is_not_kept() -> None:
+def test_a_plan_that_measured_slower_or_barely_faster_is_not_kept(one_rank) -> None:
     for planned_seconds in (1.2, 1.0 - MIN_GAIN / 2):
-        clock = Clock(ArmSelector(block=BLOCK, settle=SETTLE), {HOROVOD: 1.0, PLANNED: planned_seconds})
+        clock = Clock(ArmSelector(one_rank, block=BLOCK, settle=SETTLE), {OWN_WAY: 1.0, PLANNED: planned_seconds})
         clock.run(DECISION)
-        assert clock.run(5) == [HOROVOD] * 5
+        assert clock.run(5) == [OWN_WAY] * 5
         assert not clock.selector.planned
 
 
-def test_the_first_step_of_every_block_is_not_measured() -> None:
-    # Each block's first step costs ten times more: were it measured, Horovod's way would win.
-    selector = ArmSelector(block=BLOCK, settle=SETTLE)
+def test_the_first_step_of_every_block_is_not_measured(one_rank) -> None:
+    # Each block's first step costs ten times more: were it measured, the own way would win.
+    selector = ArmSelector(one_rank, block=BLOCK, settle=SETTLE)
     tick = tf.function(lambda at: selector.tick(tf.constant(0.0), at))
     now, arms = 0.0, []
     for step in range(DECISION + 1):
@@ -75,8 +69,8 @@ def test_the_first_step_of_every_block_is_not_measured() -> None:
     assert arms[-1] == PLANNED
 
 
-def test_a_step_untimed_between_executions_counts_for_nothing() -> None:
-    clock = Clock(ArmSelector(block=BLOCK, settle=SETTLE), {HOROVOD: 1.0, PLANNED: 0.9})
+def test_a_step_untimed_between_executions_counts_for_nothing(one_rank) -> None:
+    clock = Clock(ArmSelector(one_rank, block=BLOCK, settle=SETTLE), {OWN_WAY: 1.0, PLANNED: 0.9})
     clock.run(SETTLE + BLOCK + 2)  # into the plan's first block
     clock.selector.untime_last_step()
     clock.now += 100.0  # a re-plan between executions: neither arm's doing
@@ -84,29 +78,29 @@ def test_a_step_untimed_between_executions_counts_for_nothing() -> None:
     assert clock.run(1) == [PLANNED]
 
 
-def test_a_drifting_step_time_measures_both_again_at_the_next_check() -> None:
-    clock = Clock(ArmSelector(block=BLOCK, settle=SETTLE, exploit=1000), {HOROVOD: 1.0, PLANNED: 0.8})
+def test_a_drifting_step_time_measures_both_again_at_the_next_check(one_rank) -> None:
+    clock = Clock(ArmSelector(one_rank, block=BLOCK, settle=SETTLE, exploit=1000), {OWN_WAY: 1.0, PLANNED: 0.8})
     clock.run(DECISION + 3)
     assert clock.selector.decisions.numpy() == 1
-    clock.seconds = {HOROVOD: 1.0, PLANNED: 0.8 * (1 + 3 * DRIFT)}  # the link changed
+    clock.seconds = {OWN_WAY: 1.0, PLANNED: 0.8 * (1 + 3 * DRIFT)}  # the link changed
     arms = clock.run(DRIFT_CHECK_BLOCKS * BLOCK + explore_steps(BLOCK))
-    assert HOROVOD in arms  # measuring again, without settling
+    assert OWN_WAY in arms  # measuring again, without settling
     assert clock.selector.decisions.numpy() == 2 and not clock.selector.planned
 
 
-def test_rounds_come_back_after_the_exploited_steps() -> None:
+def test_rounds_come_back_after_the_exploited_steps(one_rank) -> None:
     exploit = 3 * BLOCK
-    clock = Clock(ArmSelector(block=BLOCK, settle=SETTLE, exploit=exploit), {HOROVOD: 1.0, PLANNED: 0.8})
+    clock = Clock(ArmSelector(one_rank, block=BLOCK, settle=SETTLE, exploit=exploit), {OWN_WAY: 1.0, PLANNED: 0.8})
     clock.run(DECISION + exploit + explore_steps(BLOCK) + BLOCK + 1)
     assert clock.selector.decisions.numpy() == 2
 
 
-def test_a_new_round_settles_for_the_steps_asked_then_measures_from_horovods_way() -> None:
-    clock = Clock(ArmSelector(block=BLOCK, settle=SETTLE), {HOROVOD: 1.0, PLANNED: 0.8})
+def test_a_new_round_settles_for_the_steps_asked_then_measures_from_the_own_way(one_rank) -> None:
+    clock = Clock(ArmSelector(one_rank, block=BLOCK, settle=SETTLE), {OWN_WAY: 1.0, PLANNED: 0.8})
     clock.run(DECISION + 5)
     clock.selector.start_round(settle=8)
     assert clock.selector.exploring
-    assert clock.run(8 + BLOCK) == [PLANNED] * 8 + [HOROVOD] * BLOCK
+    assert clock.run(8 + BLOCK) == [PLANNED] * 8 + [OWN_WAY] * BLOCK
 
 
 @pytest.mark.parametrize(("steps_per_execution", "block", "first_decision"), [(1, 4, 18), (4, 4, 24), (8, 8, 48), (3, 6, 30)])

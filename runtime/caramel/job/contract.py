@@ -148,6 +148,22 @@ def collective_port(rendezvous_port: int) -> int:
     return rendezvous_port + 1
 
 
+def ports_on_one_machine(job: CaramelJob) -> dict[int, str]:
+    """Every port the whole gang binds when all its workers share one machine (`caramel run`), with
+    the field it comes from, for people."""
+    spec = job.spec
+    ports = {spec.rendezvous.port: "spec.rendezvous.port"}
+    per_rank = [(collective_port(spec.rendezvous.port), "spec.rendezvous.port + 1, the collective port")]
+    if spec.metrics.enabled:
+        per_rank.append((spec.metrics.port, "spec.metrics.port"))
+    if spec.caramel.allreduce != Allreduce.RING:
+        per_rank.append((spec.caramel.transport_port, "spec.caramel.transportPort"))
+    for first, field in per_rank:
+        for rank in range(job.world_size):
+            ports.setdefault(first + rank, f"{field} (+{rank} for rank {rank})")
+    return ports
+
+
 def worker_command(job: CaramelJob, python: str = "python") -> list[str]:
     """The argv a worker runs: the entrypoint, which starts every slot with the training command."""
     spec = job.spec

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caramel.job.api import Allreduce, CaramelJob
-from caramel.job.contract import worker_command, worker_env
+from caramel.job.api import CaramelJob
+from caramel.job.contract import ports_on_one_machine, worker_command, worker_env
 from caramel.launch.processes import describe_exit, killed_by_the_machine, pump_lines, spawn, stop_groups
 from caramel.job.progress import ProgressReport, parse_report
 from caramel.topology.model import Topology
@@ -77,15 +77,7 @@ def check_can_start(job: CaramelJob, cwd: Path) -> None:
         raise LaunchError(f"spec.script: {spec.script!r} is not a file (looked in {cwd})")
     if not cwd.is_dir():
         raise LaunchError(f"spec.workingDir: {str(cwd)!r} is not a directory")
-    ports = {spec.rendezvous.port: "spec.rendezvous.port"}
-    if spec.metrics.enabled:
-        for offset in range(job.world_size):
-            ports.setdefault(spec.metrics.port + offset, f"spec.metrics.port (+{offset} for rank {offset})")
-    if spec.caramel.allreduce != Allreduce.RING:
-        for offset in range(job.world_size):
-            port = spec.caramel.transport_port + offset
-            ports.setdefault(port, f"spec.caramel.transportPort (+{offset} for rank {offset})")
-    for port, name in ports.items():
+    for port, name in ports_on_one_machine(job).items():
         with socket.socket() as probe:
             # As the rendezvous and metrics servers do: connections of an earlier run lingering
             # in TIME_WAIT do not make a port busy, a listening socket does.

@@ -86,8 +86,9 @@ class GraphChoice:
         self.chosen = self._decision(self.means)
         self._own_steps = 0
         caramel, own = (self.means.get(name, float("nan")) * 1e3 for name in (CARAMEL, OWN_GRAPH))
-        graph = "Caramel's graph of several steps" if self.chosen == CARAMEL else "the backend's own graph of one step"
-        return f"steps run {graph}: measured {caramel:.4g} ms per step with Caramel's, {own:.4g} ms with the own graph"
+        own_graph = f"{self._backend.own_way_name} in a graph of one step"
+        graph = "Caramel's graph of several steps" if self.chosen == CARAMEL else own_graph
+        return f"steps run {graph}: measured {caramel:.4g} ms per step with Caramel's, {own:.4g} ms with {own_graph}"
 
     def _decision(self, means: dict[str, float]) -> str:
         """Rank 0's choice, on every rank: Caramel's graph only if it measured faster by MIN_GAIN."""
