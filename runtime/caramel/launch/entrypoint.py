@@ -23,6 +23,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+import caramel
 from caramel.job.contract import WorkerContract, slot_env
 from caramel.job.failure import first_error_line, fit, is_error_line
 from caramel.job.progress import ProgressReport, format_report, parse_report
@@ -36,6 +37,9 @@ EXIT_RENDEZVOUS_TIMEOUT = 1
 TERMINATION_MESSAGE_BYTES = 4096
 # Lines of each rank kept for its failure summary (more than a termination message holds).
 LAST_LINES_KEPT = 100
+# The directory holding Caramel's `horovod` package (Horovod's training API served by Caramel),
+# first on every training process's path: scripts written for Horovod import it.
+HOROVOD_API_DIR = os.path.join(os.path.dirname(os.path.abspath(caramel.__file__)), "compat")
 
 
 class Stop:
@@ -131,6 +135,7 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     say(f"training processes: {allocator.description}")
     for slot in range(contract.slots_per_worker):
         env = {**os.environ, **slot_env(os.environ, slot), **allocator.env}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, env.get("PYTHONPATH")]))
         rank = int(env["HOROVOD_RANK"])
         try:
             process = spawn(argv, env)

@@ -1,0 +1,388 @@
+"""Horovod's TensorFlow 2 API (`import horovod.tensorflow as hvd`), served by Caramel.
+
+    hvd.init()                                   # joins the job's ranks: caramel.tensorflow.runtime.init
+    tape = hvd.DistributedGradientTape(tape)     # caramel.tensorflow.DistributedGradientTape
+    opt = hvd.DistributedOptimizer(opt)          # caramel.tensorflow.DistributedOptimizer
+    hvd.broadcast_variables(model.variables, root_rank=0)
+
+Everything runs on Caramel's runtime: `spec.caramel.backend: auto` picks Horovod's collectives
+where Horovod is installed (its C++ ops, `horovod.tensorflow.mpi_ops`, which resolve to the real
+Horovod through this package's path) and TensorFlow's own otherwise. The tape and the optimizer
+take Horovod's keywords; gradients are averaged as Caramel averages them (see
+`caramel.tensorflow.communicator`). `allreduce`, `allgather` (first dimensions may differ from
+rank to rank), `broadcast` and their grouped forms work eagerly and in graphs; `broadcast_object`
+and `allgather_object` eagerly. At exit every rank's trained weights are compared
+(`_caramel_final_check`).
+
+The rest of Horovod's API fails when called, naming the feature (`NotSupportedByCaramel`): process
+sets, Adasum and Product, alltoall, reducescatter, join, the timeline, elastic training,
+SyncBatchNormalization, PartialDistributedGradientTape, TF1's global variables and sessions, and
+local gradient accumulation (`backward_passes_per_step` above 1).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+import caramel.tensorflow as ctf
+import horovod
+from caramel.tensorflow import runtime as _caramel_runtime
+from caramel.tensorflow.backends import ReduceOp, horovod_installed
+from horovod import _caramel_keras2_idioms
+
+if horovod._real_horovod_dir is not None and os.path.isdir(os.path.join(horovod._real_horovod_dir, "tensorflow")):
+    # The real Horovod's modules that this package does not define (mpi_ops, util) come from there.
+    __path__.append(os.path.join(horovod._real_horovod_dir, "tensorflow"))
+
+from horovod._caramel_support import NotSupportedByCaramel, refuse, unsupported  # noqa: E402
+from horovod.tensorflow import _caramel_final_check  # noqa: E402
+from horovod.tensorflow import elastic  # noqa: E402
+from horovod.tensorflow._caramel_collectives import (  # noqa: E402
+    not_converted,
+    Adasum,
+    Product,
+    backend,
+    check_process_set,
+    check_root,
+    collective_name,
+    gather_ragged,
+    global_process_set,
+    reduce_op,
+)
+from horovod.tensorflow.compression import Compression  # noqa: E402
+from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables  # noqa: E402
+
+Average, Sum = ctf.Average, ctf.Sum
+Min, Max = ReduceOp.MIN, ReduceOp.MAX
+
+_SHUT_DOWN = False
+
+
+# -- set-up and the job's shape ------------------------------------------------------------------
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Join the job's ranks (Caramel's runtime, told that the script was written for Horovod's API),
+    accept the Keras 2 idioms of Horovod-era scripts, and check the trained weights at exit."""
+    if comm is not None:
+        refuse("hvd.init(comm=...)", "the CaramelJob's gang is the communicator; call hvd.init()")
+    if process_sets:
+        refuse("hvd.init(process_sets=...)", "Caramel's collectives are among all ranks")
+    _caramel_keras2_idioms.install()
+    _caramel_runtime.init(horovod_api=True)
+    _caramel_final_check.arm()
+
+
+def shutdown() -> None:
+    """Horovod's shutdown: the trained weights are checked now (every rank must call it)."""
+    global _SHUT_DOWN
+    _caramel_final_check.check()
+    _SHUT_DOWN = True
+
+
+def is_initialized() -> bool:
+    try:
+        _caramel_runtime.current()
+    except RuntimeError:
+        return False
+    return not _SHUT_DOWN
+
+
+def size() -> int:
+    return _caramel_runtime.current().size
+
+
+def rank() -> int:
+    return _caramel_runtime.current().rank
+
+
+def local_size() -> int:
+    return backend().local_size
+
+
+def local_rank() -> int:
+    return backend().local_rank
+
+
+def cross_size() -> int:
+    """The number of workers (Horovod's hosts): every worker runs local_size ranks."""
+    return size() // local_size()
+
+
+def cross_rank() -> int:
+    """This rank's worker (Horovod's host), rank r running on worker r // local_size."""
+    return rank() // local_size()
+
+
+def is_homogeneous() -> bool:
+    return True  # every worker runs spec.workers.slotsPerWorker ranks
+
+
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    _check_process_set_id(process_set_id, "hvd.size_op")
+    return tf.constant(size(), tf.int32, name=name)
+
+
+def rank_op(name: str | None = None) -> tf.Tensor:
+    return tf.constant(rank(), tf.int32, name=name)
+
+
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    return tf.constant(local_size(), tf.int32, name=name)
+
+
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    return tf.constant(local_rank(), tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    _check_process_set_id(process_set_id, "hvd.process_set_included_op")
+    return tf.constant(1, tf.int32, name=name)
+
+
+def _check_process_set_id(process_set_id: int, feature: str) -> None:
+    if process_set_id != 0:
+        refuse(f"{feature}(process_set_id={process_set_id})", "Caramel's collectives are among all ranks (process set 0)")
+
+
+def gloo_enabled() -> bool:
+    return backend().name == "horovod"
+
+
+def gloo_built() -> bool:
+    return horovod_installed()
+
+
+def _false() -> bool:
+    return False
+
+
+mpi_enabled = mpi_built = mpi_threads_supported = _false
+nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = sycl_built = _false
+
+
+# -- collectives ---------------------------------------------------------------------------------
+
+
+@not_converted
+def allreduce(
+    tensor: Any,
+    average: bool | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+    process_set: Any = global_process_set,
+    ignore_name_scope: bool = False,
+) -> Any:
+    """`tensor` reduced over all ranks (Average by default; Sum, Min, Max). A tf.IndexedSlices is
+    gathered, as Horovod does: its values and indices from every rank."""
+    del device_dense, device_sparse, ignore_name_scope
+    reduction = reduce_op(average, op, "hvd.allreduce")
+    check_process_set(process_set, "hvd.allreduce")
+    name = collective_name("allreduce", name)
+    if isinstance(tensor, tf.IndexedSlices):
+        if reduction not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+            refuse(f"hvd.allreduce(op={reduction.name.title()}) of a tf.IndexedSlices", "sparse tensors are averaged or summed")
+        values, _ = gather_ragged(tensor.values, f"{name}_values")
+        indices, _ = gather_ragged(tensor.indices, f"{name}_indices")
+        scale = prescale_factor * postscale_factor / (size() if reduction is ReduceOp.AVERAGE else 1)
+        return tf.IndexedSlices(values * tf.cast(scale, values.dtype) if scale != 1 else values, indices, tensor.dense_shape)
+    return _reduced([tensor], reduction, compression, prescale_factor, postscale_factor, name)[0]
+
+
+@not_converted
+def grouped_allreduce(
+    tensors: Sequence[Any],
+    average: bool | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+    process_set: Any = global_process_set,
+) -> list[tf.Tensor]:
+    """Every tensor reduced over all ranks, in one collective per dtype."""
+    del device_dense, device_sparse
+    reduction = reduce_op(average, op, "hvd.grouped_allreduce")
+    check_process_set(process_set, "hvd.grouped_allreduce")
+    if any(isinstance(tensor, tf.IndexedSlices) for tensor in tensors):
+        refuse("hvd.grouped_allreduce of tf.IndexedSlices", "reduce each with hvd.allreduce")
+    return _reduced(tensors, reduction, compression, prescale_factor, postscale_factor, collective_name("allreduce", name))
+
+
+def _reduced(tensors: Sequence[Any], reduction: ReduceOp, compression: Any, prescale: float, postscale: float, name: str) -> list[tf.Tensor]:
+    compressed = [compression.compress(_scaled(tf.convert_to_tensor(tensor), prescale)) for tensor in tensors]
+    reduced = backend().all_reduce([tensor for tensor, _ in compressed], reduction, name)
+    return [_scaled(compression.decompress(tensor, context), postscale) for tensor, (_, context) in zip(reduced, compressed)]
+
+
+def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    return tensor if factor == 1.0 else tensor * tf.cast(factor, tensor.dtype)
+
+
+@not_converted
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
+    """Every rank's `tensor` joined along the first axis, in rank order; first dimensions may
+    differ from rank to rank, the other dimensions may not."""
+    del ignore_name_scope
+    check_process_set(process_set, "hvd.allgather")
+    return gather_ragged(tensor, collective_name("allgather", name))[0]
+
+
+@not_converted
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> list[tf.Tensor]:
+    check_process_set(process_set, "hvd.grouped_allgather")
+    base = collective_name("allgather", name)
+    return [gather_ragged(tensor, f"{base}_{i}")[0] for i, tensor in enumerate(tensors)]
+
+
+@not_converted
+def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
+    """Rank root_rank's `tensor` (of one shape on every rank), on every rank."""
+    del ignore_name_scope
+    check_process_set(process_set, "hvd.broadcast")
+    check_root(root_rank, "hvd.broadcast")
+    return backend().broadcast([tf.convert_to_tensor(tensor)], root_rank, collective_name("broadcast", name))[0]
+
+
+@not_converted
+def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
+    """Horovod's in-place broadcast: the variables take rank root_rank's values."""
+    check_process_set(process_set, "hvd.broadcast_")
+    check_root(root_rank, "hvd.broadcast_")
+    variables = list(variables)
+    values = backend().broadcast([tf.convert_to_tensor(variable) for variable in variables], root_rank, collective_name("broadcast", name))
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+    return variables
+
+
+# -- training ------------------------------------------------------------------------------------
+
+
+class _DistributedGradientTape(ctf.DistributedGradientTape):
+    """Caramel's tape, which also notes the variables it trains and works as a context manager
+    (`with hvd.DistributedGradientTape(tf.GradientTape()) as tape:`)."""
+
+    @not_converted
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
+        _caramel_final_check.note_trained(sources)
+        return super().gradient(target, sources, output_gradients, **kwargs)
+
+    def __enter__(self) -> _DistributedGradientTape:
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exception: Any) -> Any:
+        return self._tape.__exit__(*exception)
+
+
+def DistributedGradientTape(  # noqa: N802 (Horovod's name)
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: Any = global_process_set,
+    scale_local_gradients: bool = True,
+) -> _DistributedGradientTape:
+    """The tape, whose gradient() averages (op Sum: sums) the gradients over all ranks."""
+    return _DistributedGradientTape(
+        gradtape, device_dense=device_dense, device_sparse=device_sparse, compression=compression, sparse_as_dense=sparse_as_dense,
+        op=op, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups, process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )  # fmt: skip
+
+
+def DistributedOptimizer(  # noqa: N802 (Horovod's name)
+    optimizer: Any,
+    name: str | None = None,
+    use_locking: bool = False,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    backward_passes_per_step: int = 1,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: Any = global_process_set,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """The Keras optimizer, whose updates average (op Sum: sum) the gradients over all ranks first."""
+    del use_locking  # TensorFlow 1's
+    return distributed_optimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+        sparse_as_dense=sparse_as_dense, backward_passes_per_step=backward_passes_per_step, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, average_aggregated_gradients=average_aggregated_gradients,
+        num_groups=num_groups, groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )  # fmt: skip
+
+
+def distributed_optimizer(optimizer: Any, **horovod_options: Any) -> Any:
+    """Caramel's DistributedOptimizer around a copy of `optimizer` that notes the variables it
+    updates (for the weights check at exit); horovod.tensorflow.keras's DistributedOptimizer too."""
+    if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
+        refuse(
+            f"hvd.DistributedOptimizer({type(optimizer).__name__})",
+            "it wraps Keras optimizers (tf.keras.optimizers.*); TensorFlow 1 optimizers are gone",
+        )
+    base = type(optimizer)
+    if getattr(base, "_caramel_distributed", False):
+        return optimizer
+
+    @not_converted
+    def apply(self: Any, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
+        _caramel_final_check.note_trained(trainable_variables if trainable_variables is not None else getattr(self, "_trainable_variables", []))
+        return base.apply(self, grads, trainable_variables)
+
+    noting = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__})
+    return ctf.DistributedOptimizer(noting.from_config(optimizer.get_config()), **horovod_options)
+
+
+# -- what Caramel does not serve -----------------------------------------------------------------
+
+_ALL_RANKS = "Caramel's collectives are among all ranks"
+ProcessSet = unsupported("hvd.ProcessSet", f"{_ALL_RANKS} (hvd.global_process_set)")
+add_process_set = unsupported("hvd.add_process_set", _ALL_RANKS)
+remove_process_set = unsupported("hvd.remove_process_set", _ALL_RANKS)
+alltoall = unsupported("hvd.alltoall", "its collectives are allreduce, allgather and broadcast")
+reducescatter = unsupported("hvd.reducescatter", "use hvd.allreduce (or spec.caramel.collective: split for gradients)")
+grouped_reducescatter = unsupported("hvd.grouped_reducescatter", "use hvd.grouped_allreduce")
+join = unsupported("hvd.join", "every rank must run the same number of steps")
+start_timeline = unsupported("hvd.start_timeline", "Caramel records each step's transfers in its own metrics")
+stop_timeline = unsupported("hvd.stop_timeline", "Caramel records each step's transfers in its own metrics")
+broadcast_global_variables = unsupported(
+    "hvd.broadcast_global_variables", "TensorFlow 1's global variables are gone; use hvd.broadcast_variables(model.variables, root_rank)"
+)
+SyncBatchNormalization = unsupported("hvd.SyncBatchNormalization", "use keras.layers.BatchNormalization (per-rank statistics)")
+PartialDistributedGradientTape = unsupported(
+    "hvd.PartialDistributedGradientTape", "use hvd.DistributedGradientTape, which averages every gradient over the ranks"
+)
+
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min", "NotSupportedByCaramel",
+    "PartialDistributedGradientTape", "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set", "allgather",
+    "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
+    "broadcast_object_fn", "broadcast_variables", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "elastic",
+    "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
+    "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size", "local_size_op", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "process_set_included_op", "rank", "rank_op", "reducescatter",
+    "remove_process_set", "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline", "sycl_built",
+]  # fmt: skip

@@ -1,0 +1,115 @@
+"""Horovod's collectives on Caramel's backend: what `horovod.tensorflow`'s functions share.
+
+Caramel's backends reduce, broadcast and gather tensors of one shape on every rank, eagerly and in
+graphs (`caramel.tensorflow.backends`). Horovod's allgather also takes tensors whose first
+dimension differs from rank to rank: the ranks first gather each other's first dimensions, pad to
+the longest, gather, and cut the padding out. Gathers and broadcasts are sums to which one rank
+contributes, so tensors of dtypes that collectives may not sum travel in one that sums them exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import tensorflow as tf
+
+from caramel.tensorflow.backends import SUMMED_AS, Backend, ReduceOp
+from caramel.tensorflow.runtime import current
+from horovod._caramel_support import refuse
+
+
+class HorovodOp:
+    """One of Horovod's reduction ops that Caramel does not serve (Adasum, Product): refused where
+    it is used, by name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+Adasum, Product = HorovodOp("Adasum"), HorovodOp("Product")
+
+not_converted = tf.autograph.experimental.do_not_convert
+"""For the functions scripts call inside their tf.functions: AutoGraph has nothing to convert in
+Caramel's code (no Python control flow on tensors), and fails on some of it with a warning that
+asks users to report it to the TensorFlow team."""
+
+
+class GlobalProcessSet:
+    """Horovod's `global_process_set`, every rank: the only process set Caramel serves."""
+
+    process_set_id = 0
+
+    def size(self) -> int:
+        return current().size
+
+    def rank(self) -> int:
+        return current().rank
+
+    def included(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "ProcessSet(process_set_id=0, ranks=all)"
+
+
+global_process_set = GlobalProcessSet()
+
+
+def backend() -> Backend:
+    return current().backend
+
+
+def check_process_set(process_set: Any, feature: str) -> None:
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        refuse(f"{feature}(process_set=...)", "its collectives are among all ranks (hvd.global_process_set)")
+
+
+def check_root(root_rank: int, feature: str) -> None:
+    size = current().size
+    if not 0 <= root_rank < size:
+        raise ValueError(f"{feature}: root_rank {root_rank} is not a rank of this job (0 to {size - 1})")
+
+
+def reduce_op(average: bool | None, op: Any, feature: str) -> ReduceOp:
+    """Horovod's `op` (or its deprecated `average`) as Caramel's ReduceOp."""
+    if average is not None and op is not None:
+        raise ValueError(f"{feature}: give op or average (deprecated), not both")
+    if op is None:
+        return ReduceOp.AVERAGE if average is None or average else ReduceOp.SUM
+    if isinstance(op, ReduceOp):
+        return op
+    name = getattr(op, "name", None) or {0: "average", 1: "sum", 2: "adasum", 3: "min", 4: "max", 5: "product"}.get(op, str(op))
+    try:
+        return ReduceOp(str(name).lower())
+    except ValueError:
+        refuse(f"{feature}(op={name})", "tensors are reduced by Average, Sum, Min or Max")
+
+
+def collective_name(kind: str, name: str | None) -> str:
+    """A collective's name, the same on every rank: a graph makes its ops' names unique itself,
+    and eager collectives run one at a time."""
+    return f"hvd_{kind}" if name is None else f"hvd_{kind}_{re.sub(r'[^A-Za-z0-9_.-]', '_', str(name))}"
+
+
+def summable(tensor: tf.Tensor) -> tf.Tensor:
+    return tf.cast(tensor, SUMMED_AS.get(tensor.dtype, tensor.dtype))
+
+
+def gather_ragged(tensor: Any, name: str) -> tuple[tf.Tensor, tf.Tensor]:
+    """Every rank's `tensor` joined along the first axis in rank order (their first dimensions may
+    differ, the others not), and each rank's first dimension (int64)."""
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("hvd.allgather gathers tensors along their first dimension: give a tensor of at least one dimension, not a scalar")
+    collectives = backend()
+    rows = tf.shape(tensor, out_type=tf.int64)[:1]
+    sizes = tf.reshape(collectives.all_gather(rows, name=f"{name}_sizes"), [-1])
+    padding = tf.concat([tf.reshape(tf.reduce_max(sizes) - rows, [1, 1]), tf.zeros([tensor.shape.rank - 1, 1], tf.int64)], axis=0)
+    padded = tf.pad(summable(tensor), tf.concat([tf.zeros_like(padding), padding], axis=1))
+    gathered = collectives.all_gather(padded, name=name)  # [ranks, longest, ...]
+    joined = tf.boolean_mask(gathered, tf.sequence_mask(sizes, tf.shape(gathered, out_type=tf.int64)[1]))
+    return tf.cast(joined, tensor.dtype), sizes

@@ -1,0 +1,87 @@
+"""Horovod's `horovod.tensorflow.functions`: variables and Python objects broadcast or gathered.
+
+Objects travel pickled (with cloudpickle where it is installed, as Horovod does, so that lambdas
+and local classes travel too) as uint8 tensors: a broadcast sends the root's length first, and a
+gather is the ragged allgather of every rank's bytes. Both run eagerly, as Horovod's do in TF2.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+import caramel.tensorflow as ctf
+from horovod._caramel_support import refuse
+from horovod.tensorflow import _caramel_final_check as final_check
+from horovod.tensorflow._caramel_collectives import (
+    not_converted,
+    backend,
+    check_process_set,
+    check_root,
+    collective_name,
+    gather_ragged,
+    global_process_set,
+)
+
+try:
+    import cloudpickle as _pickler
+except ImportError:  # Horovod brings cloudpickle; without Horovod, pickle does for most objects
+    _pickler = pickle  # type: ignore[no-redef]
+
+
+@not_converted
+def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: Any = global_process_set, inplace: bool = False) -> None:
+    """Overwrite the variables on every rank with rank root_rank's values (eagerly or in a graph)."""
+    del inplace  # Horovod's choice of op; the variables are assigned either way
+    check_process_set(process_set, "hvd.broadcast_variables")
+    check_root(root_rank, "hvd.broadcast_variables")
+    variables = list(variables)
+    final_check.note_trained([variable for variable in variables if getattr(variable, "trainable", False)])
+    ctf.broadcast_variables(variables, root_rank)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None, process_set: Any = global_process_set) -> Any:
+    """Rank root_rank's `obj`, on every rank (the root gets its own object back)."""
+    _eager_only("hvd.broadcast_object", session, process_set)
+    check_root(root_rank, "hvd.broadcast_object")
+    collectives = backend()
+    name = collective_name("broadcast_object", name)
+    mine = collectives.rank == root_rank
+    payload = _to_bytes(obj) if mine else None
+    length = collectives.broadcast([tf.constant([0 if payload is None else payload.shape[0]], tf.int64)], root_rank, f"{name}_length")[0]
+    data = tf.constant(payload) if mine else tf.zeros([int(length[0])], tf.uint8)
+    data = collectives.broadcast([data], root_rank, name)[0]
+    return obj if mine else _from_bytes(data.numpy())
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None, process_set: Any = global_process_set) -> Callable[[Any], Any]:
+    """`broadcast_object` with these arguments, as a function of the object."""
+    return lambda obj: broadcast_object(obj, root_rank, session, name, process_set)
+
+
+def allgather_object(obj: Any, session: Any = None, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
+    """Every rank's `obj`, in rank order."""
+    _eager_only("hvd.allgather_object", session, process_set)
+    gathered, sizes = gather_ragged(tf.constant(_to_bytes(obj)), collective_name("allgather_object", name))
+    data, offsets = gathered.numpy(), np.concatenate([[0], np.cumsum(sizes.numpy())])
+    return [_from_bytes(data[start:stop]) for start, stop in zip(offsets[:-1], offsets[1:])]
+
+
+def _eager_only(feature: str, session: Any, process_set: Any) -> None:
+    if session is not None:
+        refuse(f"{feature}(session=...)", "TensorFlow 1 sessions are gone; call it eagerly")
+    check_process_set(process_set, feature)
+    if not tf.executing_eagerly():
+        refuse(f"{feature} inside a tf.function", "Python objects travel eagerly; call it outside the function")
+
+
+def _to_bytes(obj: Any) -> np.ndarray:
+    return np.frombuffer(_pickler.dumps(obj), dtype=np.uint8)
+
+
+def _from_bytes(data: np.ndarray) -> Any:
+    return _pickler.loads(data.tobytes())

@@ -1,0 +1,127 @@
+"""Horovod's Keras API (`import horovod.tensorflow.keras as hvd`), served by Caramel.
+
+    hvd.init()
+    model.compile(optimizer=hvd.DistributedOptimizer(opt), loss=..., experimental_run_tf_function=False)
+    model.fit(data, steps_per_epoch=..., callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                                   hvd.callbacks.MetricAverageCallback()])
+
+`BroadcastGlobalVariablesCallback` is Caramel's Keras callback (`caramel.tensorflow.keras.
+TrainingCallback`): it broadcasts the root's variables when training begins, runs Keras' training
+step in Caramel's graphs with Caramel's scheduling, records metrics and progress, and checks at the
+end that all ranks hold the same weights. The functions here return NumPy values, as Horovod's
+Keras functions do. Importing this module accepts the Keras 2 idioms of Horovod-era scripts
+(`horovod._caramel_keras2_idioms`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+import horovod.tensorflow as _hvd
+from horovod import _caramel_keras2_idioms
+from horovod._caramel_support import unsupported
+from horovod.tensorflow import (
+    Average,
+    Compression,
+    ProcessSet,
+    Sum,
+    add_process_set,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+    sycl_built,
+)
+from horovod.tensorflow.keras import callbacks, elastic
+
+_caramel_keras2_idioms.install()
+
+
+def DistributedOptimizer(  # noqa: N802 (Horovod's name)
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = Average,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: Any = global_process_set,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """The Keras optimizer, whose updates average (op Sum: sum) the gradients over all ranks first."""
+    return _hvd.distributed_optimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step, average_aggregated_gradients=average_aggregated_gradients,
+        num_groups=num_groups, groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )  # fmt: skip
+
+
+def allreduce(
+    value: Any,
+    name: str | None = None,
+    average: bool | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    op: Any = None,
+    compression: Any = Compression.none,
+) -> Any:
+    """`value` reduced over all ranks (Average by default), as a NumPy value."""
+    return _hvd.allreduce(
+        tf.convert_to_tensor(value), average=average, compression=compression, op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, name=name,
+    ).numpy()  # fmt: skip
+
+
+def allgather(value: Any, name: str | None = None) -> Any:
+    """Every rank's `value` joined along the first axis in rank order (first dimensions may differ)."""
+    return _hvd.allgather(tf.convert_to_tensor(value), name=name).numpy()
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
+    """Rank root_rank's `value`, on every rank."""
+    return _hvd.broadcast(tf.convert_to_tensor(value), root_rank, name=name).numpy()
+
+
+broadcast_global_variables = unsupported(
+    "hvd.broadcast_global_variables",
+    "TensorFlow 1's global variables are gone; use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) in fit",
+)
+reducescatter = unsupported("hvd.reducescatter", "use hvd.allreduce")
+load_model = unsupported(
+    "hvd.load_model", "load with keras.models.load_model, then compile with hvd.DistributedOptimizer(model.optimizer)"
+)
+
+__all__ = [
+    "Average", "Compression", "DistributedOptimizer", "ProcessSet", "Sum", "add_process_set", "allgather", "allreduce",
+    "broadcast", "broadcast_global_variables", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "elastic", "global_process_set", "gloo_built", "gloo_enabled", "init", "is_initialized", "load_model", "local_rank",
+    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
+    "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline", "sycl_built",
+]  # fmt: skip

@@ -1,0 +1,239 @@
+"""Horovod's Keras callbacks (`hvd.callbacks`), served by Caramel.
+
+- `BroadcastGlobalVariablesCallback(root_rank)` is Caramel's `TrainingCallback` without
+  checkpoints (a Horovod script makes its own): root_rank's variables on every rank when training
+  begins, Keras' step in Caramel's graphs, metrics, progress, and the weights check at the end.
+  Caramel's callbacks run before the others of a `fit` (whatever their place in the list), so
+  that no callback reads weights before every rank has the root's.
+- `MetricAverageCallback()` averages the epoch's logs over the ranks at the end of every epoch
+  (put it before the callbacks that read them, as with Horovod).
+- `LearningRateScheduleCallback` and `LearningRateWarmupCallback` set the learning rate as
+  Horovod's do: `initial_lr * multiplier(epoch)` at the start of each epoch (staircase) or of each
+  batch (epoch + batch / steps_per_epoch) between start_epoch and end_epoch, the warm-up going from
+  initial_lr / size to initial_lr over warmup_epochs, with the momentum correction of Goyal et
+  al. (Horovod scales the momentum coefficient by new_lr / old_lr for the batch; a Keras 3
+  optimizer's coefficient is a constant of its compiled step, so the momentum slots are scaled
+  instead, which is the same update for SGD and RMSprop).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+import horovod.tensorflow as hvd
+from caramel.tensorflow.backends import ReduceOp
+from caramel.tensorflow.keras import TrainingCallback
+from horovod._caramel_support import refuse, unsupported
+from horovod.tensorflow import _caramel_final_check
+from horovod.tensorflow._caramel_collectives import backend, check_root
+
+_CARAMEL_FIRST = "_caramel_callbacks_first"
+
+
+class BroadcastGlobalVariablesCallback(TrainingCallback):
+    """Rank root_rank's variables on every rank when training begins, and Caramel's scheduling,
+    metrics, progress and weights check for the rest of `fit`."""
+
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
+        del device  # where Horovod placed its broadcast on GPUs
+        if local_variables is not None and list(tf.nest.flatten(local_variables)):
+            refuse(
+                "BroadcastGlobalVariablesCallback(local_variables=...)",
+                "every rank must hold the same weights; train the per-rank variables outside the model",
+            )
+        check_root(root_rank, "BroadcastGlobalVariablesCallback")
+        super().__init__(checkpoints=False)
+        self.root_rank = root_rank
+        _run_caramel_callbacks_first()
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self.root_rank != 0:
+            # Caramel's callback takes rank 0's variables: rank 0 takes the root's first.
+            optimizer = self.model.optimizer
+            optimizer.build(self.model.trainable_variables)
+            hvd.broadcast_variables([*self.model.variables, *optimizer.variables], self.root_rank)
+        super().on_train_begin(logs)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_end(logs)
+        _caramel_final_check.checked_by_fit()
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """The epoch's logs averaged over the ranks at the end of every epoch, in place, so that the
+    callbacks after this one see the averages."""
+
+    def __init__(self, device: str = "") -> None:
+        del device
+        super().__init__()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if not logs:
+            return
+        names = sorted(logs)  # the same order on every rank
+        values = tf.constant([float(logs[name]) for name in names], tf.float64)
+        averaged = backend().all_reduce([values], ReduceOp.AVERAGE, "hvd_metric_average")[0].numpy()
+        for name, value in zip(names, averaged):
+            logs[name] = float(value)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """The learning rate `initial_lr * multiplier(epoch)` from start_epoch to end_epoch (exclusive):
+    set at each epoch's start (staircase) or each batch's (the epoch then counts the batches done:
+    epoch + batch / steps_per_epoch). A constant multiplier m means m ** epoch."""
+
+    def __init__(
+        self,
+        initial_lr: float,
+        multiplier: float | Callable[[float], float],
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError(f"{type(self).__name__} needs initial_lr, the learning rate the multiplier scales")
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier**epoch)
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch: int | None = None
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self.params.get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(f"{type(self).__name__} needs the steps per epoch: pass steps_per_epoch to fit or to the callback")
+        if self.momentum_correction:
+            _momentum_slots(self.model.optimizer, type(self).__name__)  # refuses what it cannot correct, before any step
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if not self.staircase:
+            self._adjust(epoch + batch / self.steps_per_epoch)
+        elif batch == 0:
+            self._adjust(epoch)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            logs["lr"] = self._learning_rate()
+
+    def _learning_rate(self) -> float:
+        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+    def _adjust(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        old, new = self._learning_rate(), self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = new
+        if self.momentum_correction and old:
+            for slot in _momentum_slots(optimizer, type(self).__name__):
+                slot.assign(slot * (new / old))
+
+
+def _momentum_slots(optimizer: Any, feature: str) -> list[Any]:
+    """The momentum variables whose scaling by new_lr / old_lr is Horovod's momentum correction
+    (empty where there is no momentum, or the optimizer has not made them yet: zeros need none)."""
+    momentum = getattr(optimizer, "momentum", 0.0)
+    if not isinstance(momentum, int | float) or momentum == 0:
+        if momentum:
+            refuse(f"{feature}(momentum_correction=True) with a momentum that is not a number", "pass momentum_correction=False")
+        return []
+    if isinstance(optimizer, keras.optimizers.SGD):
+        if optimizer.nesterov:
+            refuse(f"{feature}(momentum_correction=True) with SGD(nesterov=True)", "pass momentum_correction=False")
+        return list(getattr(optimizer, "momentums", []))
+    if isinstance(optimizer, keras.optimizers.RMSprop):
+        return list(getattr(optimizer, "_momentums", []))
+    refuse(f"{feature}(momentum_correction=True) with {type(optimizer).__name__}", "pass momentum_correction=False")
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Gradual warm-up over warmup_epochs, batch by batch, from initial_lr / size to initial_lr (Goyal
+    et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour"):
+    lr(epoch) = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1), the epoch counting the
+    batch about to run as done, so that the last batch of the warm-up runs at initial_lr."""
+
+    def __init__(
+        self,
+        initial_lr: float,
+        warmup_epochs: int = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ) -> None:
+        def multiplier(epoch: float) -> float:
+            size = hvd.size()
+            return (1 + (epoch + 1 / self.steps_per_epoch) * (size - 1) / warmup_epochs) / size
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)  # fmt: skip
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if self.verbose > 0 and epoch == self.end_epoch - 1 and hvd.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: the learning rate warm-up ended at {self._learning_rate():g}.", flush=True)
+
+
+BestModelCheckpoint = unsupported(
+    "hvd.callbacks.BestModelCheckpoint", "use keras.callbacks.ModelCheckpoint(filepath, save_best_only=True) on rank 0"
+)
+
+
+def _run_caramel_callbacks_first() -> None:
+    """`fit` runs Caramel's callbacks before the others of its list, and builds a model not built
+    yet from its data's shape before any callback runs (Keras 3 builds it only in the first step,
+    after callbacks start: a Sequential model of Horovod's examples has no input shape), once
+    installed, for every fit with a Caramel callback."""
+    original = keras.Model.fit
+    if getattr(original, _CARAMEL_FIRST, False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def fit(self: keras.Model, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        given = bound.arguments.get("callbacks")
+        if isinstance(given, list | tuple):
+            caramel = [callback for callback in given if isinstance(callback, TrainingCallback)]
+            bound.arguments["callbacks"] = [*caramel, *(callback for callback in given if not isinstance(callback, TrainingCallback))]
+            if caramel and not self.built:
+                _build_from_data(self, bound.arguments.get("x"))
+        return original(*bound.args, **bound.kwargs)
+
+    setattr(fit, _CARAMEL_FIRST, True)
+    keras.Model.fit = fit
+
+
+def _build_from_data(model: keras.Model, x: Any) -> None:
+    """Build `model` for the features of `x` (a tf.data.Dataset of (features, labels...) or of
+    features, or an array), where they are one tensor; otherwise leave it to fit."""
+    spec = getattr(x, "element_spec", None)
+    if spec is not None:
+        features = spec[0] if isinstance(spec, tuple) else spec
+        shape = features.shape if isinstance(features, tf.TensorSpec) else None
+    else:
+        shape = (None, *x.shape[1:]) if getattr(x, "shape", None) is not None else None
+    if shape is not None:
+        model.build(tuple(shape))
+
+
+__all__ = [
+    "BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+]  # fmt: skip
