@@ -1,6 +1,6 @@
 """Every public path and scheduling mode gives the results of plain synchronous SGD, with real
-Horovod ranks: the tape and the optimizer with several steps per graph, a tf.function per step,
-eager steps, and Keras `fit`."""
+ranks on each collective backend: the tape and the optimizer with several steps per graph, a
+tf.function per step, eager steps, and Keras `fit`."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ MODES = {
     "split-collectives": {"collective": "split", "minBucketBytes": 4096, "maxBucketBytes": 65536},
 }
 APIS = ("tape-fit", "optimizer-fit", "tape-loop", "eager", "keras")
+BACKENDS = ("tensorflow", "horovod")
 RANKS, STEPS, BATCH, HIDDEN = 2, 15, 16, 32
 
 
@@ -79,30 +80,46 @@ def assert_same_weights(actual: list[np.ndarray], expected: list[np.ndarray]) ->
         np.testing.assert_allclose(weight, wanted, rtol=1e-5, atol=1e-6, err_msg=f"trainable variable {index}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("api", APIS)
-def test_every_public_path_matches_synchronous_sgd(tmp_path, expected, api):
-    assert_same_weights(trained_weights(tmp_path, api, {}), expected)
+def test_every_public_path_matches_synchronous_sgd(tmp_path, expected, api, backend):
+    assert_same_weights(trained_weights(tmp_path, api, {"backend": backend}), expected)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", [mode for mode in MODES if mode != "automatic"])
-def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode):
+def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode, backend):
+    if mode == "split-collectives" and backend == "tensorflow":
+        pytest.skip("TensorFlow has no reduce-scatter on the CPU: test_split_collectives_are_refused_on_tensorflow")
     # Several steps per graph, with a step count that leaves a shorter last execution.
-    assert_same_weights(trained_weights(tmp_path, "tape-fit", MODES[mode], steps_per_execution=4), expected)
+    assert_same_weights(trained_weights(tmp_path, "tape-fit", {**MODES[mode], "backend": backend}, steps_per_execution=4), expected)
 
 
+def test_split_collectives_are_refused_on_tensorflow(tmp_path):
+    manifest = job_manifest(caramel={"collective": "split", "backend": "tensorflow"}, workers={"replicas": RANKS})
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode != 0
+    assert "spec.caramel.collective: split needs reduce-scatter, which the tensorflow backend has not on the CPU" in result.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("api", ["tape-fit", "keras"])
-def test_steps_that_go_between_caramels_graph_and_horovods_own_match_synchronous_sgd(tmp_path, api):
-    # Past Caramel's first rounds: the round between its graph of several steps and Horovod's
-    # own graph of one step (graph_choice.py) runs blocks of each, and the steps go on in the
-    # one chosen.
+def test_steps_that_go_between_caramels_graph_and_the_backends_own_match_synchronous_sgd(tmp_path, api, backend):
+    # Past Caramel's first rounds: the round between its graph of several steps and the
+    # backend's own graph of one step (graph_choice.py) runs blocks of each, and the steps go on
+    # in the one chosen.
     steps = settled_step(4) + 8
-    weights, stderr = train(tmp_path, api, {}, steps_per_execution=4, steps=steps)
-    assert "steps run Caramel's graph of several steps" in stderr or "steps run Horovod's own graph of one step" in stderr, stderr
+    weights, stderr = train(tmp_path, api, {"backend": backend}, steps_per_execution=4, steps=steps)
+    assert "steps run Caramel's graph of several steps" in stderr or "in a graph of one step: measured" in stderr, stderr
     assert_same_weights(weights, synchronous_sgd(steps))
 
 
-def test_a_transfer_of_gradients_of_two_dtypes_averages_each(tmp_path):
-    manifest = job_manifest(script=None, command=[sys.executable, "-m", "testbed.mixed_dtype_worker"], args=[], workers={"replicas": RANKS})
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_transfer_of_gradients_of_two_dtypes_averages_each(tmp_path, backend):
+    manifest = job_manifest(
+        script=None, command=[sys.executable, "-m", "testbed.mixed_dtype_worker"], args=[], workers={"replicas": RANKS},
+        caramel={"backend": backend},
+    )  # fmt: skip
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode == 0, result.stderr
     reports = [line.split("| ", 1)[1] for line in result.stderr.splitlines() if "exact_averages" in line]

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from caramel.job.progress import parse_report
 from conftest import REPO, job_manifest, run_caramel, write_manifest
+from examples import train_small
 
 pytestmark = pytest.mark.e2e
 
@@ -28,12 +29,12 @@ def keras_job(tmp_path, directory: str, epochs: int):
 
 
 def model_weights(directory) -> dict[str, np.ndarray]:
-    reader = tf.train.load_checkpoint(str(directory))
-    return {
-        name: reader.get_tensor(name)
-        for name in reader.get_variable_to_shape_map()
-        if name.startswith("model/") and "OPTIMIZER_SLOT" not in name
-    }
+    """The trainable weights of the latest checkpoint in `directory`, restored into the example's model."""
+    model = train_small.build_model(64)
+    optimizer = train_small.build_optimizer(train_small.DEFAULT_LEARNING_RATE)
+    optimizer.build(model.trainable_variables)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(tf.train.latest_checkpoint(str(directory))).expect_partial()
+    return {f"trainable variable {index}": variable.numpy() for index, variable in enumerate(model.trainable_variables)}
 
 
 def test_fit_resumes_at_the_checkpointed_epoch_with_the_weights_of_an_uninterrupted_run(tmp_path):
