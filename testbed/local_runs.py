@@ -10,9 +10,25 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def checkpoint_weights(directory: Path, hidden: int) -> dict[str, np.ndarray]:
+    """The trainable weights of the latest checkpoint in `directory` of a run of the small example
+    (examples/train_small.py, its hidden width `hidden`), restored into that model: Keras 3 keeps
+    no fixed names for them in a checkpoint."""
+    import tensorflow as tf
+
+    from examples import train_small
+
+    model = train_small.build_model(hidden)
+    optimizer = train_small.build_optimizer(train_small.DEFAULT_LEARNING_RATE)
+    optimizer.build(model.trainable_variables)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(tf.train.latest_checkpoint(str(directory))).expect_partial()
+    return {f"trainable variable {index}": variable.numpy() for index, variable in enumerate(model.trainable_variables)}
 
 
 def digests(output: str) -> dict[int, str]:

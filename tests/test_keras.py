@@ -8,33 +8,24 @@ import re
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from caramel.job.progress import parse_report
 from conftest import REPO, job_manifest, run_caramel, write_manifest
-from examples import train_small
+from testbed.local_runs import checkpoint_weights
 
 pytestmark = pytest.mark.e2e
 
 KERAS_EXAMPLE = REPO / "examples" / "train_keras.py"
+HIDDEN = 64
 
 
 def keras_job(tmp_path, directory: str, epochs: int):
     manifest = job_manifest(
         script=str(KERAS_EXAMPLE),
-        args=["--epochs", str(epochs), "--steps-per-epoch", "6", "--steps-per-execution", "3", "--batch-size", "32", "--hidden", "64"],
+        args=["--epochs", str(epochs), "--steps-per-epoch", "6", "--steps-per-execution", "3", "--batch-size", "32", "--hidden", str(HIDDEN)],
         checkpoint={"path": str(tmp_path / directory), "intervalSteps": 6},
     )
     return write_manifest(tmp_path, manifest, filename=f"{directory}-{epochs}.yaml")
-
-
-def model_weights(directory) -> dict[str, np.ndarray]:
-    """The trainable weights of the latest checkpoint in `directory`, restored into the example's model."""
-    model = train_small.build_model(64)
-    optimizer = train_small.build_optimizer(train_small.DEFAULT_LEARNING_RATE)
-    optimizer.build(model.trainable_variables)
-    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(tf.train.latest_checkpoint(str(directory))).expect_partial()
-    return {f"trainable variable {index}": variable.numpy() for index, variable in enumerate(model.trainable_variables)}
 
 
 def test_fit_resumes_at_the_checkpointed_epoch_with_the_weights_of_an_uninterrupted_run(tmp_path):
@@ -48,7 +39,7 @@ def test_fit_resumes_at_the_checkpointed_epoch_with_the_weights_of_an_uninterrup
     assert second.returncode == 0, second.stderr
     assert re.search(r"restored .*ckpt-12 at step 12", second.stderr), second.stderr
 
-    expected, resumed = model_weights(tmp_path / "straight"), model_weights(tmp_path / "resumed")
+    expected, resumed = checkpoint_weights(tmp_path / "straight", HIDDEN), checkpoint_weights(tmp_path / "resumed", HIDDEN)
     assert expected.keys() == resumed.keys() and len(expected) == 6
     for name in expected:
         np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)

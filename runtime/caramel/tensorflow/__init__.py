@@ -177,7 +177,17 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, **horovod_opt
     options = _HorovodOptions("DistributedOptimizer", **horovod_options)
 
     def apply(self: Any, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
-        return base.apply(self, allreduce_gradients(list(grads), options.op, options.compression), trainable_variables)
+        averaged = allreduce_gradients(list(grads), options.op, options.compression)
+        # Keras sums the gradients over a tf.distribute strategy's replicas before it applies them,
+        # in a replica context. Without a strategy (a Caramel job) the sum is an identity, but it
+        # goes through tf.custom_gradient, which registers a gradient function globally on every
+        # trace (every traced step graph then lives as long as the process), and it joins all the
+        # gradients into one IdentityN (no parameter updated before the last transfer ends). In a
+        # merge_call (cross-replica context) Keras applies them as they are: averaged already.
+        context = tf.distribute.get_replica_context()
+        if context is None:
+            return base.apply(self, averaged, trainable_variables)
+        return context.merge_call(lambda _: base.apply(self, averaged, trainable_variables))
 
     distributed = type(base.__name__, (base,), {"apply": apply, "_caramel_distributed": True})
     return distributed.from_config(optimizer.get_config())

@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import tensorflow as tf
 
 from caramel.job.api import Scheduling

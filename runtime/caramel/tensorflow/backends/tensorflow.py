@@ -91,8 +91,17 @@ def set_up(contract: WorkerContract) -> TensorFlowBackend:
     rank, size = contract.required_rank, contract.world_size
     local_rank = rank % contract.slots_per_worker
     backend = TensorFlowBackend(rank, size, local_rank, contract.slots_per_worker, contract.collective_timeout_seconds)
-    if size == 1:
-        return backend  # no peers: nothing to serve
+    if size > 1:
+        _start_server(contract, rank, size)
+    # Made now, not while a step is traced (a variable made while tf.function traces makes it
+    # trace the whole function a second time), and after the server: a variable lives on a device
+    # of the cluster it was made in.
+    backend.copy_variable(0)
+    return backend
+
+
+def _start_server(contract: WorkerContract, rank: int, size: int) -> None:
+    """This rank's TensorFlow server, in a cluster of every rank, with the collective executor."""
     cluster = cluster_pb2.ClusterDef()
     job = cluster.job.add()
     job.name = JOB
@@ -124,4 +133,3 @@ def set_up(contract: WorkerContract) -> TensorFlowBackend:
     finally:
         absl_logger.setLevel(level)
     ctx.ensure_initialized()
-    return backend
