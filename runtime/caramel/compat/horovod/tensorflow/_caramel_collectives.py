@@ -108,7 +108,8 @@ def gather_ragged(tensor: Any, name: str) -> tuple[tf.Tensor, tf.Tensor]:
     collectives = backend()
     rows = tf.shape(tensor, out_type=tf.int64)[:1]
     sizes = tf.reshape(collectives.all_gather(rows, name=f"{name}_sizes"), [-1])
-    padding = tf.concat([tf.reshape(tf.reduce_max(sizes) - rows, [1, 1]), tf.zeros([tensor.shape.rank - 1, 1], tf.int64)], axis=0)
+    # At least one row: a gather of nothing at all is no tensor the backends can scatter.
+    padding = tf.concat([tf.reshape(tf.maximum(tf.reduce_max(sizes), 1) - rows, [1, 1]), tf.zeros([tensor.shape.rank - 1, 1], tf.int64)], axis=0)
     padded = tf.pad(summable(tensor), tf.concat([tf.zeros_like(padding), padding], axis=1))
     gathered = collectives.all_gather(padded, name=name)  # [ranks, longest, ...]
     joined = tf.boolean_mask(gathered, tf.sequence_mask(sizes, tf.shape(gathered, out_type=tf.int64)[1]))

@@ -1,0 +1,646 @@
+"""Scripts written for Horovod's TF2 API run unchanged under Caramel, which serves the `horovod`
+package itself (runtime/caramel/compat/horovod).
+
+Unit tests run a training process of a one-rank job (TensorFlow's collectives, which need no
+server for one rank) with the package first on its path, as the worker entrypoint puts it: the
+import mechanics, the refusals, the collectives' semantics (the ragged allgather against a fake of
+three ranks), the Keras 2 idioms, the learning rate callbacks and the weights check at exit. The
+end-to-end tests (marked e2e) run two workers under `caramel run`: our four scripts in the shape
+of Horovod's TF2 examples, the collectives across real ranks, and Horovod-shaped training against
+synchronous SGD computed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from caramel.job.contract import slot_env, worker_env
+from caramel.job.jobfile import parse_job
+from caramel.launch.entrypoint import HOROVOD_API_DIR
+from conftest import REPO, free_port, job_manifest, run_caramel, write_manifest
+from testbed.local_runs import digests
+
+HOROVOD_EXAMPLES = REPO / "examples" / "horovod"
+SHIM = Path(HOROVOD_API_DIR) / "horovod"
+
+
+def horovod_installed() -> bool:
+    """Whether the real Horovod is installed (looked up without Caramel's package on the path)."""
+    from importlib.machinery import PathFinder
+
+    return PathFinder.find_spec("horovod", [entry for entry in sys.path if Path(entry or ".").resolve() != Path(HOROVOD_API_DIR)]) is not None
+
+
+needs_horovod = pytest.mark.skipif(not horovod_installed(), reason="Horovod is not installed (make setup builds it)")
+
+
+def one_rank_env(backend: str = "tensorflow") -> dict[str, str]:
+    """The environment of the training process of a one-rank job, Caramel's `horovod` first on its path."""
+    job = parse_job({
+        "apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "unit"},
+        "spec": {"command": ["python"], "workers": {"replicas": 1}, "metrics": {"enabled": False},
+                 "rendezvous": {"port": free_port()}, "caramel": {"backend": backend}},
+    })  # fmt: skip
+    env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"])}
+    env.update(slot_env(env, 0))
+    env["PYTHONPATH"] = HOROVOD_API_DIR
+    return env
+
+
+def run_one_rank(code: str, backend: str = "tensorflow", timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=one_rank_env(backend), cwd=REPO, capture_output=True, text=True,
+        timeout=timeout, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def results_of(code: str, backend: str = "tensorflow") -> dict:
+    """The JSON object the code prints last, after it ran to success."""
+    result = run_one_rank(code, backend)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# -- the package and its path ---------------------------------------------------------------------
+
+
+@needs_horovod
+def test_the_package_is_caramels_and_its_path_goes_on_into_the_real_horovod():
+    found = results_of("""
+        import json
+        import horovod, horovod.tensorflow, horovod.tensorflow.keras, horovod.keras
+        from horovod.tensorflow import mpi_ops
+        import horovod.common.util
+        from caramel.tensorflow.backends import horovod_installed
+        import caramel.tensorflow.backends.horovod as backend   # Caramel's Horovod backend imports mpi_ops through the package
+        print(json.dumps({
+            "package": horovod.__file__, "version": horovod.__version__, "tensorflow": horovod.tensorflow.__file__,
+            "keras": horovod.tensorflow.keras.__file__, "standalone_keras": horovod.keras.DistributedOptimizer.__module__,
+            "mpi_ops": mpi_ops.__file__, "common": horovod.common.util.__file__, "installed": horovod_installed(),
+            "backend_ops": backend.mpi_ops is mpi_ops,
+        }))
+    """)
+    assert Path(found["package"]) == SHIM / "__init__.py"
+    assert found["version"] == "0.28.1"
+    assert Path(found["tensorflow"]) == SHIM / "tensorflow" / "__init__.py"
+    assert Path(found["keras"]) == SHIM / "tensorflow" / "keras" / "__init__.py"
+    assert found["standalone_keras"] == "horovod.tensorflow.keras"
+    real = Path(found["mpi_ops"]).parent.parent
+    assert real != SHIM and (real / "tensorflow" / "mpi_ops.py").is_file()
+    assert Path(found["common"]).parent.parent == real
+    assert found["installed"] and found["backend_ops"]
+
+
+def test_without_horovod_the_package_runs_on_tensorflows_collectives(tmp_path):
+    """A site directory holding everything but Horovod stands in for an installation without it."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    without = tmp_path / "site-packages"
+    without.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.lower().startswith("horovod"):
+            (without / entry.name).symlink_to(entry)
+    found = results_of(f"""
+        import sys
+        sys.path[:] = [entry for entry in sys.path if entry != {str(site)!r}] + [{str(without)!r}]
+        import json
+        import tensorflow as tf
+        import horovod, horovod.tensorflow as hvd
+        try:
+            from horovod.tensorflow import mpi_ops
+            missing = False
+        except ImportError:
+            missing = True
+        hvd.init()
+        from caramel.tensorflow.runtime import current
+        weights = tf.Variable([1.0, 2.0])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(weights * weights)
+        gradient = hvd.DistributedGradientTape(tape).gradient(loss, [weights])[0]
+        print(json.dumps({{"real": horovod._real_horovod_dir, "mpi_ops": missing, "backend": current().backend.name,
+                           "gloo_built": hvd.gloo_built(), "gradient": gradient.numpy().tolist()}}))
+    """, backend="auto")
+    assert found == {"real": None, "mpi_ops": True, "backend": "tensorflow", "gloo_built": False, "gradient": [2.0, 4.0]}
+
+
+def test_the_worker_entrypoint_puts_the_package_first_on_the_training_processes_path(tmp_path):
+    job = parse_job({
+        "apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "path"},
+        "spec": {"command": [sys.executable, "-c", "import horovod; print('horovod from', horovod.__file__)"],
+                 "workers": {"replicas": 1}, "rendezvous": {"port": free_port()}, "metrics": {"enabled": False},
+                 "env": [{"name": "PYTHONPATH", "value": str(tmp_path)}]},
+    })  # fmt: skip
+    from caramel.job.contract import worker_command
+
+    env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"])}
+    result = subprocess.run(worker_command(job, python=sys.executable), env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"rank 0 | horovod from {SHIM / '__init__.py'}" in result.stdout
+
+
+def test_the_wheel_ships_every_package_of_the_horovod_api():
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    shipped = {package for package in packages if package.startswith("caramel.compat.")}
+    on_disk = {
+        "caramel." + ".".join(path.parent.relative_to(SHIM.parent.parent).parts)
+        for path in SHIM.rglob("__init__.py")
+    }
+    assert shipped == on_disk
+    assert not (SHIM.parent / "__init__.py").exists()  # compat/ is no package: `horovod` is top-level on the path
+
+
+# -- what Caramel does not serve --------------------------------------------------------------------
+
+REFUSED = {
+    "hvd.alltoall(tf.constant([1.0]))": "hvd.alltoall",
+    "hvd.join()": "hvd.join",
+    "hvd.reducescatter(tf.constant([1.0]))": "hvd.reducescatter",
+    "hvd.ProcessSet([0])": "hvd.ProcessSet",
+    "hvd.add_process_set([0])": "hvd.add_process_set",
+    "hvd.start_timeline('t.json')": "hvd.start_timeline",
+    "hvd.broadcast_global_variables(0)": "hvd.broadcast_global_variables",
+    "hvd.SyncBatchNormalization()": "hvd.SyncBatchNormalization",
+    "hvd.PartialDistributedGradientTape(tf.GradientTape())": "hvd.PartialDistributedGradientTape",
+    "hvd.elastic.run(lambda state: None)": "hvd.elastic.run",
+    "hvd.allreduce(tf.constant([1.0]), op=hvd.Adasum)": "hvd.allreduce(op=Adasum)",
+    "hvd.allreduce(tf.constant([1.0]), process_set=FakeSet())": "hvd.allreduce(process_set=...)",
+    "hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum)": "DistributedGradientTape(op=Adasum)",
+    "hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), backward_passes_per_step=2)": "DistributedOptimizer(backward_passes_per_step=2) (local gradient accumulation)",
+    "hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), gradient_predivide_factor=2.0)": "DistributedOptimizer(gradient_predivide_factor=2.0)",
+    "hvd.DistributedOptimizer(object())": "hvd.DistributedOptimizer(object)",
+    "hvd.init(comm=[0, 1])": "hvd.init(comm=...)",
+    "hvd.broadcast_object(1, session=object())": "hvd.broadcast_object(session=...)",
+    "tf.function(lambda: hvd.broadcast_object(1))()": "hvd.broadcast_object inside a tf.function",
+    "horovod.run(print, np=2)": "horovod.run",
+    "hk.elastic.run(lambda state: None)": "hvd.elastic.run",
+    "hk.load_model('model.h5')": "hvd.load_model",
+    "hk.reducescatter(1.0)": "hvd.reducescatter",
+    "hk.callbacks.BestModelCheckpoint()": "hvd.callbacks.BestModelCheckpoint",
+    "hk.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[tf.Variable(1.0)])": "BroadcastGlobalVariablesCallback(local_variables=...)",
+}
+
+
+def test_what_caramel_does_not_serve_fails_when_called_naming_the_feature():
+    calls = "\n        ".join(f"attempt({call!r})" for call in REFUSED)
+    found = results_of(f"""
+        import json
+        import tensorflow as tf
+        import horovod, horovod.tensorflow as hvd, horovod.tensorflow.keras as hk
+
+        class FakeSet:
+            process_set_id = 3
+
+        looked_up = all(hasattr(hvd, name) for name in ("alltoall", "join", "ProcessSet", "SyncBatchNormalization", "elastic"))
+        hvd.init()
+        messages = {{}}
+
+        def attempt(call):
+            try:
+                eval(call)
+            except Exception as error:
+                messages[call] = f"{{type(error).__name__}}: {{error}}"
+            else:
+                messages[call] = "no error"
+
+        {calls}
+        print(json.dumps({{"looked_up": looked_up, "messages": messages}}))
+    """)
+    assert found["looked_up"]
+    for call, feature in REFUSED.items():
+        assert f"{feature} is not supported by Caramel: " in found["messages"][call], (call, found["messages"][call])
+
+
+# -- the collectives ---------------------------------------------------------------------------------
+
+
+def test_collectives_on_one_rank_eagerly_and_in_graphs():
+    found = results_of("""
+        import json
+        import numpy as np
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
+        import horovod.tensorflow.keras as hk
+        hvd.init()
+        x = tf.constant([[1.5, -2.0], [3.0, 4.0]])
+        sparse = tf.IndexedSlices(tf.constant([[1.0, 2.0]]), tf.constant([1]), tf.constant([3, 2]))
+        reduced_sparse = hvd.allreduce(sparse, op=hvd.Sum, postscale_factor=2.0)
+
+        @tf.function
+        def in_a_graph(t):
+            return hvd.allreduce(t), hvd.allgather(t[:1]), hvd.broadcast(t, 0), hvd.grouped_allreduce([t, tf.cast(t, tf.int32)], op=hvd.Sum)
+
+        graph_reduced, graph_gathered, graph_broadcast, grouped = in_a_graph(x)
+        print(json.dumps({
+            "shape": [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()],
+            "average": hvd.allreduce(x).numpy().tolist(),
+            "deprecated_sum": hvd.allreduce(x, average=False).numpy().tolist(),
+            "fp16": [hvd.allreduce(x, compression=hvd.Compression.fp16).dtype.name],
+            "scaled": hvd.allreduce(x, prescale_factor=2.0, postscale_factor=0.5, op=hvd.Max).numpy().tolist(),
+            "sparse": [type(reduced_sparse).__name__, reduced_sparse.values.numpy().tolist(), reduced_sparse.indices.numpy().tolist()],
+            "allgather": hvd.allgather(tf.constant([True, False])).numpy().tolist(),
+            "allgather_empty": hvd.allgather(tf.zeros([0, 3], tf.uint8)).shape.as_list(),
+            "broadcast": hvd.broadcast(tf.constant([7], tf.int64), root_rank=0).numpy().tolist(),
+            "broadcast_object": hvd.broadcast_object_fn(root_rank=0)({"a": [1, 2]}),
+            "callable_travels": hvd.broadcast_object(lambda: 42)(),
+            "allgather_object": hvd.allgather_object({"rank": hvd.rank()}),
+            "graph": [graph_reduced.numpy().tolist(), graph_gathered.numpy().tolist(), graph_broadcast.numpy().tolist(),
+                      grouped[1].dtype.name],
+            "keras": [type(hk.allreduce([1.0, 3.0])).__name__, hk.allgather([[1], [2]]).tolist(), hk.broadcast(5, 0).tolist()],
+            "ops": [int(hvd.rank_op()), int(hvd.size_op()), int(hvd.local_rank_op()), int(hvd.local_size_op())],
+            "built": [hvd.mpi_built(), hvd.nccl_built(), hvd.cuda_built(), hvd.sycl_built(), hvd.is_initialized()],
+        }))
+    """)
+    x = [[1.5, -2.0], [3.0, 4.0]]
+    assert found["shape"] == [0, 1, 0, 1, 0, 1]
+    assert found["average"] == x and found["deprecated_sum"] == x
+    assert found["fp16"] == ["float32"]  # travels as float16, comes back as it went
+    assert found["scaled"] == x
+    assert found["sparse"] == ["IndexedSlices", [[2.0, 4.0]], [1]]
+    assert found["allgather"] == [True, False]
+    assert found["allgather_empty"] == [0, 3]
+    assert found["broadcast"] == [7]
+    assert found["broadcast_object"] == {"a": [1, 2]} and found["callable_travels"] == 42
+    assert found["allgather_object"] == [{"rank": 0}]
+    assert found["graph"] == [x, [x[0]], x, "int32"]
+    assert found["keras"] == ["ndarray", [[1], [2]], 5]
+    assert found["ops"] == [0, 1, 0, 1]
+    assert found["built"] == [False, False, False, False, True]
+
+
+def test_allgather_pads_gathers_and_cuts_different_first_dimensions():
+    """Against a fake of three ranks (this process rank 1) whose all_gather is what three real ranks
+    running the same code would gather: the first dimensions, then each rank's tensor padded to the
+    longest."""
+    found = results_of("""
+        import json
+        import cloudpickle
+        import numpy as np
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
+        from horovod.tensorflow import _caramel_collectives
+        hvd.init()
+
+        class ThreeRanks:
+            rank, size = 1, 3
+
+            def __init__(self, tensors):
+                self.tensors = [tf.convert_to_tensor(t) for t in tensors]
+                self.names = []
+
+            def all_gather(self, tensor, name):
+                self.names.append(name)
+                if name.endswith("_sizes"):
+                    return tf.constant([[t.shape[0]] for t in self.tensors], tf.int64)
+                longest = tf.shape(tensor)[0]
+                padded = [tensor if rank == self.rank else tf.pad(tf.cast(t, tensor.dtype), [[0, longest - t.shape[0]]] + [[0, 0]] * (t.shape.rank - 1))
+                          for rank, t in enumerate(self.tensors)]
+                return tf.stack(padded)
+
+        def gather(tensors, graph=False):
+            fake = ThreeRanks(tensors)
+            _caramel_collectives.backend = lambda: fake
+            gathered = (tf.function(hvd.allgather) if graph else hvd.allgather)(fake.tensors[1])
+            return gathered.numpy().tolist(), gathered.dtype.name, fake.names
+
+        rows = [np.full([2, 2], 1.0), np.full([0, 2], 2.0), np.full([3, 2], 3.0)]
+        flags = [np.array([True]), np.array([False, True, True]), np.array([], bool)]
+        objects = [("zero", 0), {"one": list(range(40))}, None]
+
+        def gather_objects():
+            fake = ThreeRanks([np.frombuffer(cloudpickle.dumps(obj), np.uint8) for obj in objects])
+            _caramel_collectives.backend = lambda: fake
+            return hvd.allgather_object(objects[1])
+
+        print(json.dumps({
+            "rows": gather(rows), "rows_in_graph": gather(rows, graph=True)[:2], "flags": gather(flags), "objects": gather_objects(),
+        }))
+    """)
+    rows, dtype, names = found["rows"]
+    assert rows == [[1.0, 1.0]] * 2 + [[3.0, 3.0]] * 3 and dtype == "float64"
+    assert names == ["hvd_allgather_sizes", "hvd_allgather"]
+    assert found["rows_in_graph"] == [rows, "float64"]
+    assert found["flags"][:2] == [[True, False, True, True], "bool"]
+    assert found["objects"] == [["zero", 0], {"one": list(range(40))}, None]
+
+
+# -- Keras ------------------------------------------------------------------------------------------
+
+
+def test_keras2_idioms_are_accepted_once_a_script_uses_the_package():
+    found = results_of("""
+        import json
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
+
+        def compile_with(keyword):
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            try:
+                model.compile(optimizer="sgd", loss="mse", **{keyword: False})
+                return "ok"
+            except TypeError as error:
+                return f"TypeError: {error}"
+
+        optimizer = tf.keras.optimizers.Adam(0.1)
+        before = [compile_with("experimental_run_tf_function"), callable(optimizer.variables)]
+        hvd.init()
+        model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+        model.build((None, 3))
+        optimizer.build(model.trainable_variables)
+        distributed = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+        distributed.build(model.trainable_variables)
+        scaled = tf.keras.optimizers.LossScaleOptimizer(tf.keras.optimizers.SGD(0.1))
+        scaled.build(model.trainable_variables)
+        print(json.dumps({
+            "before": before,
+            "after": [compile_with("experimental_run_tf_function"), compile_with("no_such_keyword")],
+            "variables": [len(optimizer.variables()), optimizer.variables() == optimizer.variables, isinstance(optimizer.variables, list),
+                          len(distributed.variables()), len(scaled.variables()) == len(scaled.variables)],
+        }))
+    """)
+    assert found["before"][0].startswith("TypeError") and found["before"][1] is False  # nothing changes before hvd.init()
+    assert found["after"][0] == "ok"
+    assert found["after"][1].startswith("TypeError") and "no_such_keyword" in found["after"][1]
+    assert found["variables"] == [6, True, True, 2, True]  # Adam: iterations, learning rate, 2 x (m, v); SGD: the first two
+
+
+def test_learning_rate_callbacks_follow_horovods_schedules():
+    """Horovod's schedules for a job of 4 ranks (the size the warm-up divides by, faked on one rank):
+    the warm-up from initial_lr / 4 to initial_lr over 2 epochs, batch by batch, the epoch counting
+    the batch about to run; a staircase schedule at each epoch's first batch; momentum correction
+    as Horovod's scaling of the momentum coefficient, here of SGD's momentum slots."""
+    found = results_of("""
+        import json
+        import numpy as np
+        import tensorflow as tf
+        import horovod.tensorflow as hvd_tf
+        import horovod.tensorflow.keras as hvd
+        hvd.init()
+        hvd_tf.size = lambda: 4
+
+        class Recorder(tf.keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.rates, self.velocity = [], []
+
+            def on_train_batch_begin(self, batch, logs=None):
+                self.rates.append(round(float(self.model.optimizer.learning_rate), 6))
+                momentums = getattr(self.model.optimizer, "momentums", [])
+                self.velocity.append(float(np.abs(momentums[0].numpy()).sum()) if momentums else 0.0)
+
+        def fit(schedule, momentum=0.0, nesterov=False):
+            tf.keras.utils.set_random_seed(1)
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+            model.compile(optimizer=tf.keras.optimizers.SGD(0.4, momentum=momentum, nesterov=nesterov), loss="mse")
+            recorder = Recorder()
+            data = tf.data.Dataset.from_tensors((tf.ones([4, 2]), tf.ones([4, 1]))).repeat()
+            try:
+                history = model.fit(data, epochs=3, steps_per_epoch=3, callbacks=[schedule, recorder], verbose=0)
+            except Exception as error:
+                return f"{type(error).__name__}: {error}"
+            return recorder.rates, recorder.velocity, history.history["lr"]
+
+        warmup = fit(hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2), momentum=0.0)
+        staircase = fit(hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.4, multiplier=0.5, start_epoch=1))
+        corrected = fit(hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2), momentum=0.9)
+        uncorrected = fit(hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2, momentum_correction=False), momentum=0.9)
+        nesterov = fit(hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2), momentum=0.9, nesterov=True)
+        print(json.dumps({"warmup": warmup, "staircase": staircase, "corrected": corrected, "uncorrected": uncorrected, "nesterov": nesterov}))
+    """)
+    expected = [round(0.4 / 4 * ((epoch + (batch + 1) / 3) * 3 / 2 + 1), 6) for epoch in range(2) for batch in range(3)]
+    rates, _, epoch_logs = found["warmup"]
+    assert rates == pytest.approx(expected + [0.4] * 3)
+    assert epoch_logs == pytest.approx([expected[2], expected[5], 0.4])
+    rates, _, epoch_logs = found["staircase"]
+    assert rates == pytest.approx([0.4] * 3 + [0.2] * 3 + [0.1] * 3)  # 0.4 * 0.5 ** epoch from epoch 1
+    # The velocity each batch starts with: scaled by new_lr / old_lr with the correction, not without.
+    corrected, uncorrected = found["corrected"][1], found["uncorrected"][1]
+    assert corrected[0] == uncorrected[0] == 0.0
+    assert found["corrected"][0] == found["uncorrected"][0] == pytest.approx(expected + [0.4] * 3)
+    assert corrected[1] != pytest.approx(uncorrected[1])
+    assert found["nesterov"].startswith("NotSupportedByCaramel: LearningRateWarmupCallback(momentum_correction=True) with SGD(nesterov=True)")
+
+
+# -- the weights check at exit ------------------------------------------------------------------------
+
+TRAIN_A_STEP = """
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    hvd.init()
+    weights = tf.Variable([1.0, 2.0])
+    optimizer = tf.keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(weights * weights)
+        tape = hvd.DistributedGradientTape(tape)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [weights]), [weights]))
+
+    step()
+"""
+
+
+def test_a_script_written_for_horovod_ends_with_the_weights_check():
+    result = run_one_rank(TRAIN_A_STEP)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(re.findall(r"^caramel: weights digest [0-9a-f]{64}$", result.stderr, re.MULTILINE)) == 1, result.stderr[-3000:]
+
+
+def test_ranks_that_end_with_different_weights_fail_the_run():
+    """The check's gather faked to bring another rank's different digest."""
+    result = run_one_rank(TRAIN_A_STEP + """
+    from caramel.tensorflow.runtime import current
+    current().backend.all_gather = lambda tensor, name: tf.stack([tensor, tensor + 1])
+    """)
+    assert result.returncode == 1
+    assert "caramel: ranks finished with different weights: digest prefixes" in result.stderr
+
+
+def test_a_failing_script_is_not_held_up_by_the_weights_check():
+    """The other ranks may never come to the check: after an uncaught exception there is none."""
+    result = run_one_rank(TRAIN_A_STEP + """
+    from caramel.tensorflow.runtime import current
+    current().backend.all_gather = lambda tensor, name: (_ for _ in ()).throw(AssertionError("the check ran"))
+    raise ValueError("the script's own failure")
+    """)
+    assert result.returncode == 1
+    assert "ValueError: the script's own failure" in result.stderr
+    assert "the check ran" not in result.stderr and "weights digest" not in result.stderr
+
+
+# -- end to end: two workers under `caramel run` ---------------------------------------------------------
+
+
+def run_horovod_job(tmp_path, script: Path | None, args: list[str], command: list[str] | None = None, **spec) -> str:
+    """Run a two-worker job in tmp_path (its working directory); its standard error, after success."""
+    manifest = job_manifest(
+        name="horovod-job", script=str(script) if script else None, command=command, args=args, workingDir=str(tmp_path),
+        runPolicy={"backoffLimit": 0}, **spec,
+    )  # fmt: skip
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode == 0, result.stderr[-6000:]
+    return result.stderr
+
+
+def assert_ranks_agree(output: str) -> None:
+    by_rank = digests(output)
+    assert sorted(by_rank) == [0, 1], output[-4000:]
+    assert by_rank[0] == by_rank[1]
+
+
+EXAMPLES = {
+    "mnist": (["--steps", "12", "--batch-size", "16"], ["rank 0 | Step #0 "]),
+    "keras_mnist": (
+        ["--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "16"],
+        ["rank 0 | Epoch 3: the learning rate warm-up ended at 0.002.", "steps 12/12"],
+    ),
+    "synthetic_benchmark": (
+        ["--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+         "--num-iters", "2"],
+        ["rank 0 | Total img/sec on 2 GPU(s): "],
+    ),
+    "keras_synthetic_benchmark": (
+        ["--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4", "--num-batches-per-iter", "2", "--num-iters", "2"],
+        ["rank 0 | Total img/sec on 2 GPU(s): ", "steps 4/4"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.e2e
+@needs_horovod
+@pytest.mark.parametrize("example", list(EXAMPLES))
+def test_a_script_in_the_shape_of_horovods_example_runs_unchanged(tmp_path, example):
+    args, expected_lines = EXAMPLES[example]
+    output = run_horovod_job(tmp_path, HOROVOD_EXAMPLES / f"{example}.py", args)
+    assert "caramel: 2 ranks on the horovod backend (spec.caramel.backend: auto)" in output
+    for line in expected_lines:
+        assert line in output, output[-4000:]
+    assert_ranks_agree(output)
+    if example == "mnist":
+        assert (tmp_path / "checkpoints-1.index").is_file()
+    if example == "keras_mnist":
+        assert sorted(path.name for path in tmp_path.glob("checkpoint-*.h5")) == ["checkpoint-1.h5", "checkpoint-2.h5", "checkpoint-3.h5"]
+
+
+COLLECTIVES = """
+import json
+import tensorflow as tf
+import horovod.tensorflow as hvd
+hvd.init()
+r = hvd.rank()
+sparse = hvd.allreduce(tf.IndexedSlices(tf.constant([[1.0 + r]]), tf.constant([r]), tf.constant([2, 1])))
+print(json.dumps({
+    "allgather": hvd.allgather(tf.fill([r + 1, 2], r)).numpy().tolist(),
+    "allgather_uint8": hvd.allgather(tf.zeros([0 if r == 0 else 2], tf.uint8) + r).numpy().tolist(),
+    "allgather_in_graph": tf.function(hvd.allgather)(tf.fill([r + 2], float(r))).numpy().tolist(),
+    "broadcast_object": hvd.broadcast_object({"from": r, "text": "x" * (r + 3)} if r == 1 else None, root_rank=1),
+    "allgather_object": hvd.allgather_object(("rank", r, list(range(r)))),
+    "sum": hvd.allreduce(tf.constant([1.0, float(r)]), op=hvd.Sum).numpy().tolist(),
+    "average": hvd.allreduce(tf.constant([2.0 * r])).numpy().tolist(),
+    "max": hvd.allreduce(tf.constant([r]), op=hvd.Max).numpy().tolist(),
+    "broadcast": hvd.broadcast(tf.constant([r, 10 + r]), root_rank=1).numpy().tolist(),
+    "sparse": [sparse.values.numpy().tolist(), sparse.indices.numpy().tolist()],
+}), flush=True)
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("backend", ["horovod", "tensorflow"])
+def test_collectives_across_two_ranks(tmp_path, backend):
+    if backend == "horovod" and not horovod_installed():
+        pytest.skip("Horovod is not installed (make setup builds it)")
+    output = run_horovod_job(tmp_path, None, [], command=[sys.executable, "-c", COLLECTIVES], caramel={"backend": backend})
+    by_rank = {int(rank): json.loads(line) for rank, line in re.findall(r"^rank (\d) \| (\{.*\})$", output, re.MULTILINE)}
+    expected = {
+        "allgather": [[0, 0], [1, 1], [1, 1]], "allgather_uint8": [1, 1], "allgather_in_graph": [0.0, 0.0, 1.0, 1.0, 1.0],
+        "broadcast_object": {"from": 1, "text": "xxxx"}, "allgather_object": [["rank", 0, []], ["rank", 1, [0]]],
+        "sum": [2.0, 1.0], "average": [1.0], "max": [1], "broadcast": [1, 11], "sparse": [[[0.5], [1.0]], [0, 1]],
+    }  # fmt: skip
+    assert by_rank == {0: expected, 1: expected}, output[-4000:]
+
+
+# -- end to end: Horovod-shaped training is synchronous SGD -------------------------------------------------
+
+RANKS, BATCH, HIDDEN, LEARNING_RATE, MOMENTUM = 2, 16, 32, 0.05, 0.9
+
+
+def synchronous_sgd(api: str, epochs: int, steps_per_epoch: int, warmup_epochs: int) -> list[np.ndarray]:
+    """What Horovod's semantics give, in this process: SGD with momentum on the average of the ranks'
+    gradients (the gradient of the global batch's mean loss), written out here rather than through
+    Keras' optimizer. Each rank starts from weights of its own (seed SEED + rank). The tape
+    script takes rank 0's variables after its first step, whose gradients each rank computed at
+    its own weights; the Keras script takes them before training, and warms the learning rate up
+    batch by batch with Horovod's momentum correction (the coefficient times new / old rate for
+    that batch)."""
+    from examples.train_small import LOSS, SEED, batch, build_model
+
+    models = []
+    for rank in range(RANKS):
+        tf.keras.utils.set_random_seed(SEED + rank)
+        models.append(build_model(HIDDEN))
+    weights = [variable.numpy() for variable in models[0].trainable_variables]
+    velocity = [np.zeros_like(weight) for weight in weights]
+    rate = LEARNING_RATE
+    for epoch in range(epochs):
+        for index in range(steps_per_epoch):
+            step = epoch * steps_per_epoch + index + 1
+            momentum = MOMENTUM
+            if epoch < warmup_epochs:
+                new = LEARNING_RATE / RANKS * ((epoch + (index + 1) / steps_per_epoch) * (RANKS - 1) / warmup_epochs + 1)
+                momentum, rate = MOMENTUM * new / rate, new
+            gradients = []
+            for rank, model in enumerate(models):
+                if not (api == "tape" and step == 1):  # after the tape's first step, every rank holds rank 0's weights
+                    for variable, weight in zip(model.trainable_variables, weights):
+                        variable.assign(weight)
+                features, labels = batch(tf.constant(step, tf.int64), rank, BATCH)
+                with tf.GradientTape() as tape:
+                    loss = LOSS(labels, model(features, training=True))
+                gradients.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+            for i, per_rank in enumerate(zip(*gradients)):
+                velocity[i] = momentum * velocity[i] - rate * np.mean(per_rank, axis=0)
+                weights[i] = weights[i] + velocity[i]
+    return weights
+
+
+SGD_RUNS = {
+    "tape": {"epochs": 1, "steps_per_epoch": 12, "warmup_epochs": 0},
+    "keras": {"epochs": 3, "steps_per_epoch": 4, "warmup_epochs": 2},
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("backend", ["horovod", "tensorflow"])
+@pytest.mark.parametrize("api", list(SGD_RUNS))
+def test_horovod_shaped_training_is_synchronous_sgd(tmp_path, api, backend):
+    if backend == "horovod" and not horovod_installed():
+        pytest.skip("Horovod is not installed (make setup builds it)")
+    run = SGD_RUNS[api]
+    saved = tmp_path / "weights.npz"
+    command = [
+        sys.executable, "-m", "testbed.horovod_sgd_worker", "--api", api, "--epochs", str(run["epochs"]),
+        "--steps-per-epoch", str(run["steps_per_epoch"]), "--warmup-epochs", str(run["warmup_epochs"]), "--batch-size", str(BATCH),
+        "--hidden", str(HIDDEN), "--learning-rate", str(LEARNING_RATE), "--output", str(saved),
+    ]  # fmt: skip
+    manifest = job_manifest(name="horovod-sgd", script=None, command=command, args=[], caramel={"backend": backend}, runPolicy={"backoffLimit": 0})
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert f"caramel: 2 ranks on the {backend} backend" in result.stderr
+    assert_ranks_agree(result.stderr)
+    loaded = np.load(saved)
+    actual = [loaded[f"arr_{i}"] for i in range(len(loaded.files))]
+    expected = synchronous_sgd(api, **run)
+    assert len(actual) == len(expected) == 6
+    for index, (weight, wanted) in enumerate(zip(actual, expected)):
+        np.testing.assert_allclose(weight, wanted, rtol=1e-5, atol=1e-6, err_msg=f"trainable variable {index}")
