@@ -42,7 +42,6 @@ from horovod._caramel_support import NotSupportedByCaramel, refuse, unsupported 
 from horovod.tensorflow import _caramel_final_check  # noqa: E402
 from horovod.tensorflow import elastic  # noqa: E402
 from horovod.tensorflow._caramel_collectives import (  # noqa: E402
-    not_converted,
     Adasum,
     Product,
     backend,
@@ -51,6 +50,7 @@ from horovod.tensorflow._caramel_collectives import (  # noqa: E402
     collective_name,
     gather_ragged,
     global_process_set,
+    not_converted,
     reduce_op,
 )
 from horovod.tensorflow.compression import Compression  # noqa: E402

@@ -18,13 +18,13 @@ import caramel.tensorflow as ctf
 from horovod._caramel_support import refuse
 from horovod.tensorflow import _caramel_final_check as final_check
 from horovod.tensorflow._caramel_collectives import (
-    not_converted,
     backend,
     check_process_set,
     check_root,
     collective_name,
     gather_ragged,
     global_process_set,
+    not_converted,
 )
 
 try:
