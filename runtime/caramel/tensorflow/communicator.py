@@ -42,7 +42,7 @@ from caramel.planner.linkmodel import LinkModel
 from caramel.planner.rounds import MIN_BLOCK_STEPS
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
 from caramel.tensorflow.backends import Backend, ReduceOp
-from caramel.tensorflow.collectives import Chain, Reduce, run_split_transfers, run_transfers
+from caramel.tensorflow.collectives import Chain, run_split_transfers, run_transfers
 from caramel.tensorflow.graph_choice import CARAMEL, GraphChoice
 from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
@@ -106,7 +106,7 @@ class GradientCommunicator:
             return self.backend.own_way(gradients, op)  # a step of a graph Caramel does not run (see the module's docstring)
         if self._trees is not None and op is not ReduceOp.AVERAGE:
             raise ValueError("MULTITREE's trees average the gradients; summing them (op Sum) needs spec.caramel.allreduce: ring")
-        reduce: Reduce = self._trees or (lambda pieces, name: self.backend.all_reduce(pieces, op, name))
+        reduce = self._trees or (lambda pieces, name: self.backend.all_reduce(pieces, op, name))
         plan = self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
         count, transfers = len(gradients), plan.transfers
 
