@@ -1,0 +1,96 @@
+"""The collective backends' seam (`caramel.tensorflow.backends`): which backend a job gets, and
+what every backend derives from its all-reduce. Collectives between real ranks are checked
+end to end (tests/test_correctness.py, tests/test_horovod_api.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from caramel.job.api import Backend as BackendChoice
+from caramel.job.api import CaramelJob
+from caramel.job.contract import WorkerContract, slot_env, worker_env
+from caramel.tensorflow import backends
+from caramel.tensorflow.backends import ReduceOp, chosen
+from caramel.tensorflow.backends.tensorflow import COPY_KEY_STRIDE, MAX_COPIES, TensorFlowBackend
+
+
+def contract(backend: str) -> WorkerContract:
+    job = CaramelJob.model_validate(
+        {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "seam"},
+         "spec": {"script": "train.py", "workers": {"replicas": 2}, "caramel": {"backend": backend}}}
+    )  # fmt: skip
+    env = worker_env(job, 0, ["a", "b"])
+    return WorkerContract.from_env({**env, **slot_env(env, 0)})
+
+
+@pytest.mark.parametrize(
+    ("wanted", "horovod_api", "installed", "expected"),
+    [
+        ("auto", False, True, BackendChoice.TENSORFLOW),  # a script on Caramel's API
+        ("auto", True, True, BackendChoice.HOROVOD),  # a script written for Horovod's
+        ("auto", True, False, BackendChoice.TENSORFLOW),  # ... where Horovod is not installed
+        ("tensorflow", True, True, BackendChoice.TENSORFLOW),
+        ("horovod", False, True, BackendChoice.HOROVOD),
+    ],
+)
+def test_auto_takes_what_the_script_uses(monkeypatch, wanted, horovod_api, installed, expected):
+    monkeypatch.setattr(backends, "horovod_installed", lambda: installed)
+    assert chosen(contract(wanted), horovod_api) is expected
+
+
+def test_horovod_asked_for_where_it_is_not_installed_fails_naming_the_field(monkeypatch):
+    monkeypatch.setattr(backends, "horovod_installed", lambda: False)
+    with pytest.raises(RuntimeError, match="spec.caramel.backend is horovod, but Horovod is not installed here"):
+        chosen(contract("horovod"), horovod_api=True)
+
+
+def test_every_backend_choice_but_auto_names_a_module():
+    assert set(backends.BACKENDS) == set(BackendChoice) - {BackendChoice.AUTO}
+
+
+class Summing(TensorFlowBackend):
+    """A backend of rank 1 of 3 whose all-reduce adds what the other two ranks hold: zeros, as
+    ranks that are not the root hold in a broadcast, or their own rows of a gather."""
+
+    def __init__(self) -> None:
+        super().__init__(rank=1, size=3, local_rank=1, local_size=1, timeout_seconds=1.0)
+        self.others: list[tf.Tensor] = []
+
+    def all_reduce(self, tensors, op, name):
+        assert op is ReduceOp.SUM
+        return [tensor + other for tensor, other in zip(tensors, self.others)]
+
+
+def test_a_broadcast_is_a_sum_only_the_root_adds_to_in_a_dtype_that_sums_exactly():
+    backend = Summing()
+    backend.others = [tf.constant([7, 255], tf.int32), tf.constant([1.5])]  # the root's values
+    values = backend.broadcast([tf.constant([3, 4], tf.uint8), tf.constant([9.0])], root_rank=0)
+    assert values[0].dtype == tf.uint8 and values[0].numpy().tolist() == [7, 255]
+    assert values[1].numpy().tolist() == [1.5]
+
+
+def test_a_gather_places_each_ranks_tensor_in_its_row():
+    backend = Summing()
+    backend.others = [tf.constant([[1.0, 2.0], [0.0, 0.0], [5.0, 6.0]])]  # ranks 0 and 2's rows
+    gathered = backend.all_gather(tf.constant([3.0, 4.0]))
+    np.testing.assert_array_equal(gathered.numpy(), [[1, 2], [3, 4], [5, 6]])
+
+
+def test_tensorflow_collectives_never_reuse_an_instance_key(monkeypatch):
+    backend = TensorFlowBackend(rank=0, size=2, local_rank=0, local_size=1, timeout_seconds=1.0)
+    keys = []
+
+    def record(**kwargs):
+        keys.append(int(kwargs["instance_key"]))
+        return kwargs["input"]
+
+    monkeypatch.setattr(tf.raw_ops, "CollectiveReduceV2", record)
+    backend.all_reduce([tf.ones([2]), tf.ones([3], tf.float16)], ReduceOp.AVERAGE, "first")  # one per dtype
+    backend.all_reduce([tf.ones([2])], ReduceOp.SUM, "second")
+    assert keys == [1, 2, 3]
+    # Copy i of a step in Caramel's graph of several steps offsets its keys by i strides.
+    assert int(backend.copy_variable(3).numpy()) == 3 * COPY_KEY_STRIDE
+    with pytest.raises(ValueError, match=f"at most {MAX_COPIES} copies of a step"):
+        backend.copy_variable(MAX_COPIES)
