@@ -1,0 +1,52 @@
+"""Plain Horovod in a benchmark's training process, past Caramel's own `horovod` package.
+
+Caramel's worker entrypoint puts the directory of Caramel's `horovod` package (Horovod's API as
+Caramel serves it, `caramel.compat`) first on every training process's PYTHONPATH, so that
+`import horovod.tensorflow` in a user's script gets Caramel's implementation. A baseline that
+measures *Horovod itself* must not get it: `horovod_tensorflow()` takes that directory off
+`sys.path`, forgets any `horovod` module already imported from it, and imports the real
+`horovod.tensorflow`, refusing to go on if it still got Caramel's.
+
+Horovod 0.28.1's TF2 API and Keras 3: `hvd.DistributedGradientTape` keys its gradients by
+`source.ref()`, which Keras 3 variables lack (horovod#4290); the benchmarks give the tape the
+underlying `tf.Variable`s as sources (`variables_of`), a benchmark-only adaptation that leaves
+what Horovod sends and when unchanged. Horovod's Keras layer (`horovod.tensorflow.keras`:
+`DistributedOptimizer`, its callbacks) needs Keras 2 and is not used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+import tensorflow as tf
+
+from caramel.launch.entrypoint import HOROVOD_API_DIR
+
+
+def _inside_shim(path: str | None) -> bool:
+    shim = os.path.realpath(HOROVOD_API_DIR)
+    return path is not None and os.path.realpath(path).startswith(shim + os.sep)
+
+
+def horovod_tensorflow() -> ModuleType:
+    """The real Horovod's `horovod.tensorflow`, whatever the process's path says."""
+    shim = os.path.realpath(HOROVOD_API_DIR)
+    sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != shim]
+    if _inside_shim(getattr(sys.modules.get("horovod"), "__file__", None)):
+        for name in [name for name in sys.modules if name == "horovod" or name.startswith("horovod.")]:
+            del sys.modules[name]
+    importlib.invalidate_caches()
+    module = importlib.import_module("horovod.tensorflow")
+    if _inside_shim(module.__file__):
+        raise RuntimeError(f"got Caramel's horovod package ({module.__file__}), not Horovod's, after taking {shim} off sys.path")
+    return module
+
+
+def variables_of(variables: Sequence[tf.Variable]) -> list[tf.Variable]:
+    """The `tf.Variable`s under Keras 3 variables, for Horovod's tape and broadcast, which call
+    `.ref()` on what they are given (horovod#4290)."""
+    return [variable if isinstance(variable, tf.Variable) else variable.value for variable in variables]
