@@ -3,19 +3,27 @@ trained through one of the public APIs; the communication is real.
 
 The model (emulated_model.py) has the profiled model's parameter tensors, grouped into layers
 that take the profile's forward and backward times; its gradients are real tensors of the true
-sizes, averaged over the shaped links with real Horovod/Gloo collectives.
+sizes, averaged over the shaped links by the strategy's real collectives.
 
-    --strategy horovod       Horovod, as its documentation has it
-    --strategy caramel       the same script with Caramel's drop-ins
+    --strategy horovod       plain Horovod (Gloo), as its TF2 examples have it: its tape only
+                             (benchmarks/plain_horovod.py: Caramel's horovod package bypassed)
+    --strategy mwms          TensorFlow's MultiWorkerMirroredStrategy over gRPC (benchmarks/mwms.py)
+    --strategy caramel       the same script with Caramel's drop-ins, on the backend the job's
+                             spec.caramel.backend names (auto: tensorflow, as this script does not
+                             import Horovod's API)
     --strategy compute-only  the same training with a plain optimizer or tape: no communication
-    --strategy comm-only     every gradient-sized tensor allreduced at once, Horovod's defaults
+    --strategy comm-only     every gradient-sized tensor allreduced at once, plain Horovod's defaults
+    --strategy comm-only-tf  every gradient-sized tensor averaged at once by MultiWorkerMirroredStrategy
 
-    --api fit       model.fit: hvd.DistributedOptimizer and BroadcastGlobalVariablesCallback, or
-                    ctf.DistributedOptimizer and TrainingCallback; every strategy compiles with
-                    the same --steps-per-execution (Keras runs them in a tf.while_loop, Caramel
-                    as copies of one step in one graph)
+    --api fit       model.fit: ctf.DistributedOptimizer and TrainingCallback (caramel), or the
+                    model and optimizer made in the strategy's scope (mwms, with the workarounds
+                    Keras 3 needs there, see mwms.py), or a plain optimizer (compute-only); every
+                    strategy compiles with the same --steps-per-execution (Keras runs them in a
+                    tf.while_loop, Caramel as copies of one step in one graph). Horovod's own fit
+                    (hvd.DistributedOptimizer and its callbacks) needs Keras 2 and is gone.
     --api tape      a tf.function step called once per step with hvd.DistributedGradientTape or
-                    ctf.DistributedGradientTape (Horovod's TF2 examples, import swapped)
+                    ctf.DistributedGradientTape (Horovod's TF2 examples, import swapped), or, for
+                    mwms, strategy.run of a plain tape step (TensorFlow's custom-loop tutorial)
     --api function  the tape step through ctf.function, --steps-per-execution steps per graph
                     (caramel only)
 
@@ -27,17 +35,25 @@ Caramel worker in a network namespace.
 from __future__ import annotations
 
 import argparse
+import contextlib
+from types import ModuleType
 
-import horovod.tensorflow as hvd
-import horovod.tensorflow.keras as hvd_keras
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from benchmarks import emulated_model
+from benchmarks import emulated_model, mwms
 from benchmarks.loops import for_a_long_training, train_in_executions, train_per_step, training_step
+from benchmarks.plain_horovod import horovod_tensorflow, variables_of
 from benchmarks.profiles import load_profile, scaled
-from benchmarks.workloads import APIS, WORKER_STRATEGIES, warmup_steps
-from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, caramel_details, print_summary
+from benchmarks.workloads import APIS, WORKER_APIS, WORKER_STRATEGIES, default_api, warmup_steps
+from benchmarks.worker_events import (
+    StepLog,
+    StepLogCallback,
+    allreduce_all_at_once,
+    allreduce_all_at_once_tf,
+    caramel_details,
+    print_summary,
+)
 from caramel.tensorflow.keras import TrainingCallback
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION
 
@@ -50,7 +66,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="a profile of benchmarks/profiles")
     parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
-    parser.add_argument("--api", choices=APIS, default="fit", help="the public API that trains (default fit)")
+    parser.add_argument("--api", choices=APIS, help="the public API that trains (default: tape for horovod, fit for the others)")
     parser.add_argument("--steps", type=int, default=32, help="measured steps (default 32)")
     parser.add_argument("--warmup", type=int, help="steps run before measuring (default: the benchmark's for --steps-per-execution)")
     parser.add_argument(
@@ -63,8 +79,9 @@ def parse_args() -> argparse.Namespace:
         help="the run is a whole job of its steps (start-up and decisions included), not the steady state of a long training",
     )  # fmt: skip
     args = parser.parse_args()
-    if args.api == "function" and args.strategy != "caramel":
-        parser.error(f"--api function: Caramel's own API, not {args.strategy}'s")
+    args.api = args.api or default_api("emulated", args.strategy)
+    if args.api not in WORKER_APIS[args.strategy]:
+        parser.error(f"--api {args.api}: {args.strategy} trains with {' or '.join(WORKER_APIS[args.strategy])}")
     if args.warmup is None:
         args.warmup = warmup_steps(args.steps_per_execution)
     return args
@@ -73,52 +90,87 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd, strategy = None, None
     if args.strategy == "caramel":
-        ctf.init()  # joins Horovod's ranks and makes the communicator from the worker contract
+        ctf.init()  # joins the job's ranks on its backend and makes the communicator from the worker contract
         if not args.whole_job:
             for_a_long_training()
-    else:
+    elif args.strategy in ("horovod", "comm-only"):
+        hvd = horovod_tensorflow()
         hvd.init()
+    elif args.strategy in ("mwms", "comm-only-tf"):
+        strategy = mwms.strategy()
     profile = load_profile(args.profile)
     if args.device_tflops:
         profile = scaled(profile, args.device_tflops)
-    model = emulated_model.build_model(profile)
+    def scope() -> contextlib.AbstractContextManager:
+        """The strategy's scope, where mwms makes its model and optimizer."""
+        return strategy.scope() if args.strategy == "mwms" else contextlib.nullcontext()
+
+    with scope():
+        model = emulated_model.build_model(profile)
     times = StepLog(args.warmup)
     total = args.warmup + args.steps
     details: dict = {}
     if args.strategy == "comm-only":
-        allreduce_all_at_once([variable.read_value() for variable in model.trainable_variables], total, times)
+        allreduce_all_at_once(hvd, [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
+    elif args.strategy == "comm-only-tf":
+        allreduce_all_at_once_tf(strategy, [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
     elif args.api == "fit":
-        fit(model, args.strategy, total, args.steps_per_execution, times)
+        with scope():
+            fit(model, args.strategy, total, args.steps_per_execution, times, strategy)
     else:
-        loop(model, args.strategy, args.api, total, args.steps_per_execution, times)
+        loop(model, args.strategy, args.api, total, args.steps_per_execution, times, hvd, strategy)
     if args.strategy == "caramel":
         details = caramel_details()
     print_summary(args.strategy, times, details)
 
 
-def fit(model: tf.keras.Model, strategy: str, steps: int, steps_per_execution: int, times: StepLog) -> None:
+def fit(
+    model: tf.keras.Model, strategy: str, steps: int, steps_per_execution: int, times: StepLog, mwms_strategy: tf.distribute.Strategy | None
+) -> None:
     sgd = tf.keras.optimizers.SGD(LEARNING_RATE)
-    optimizer = {"horovod": hvd_keras.DistributedOptimizer, "caramel": ctf.DistributedOptimizer}.get(strategy, lambda o: o)(sgd)
+    optimizer = ctf.DistributedOptimizer(sgd) if strategy == "caramel" else sgd
     model.compile(optimizer=optimizer, loss=emulated_model.loss, steps_per_execution=steps_per_execution)
     callbacks: list[tf.keras.callbacks.Callback] = [StepLogCallback(times, steps_per_execution)]
+    data = emulated_model.dataset()
     if strategy == "caramel":
-        callbacks.append(TrainingCallback(model, steps_per_epoch=steps, epochs=1, batch_size=1))
-    elif strategy == "horovod":
-        callbacks.append(hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0))
-    model.fit(emulated_model.dataset(), epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        callbacks.append(TrainingCallback(model))
+    elif strategy == "mwms":
+        mwms.keras_fit_workarounds(mwms_strategy)
+        data = mwms.per_replica_dataset(mwms_strategy, emulated_model.dataset)
+    model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
 
 
-def loop(model: tf.keras.Model, strategy: str, api: str, steps: int, steps_per_execution: int, times: StepLog) -> None:
-    tape = {"horovod": hvd.DistributedGradientTape, "caramel": ctf.DistributedGradientTape}.get(strategy, lambda plain: plain)
+def loop(
+    model: tf.keras.Model,
+    strategy: str,
+    api: str,
+    steps: int,
+    steps_per_execution: int,
+    times: StepLog,
+    hvd: ModuleType | None,
+    mwms_strategy: tf.distribute.Strategy | None,
+) -> None:
+    inputs, labels = next(iter(emulated_model.dataset()))
+    if strategy == "mwms":
+        with mwms_strategy.scope():
+            optimizer = tf.keras.optimizers.SGD(LEARNING_RATE)
+            optimizer.build(model.trainable_variables)
+        train_per_step(mwms.loop_step(mwms_strategy, model, optimizer, emulated_model.loss), lambda step: (inputs, labels), steps, times)
+        return
     optimizer = tf.keras.optimizers.SGD(LEARNING_RATE)
     optimizer.build(model.trainable_variables)
-    broadcast = {"horovod": hvd.broadcast_variables, "caramel": ctf.broadcast_variables}.get(strategy)
-    if broadcast:
-        broadcast([*model.variables, *optimizer.variables], root_rank=0)
-    train_step = training_step(model, optimizer, emulated_model.loss, tape)
+    variables = [*model.variables, *optimizer.variables]
+    if strategy == "horovod":
+        hvd.broadcast_variables(variables_of(variables), root_rank=0)
+        train_step = training_step(model, optimizer, emulated_model.loss, hvd.DistributedGradientTape, sources=variables_of)
+    elif strategy == "caramel":
+        ctf.broadcast_variables(variables, root_rank=0)
+        train_step = training_step(model, optimizer, emulated_model.loss, ctf.DistributedGradientTape)
+    else:
+        train_step = training_step(model, optimizer, emulated_model.loss, lambda plain: plain)
     if api == "tape":
-        inputs, labels = next(iter(emulated_model.dataset()))
         train_per_step(train_step, lambda step: (inputs, labels), steps, times)
     else:
         train_in_executions(train_step, emulated_model.dataset(), steps, steps_per_execution, times)

@@ -1,9 +1,11 @@
 """The custom training loops the benchmark workers run, as a user of each API writes them.
 
     tape      a `tf.function` step, called once per step, averaging its gradients with a tape
-              drop-in: `hvd.DistributedGradientTape` (Horovod's TF2 examples), or
+              drop-in: plain Horovod's `hvd.DistributedGradientTape` (Horovod's TF2 examples; given
+              the Keras 3 variables' `tf.Variable`s as sources, `plain_horovod.variables_of`), or
               `ctf.DistributedGradientTape` in the same script (import swapped), or a plain tape
-              (compute-only);
+              (compute-only); MultiWorkerMirroredStrategy's custom loop (`mwms.loop_step`) runs
+              through `train_per_step` too;
     function  the same step through `ctf.function`, several steps per graph execution (Caramel's
               cross-iteration window), as `TrainingRun.fit` runs it.
 
@@ -21,21 +23,28 @@ import tensorflow as tf
 
 import caramel.tensorflow as ctf
 from benchmarks.worker_events import StepLog
+from caramel.tensorflow import runtime
 
 Tape = Callable[[tf.GradientTape], object]
 """Wraps a tf.GradientTape into one whose gradient() averages over the ranks (or not)."""
 
 
 def training_step(
-    model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer, loss: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], tape: Tape
+    model: tf.keras.Model,
+    optimizer: tf.keras.optimizers.Optimizer,
+    loss: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+    tape: Tape,
+    sources: Callable[[list], list] = list,
 ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """An ordinary training step, averaging its gradients with `tape`."""
+    """An ordinary training step, averaging its gradients with `tape`; `sources` maps the model's
+    trainable variables to what the tape differentiates against (Horovod's tape: their
+    `tf.Variable`s)."""
     variables = model.trainable_variables
 
     def train_step(inputs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as plain:
             value = loss(labels, model(inputs, training=True))
-        gradients = tape(plain).gradient(value, variables)
+        gradients = tape(plain).gradient(value, sources(variables))
         optimizer.apply_gradients(zip(gradients, variables))
         return value
 
@@ -56,7 +65,7 @@ def for_a_long_training() -> None:
     """The runtime's decisions as for a long training, whose steps left repay a graph of several
     steps: the measured steps of a benchmark run stand for such a training's steady state, not
     for a job as short as the run itself."""
-    ctf.communicator().replanner.worth_several_steps = lambda found, steps_left: True
+    runtime.current().communicator.replanner.worth_several_steps = lambda found, steps_left: True
 
 
 def train_in_executions(

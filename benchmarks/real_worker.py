@@ -3,17 +3,24 @@
 The model, optimizer, loss and synthetic batches are the example scripts' own
 (examples/train_resnet50.py, examples/train_small.py), at the sizes of workloads.REAL_MODELS,
 run on this machine's CPU with one intra-op thread per worker (the workers share the machine's
-cores with each other and with Gloo). Every strategy trains through a public API:
+cores with each other and with the collectives). Every strategy trains through a public API:
 
-    --strategy horovod       hvd.DistributedGradientTape in a tf.function called once per step,
-                             as Horovod documents it and the examples' --horovod-baseline does
-                             (HOROVOD_AUTOTUNE=1 in the environment makes it autotune)
+    --strategy horovod       plain Horovod's hvd.DistributedGradientTape in a tf.function called
+                             once per step, as Horovod documents it (Caramel's horovod package
+                             bypassed: plain_horovod.py; HOROVOD_AUTOTUNE=1 in the environment
+                             makes it autotune)
+    --strategy mwms          TensorFlow's MultiWorkerMirroredStrategy (mwms.py): its custom loop,
+                             strategy.run in a tf.function per step (--api tape), or Keras fit
+                             with the model and optimizer made in its scope (--api fit)
     --strategy caramel       ctf.DistributedGradientTape in the same step, run through
                              ctf.function with --steps-per-execution steps per graph, as
-                             TrainingRun.fit runs it
+                             TrainingRun.fit runs it (--api function), or called once per step
+                             (--api tape), or Keras fit with ctf.DistributedOptimizer and
+                             TrainingCallback (--api fit); on the backend spec.caramel.backend names
     --strategy compute-only  the Horovod strategy's loop with a plain tape: no communication
     --strategy comm-only     random tensors of the gradients' shapes allreduced at once with
-                             Horovod's defaults, as emulated_worker.py's comm-only
+                             plain Horovod's defaults, as emulated_worker.py's comm-only
+    --strategy comm-only-tf  the same tensors averaged at once by MultiWorkerMirroredStrategy
 
 Rank 0 prints a JSON line per measured step as it ends; every rank prints a JSON summary at the
 end, as emulated_worker.py does. Run it through the benchmark driver
@@ -24,22 +31,22 @@ a network namespace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
-# Before the examples are imported: their module-level tensors initialise TensorFlow's runtime.
-tf.config.threading.set_intra_op_parallelism_threads(1)
-
-import caramel.tensorflow as ctf  # noqa: E402
-from benchmarks.loops import for_a_long_training, train_in_executions, train_per_step, training_step  # noqa: E402
-from benchmarks.worker_events import StepLog, allreduce_all_at_once, caramel_details, print_summary  # noqa: E402
-from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, RealModel, default_api, warmup_steps  # noqa: E402
-from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION  # noqa: E402
-from examples import train_resnet50, train_small  # noqa: E402
+import caramel.tensorflow as ctf
+from benchmarks import mwms
+from benchmarks.loops import for_a_long_training, train_in_executions, train_per_step, training_step
+from benchmarks.plain_horovod import horovod_tensorflow, variables_of
+from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, allreduce_all_at_once_tf, caramel_details, print_summary, rank
+from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, RealModel, default_api, warmup_steps
+from caramel.tensorflow.keras import TrainingCallback
+from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION
 
 LEARNING_RATE = 0.01
 RESNET50_IMAGE_SIZE = 32  # the smallest ResNet-50 takes: a step well under a second here
@@ -58,7 +65,14 @@ class Example:
     """(step, rank) -> (inputs, labels)"""
 
 
+# The examples are imported where a model is built, once the worker has joined its ranks: their
+# module-level tensors initialise TensorFlow's runtime, after which MultiWorkerMirroredStrategy can
+# no longer set up its collectives.
+
+
 def resnet50(spec: RealModel) -> Example:
+    from examples import train_resnet50
+
     tf.keras.utils.set_random_seed(train_resnet50.SEED)
     size, classes = RESNET50_IMAGE_SIZE, RESNET50_CLASSES
     return Example(
@@ -70,6 +84,8 @@ def resnet50(spec: RealModel) -> Example:
 
 
 def small(spec: RealModel) -> Example:
+    from examples import train_small
+
     tf.keras.utils.set_random_seed(train_small.SEED)
     return Example(
         train_small.build_model(SMALL_HIDDEN),
@@ -82,21 +98,15 @@ def small(spec: RealModel) -> Example:
 BUILDERS: dict[str, Callable[[RealModel], Example]] = {"resnet50": resnet50, "small": small}
 assert BUILDERS.keys() == REAL_MODELS.keys(), "workloads.REAL_MODELS and BUILDERS name the same models"
 
-TAPES = {
-    "horovod": hvd.DistributedGradientTape,
-    "caramel": ctf.DistributedGradientTape,
-    "compute-only": lambda tape: tape,
-}
-
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, choices=sorted(REAL_MODELS))
     parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
     parser.add_argument(
-        "--api", choices=("tape", "function"),
-        help="tape: a tf.function called once per step; function: ctf.function, Caramel only (default: function for "
-        "caramel, tape for the others)",
+        "--api", choices=("fit", "tape", "function"),
+        help="tape: a tf.function called once per step; function: ctf.function, Caramel only; fit: Keras fit, mwms and "
+        "caramel only (default: function for caramel, tape for the others)",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
     parser.add_argument("--warmup", type=int, help="steps run before measuring (default: the benchmark's for --steps-per-execution)")
@@ -110,8 +120,9 @@ def parse_args() -> argparse.Namespace:
     )  # fmt: skip
     args = parser.parse_args()
     args.api = args.api or default_api("real", args.strategy)
-    if args.api == "function" and args.strategy != "caramel":
-        parser.error(f"--api function: Caramel's own API, not {args.strategy}'s")
+    apis = [api for api in WORKER_APIS[args.strategy] if args.strategy != "compute-only" or api != "fit"]
+    if args.api not in apis:
+        parser.error(f"--api {args.api}: {args.strategy} trains with {' or '.join(apis)} here")
     if args.warmup is None:
         args.warmup = warmup_steps(args.steps_per_execution)
     return args
@@ -119,14 +130,21 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd, strategy = None, None
     if args.strategy == "caramel":
-        ctf.init()  # joins Horovod's ranks and makes the communicator from the worker contract
+        ctf.init()  # joins the job's ranks on its backend and makes the communicator from the worker contract
         if not args.whole_job:
             for_a_long_training()
-    else:
+    elif args.strategy in ("horovod", "comm-only"):
+        hvd = horovod_tensorflow()
         hvd.init()
+    elif args.strategy in ("mwms", "comm-only-tf"):
+        strategy = mwms.strategy()
     spec = REAL_MODELS[args.model]
-    example = BUILDERS[args.model](spec)
+    scope = strategy.scope() if args.strategy == "mwms" else contextlib.nullcontext()
+    with scope:
+        example = BUILDERS[args.model](spec)
     variables = example.model.trainable_variables
     parameters = sum(variable.shape.num_elements() for variable in variables)
     if parameters != spec.parameters:
@@ -134,19 +152,65 @@ def main() -> None:
     times = StepLog(args.warmup)
     total = args.warmup + args.steps
     details = {"model": args.model, "parameters": parameters, "batch_size": spec.batch_size}
-    if args.strategy == "comm-only":
-        gradients = [tf.random.stateless_uniform(v.shape, seed=[hvd.rank(), i]) for i, v in enumerate(variables)]
-        allreduce_all_at_once(gradients, total, times)
+    me = rank()
+    if args.strategy in ("comm-only", "comm-only-tf"):
+        gradients = [tf.random.stateless_uniform(v.shape, seed=[me, i]) for i, v in enumerate(variables)]
+        if hvd is not None:
+            allreduce_all_at_once(hvd, gradients, total, times)
+        else:
+            allreduce_all_at_once_tf(strategy, gradients, total, times)
+    elif args.api == "fit":
+        fit(example, args.strategy, total, args.steps_per_execution, times, me, strategy)
+    elif args.strategy == "mwms":
+        with strategy.scope():
+            example.optimizer.build(variables)
+        step = mwms.loop_step(strategy, example.model, example.optimizer, example.loss)
+        train_per_step(step, lambda step: example.batch(step, me), total, times)
     else:
-        train_step = training_step(example.model, example.optimizer, example.loss, TAPES[args.strategy])
+        train_step = training_step(example.model, example.optimizer, example.loss, *distributed_tape(args.strategy, example, hvd))
         if args.api == "function":
-            data = tf.data.Dataset.range(total).map(lambda step: example.batch(step, hvd.rank()))
+            data = tf.data.Dataset.range(total).map(lambda step: example.batch(step, me))
             train_in_executions(train_step, data, total, args.steps_per_execution, times)
         else:
-            train_per_step(train_step, lambda step: example.batch(step, hvd.rank()), total, times)
+            train_per_step(train_step, lambda step: example.batch(step, me), total, times)
     if args.strategy == "caramel":
         details.update(caramel_details())
     print_summary(args.strategy, times, details)
+
+
+def distributed_tape(strategy: str, example: Example, hvd: ModuleType | None) -> tuple[Callable, Callable]:
+    """The strategy's tape drop-in and the sources it differentiates against, the model and
+    optimizer broadcast from rank 0 first, as each library's examples do."""
+    example.optimizer.build(example.model.trainable_variables)
+    variables = [*example.model.variables, *example.optimizer.variables]
+    if strategy == "horovod":
+        hvd.broadcast_variables(variables_of(variables), root_rank=0)
+        return hvd.DistributedGradientTape, variables_of
+    if strategy == "caramel":
+        ctf.broadcast_variables(variables, root_rank=0)
+        return ctf.DistributedGradientTape, list
+    return (lambda tape: tape), list
+
+
+def fit(
+    example: Example, strategy: str, steps: int, steps_per_execution: int, times: StepLog, me: int, mwms_strategy: tf.distribute.Strategy | None
+) -> None:
+    """Keras fit of the example's model, loss and optimizer: under MultiWorkerMirroredStrategy (in
+    its scope, each replica given its own batches), or with Caramel's optimizer and callback."""
+
+    def data() -> tf.data.Dataset:
+        return tf.data.Dataset.range(steps).map(lambda step: example.batch(step, me))
+
+    callbacks: list[tf.keras.callbacks.Callback] = [StepLogCallback(times, steps_per_execution)]
+    if strategy == "mwms":
+        with mwms_strategy.scope():
+            example.model.compile(optimizer=example.optimizer, loss=example.loss, steps_per_execution=steps_per_execution)
+        mwms.keras_fit_workarounds(mwms_strategy)
+        example.model.fit(mwms.per_replica_dataset(mwms_strategy, data), epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        return
+    example.model.compile(optimizer=ctf.DistributedOptimizer(example.optimizer), loss=example.loss, steps_per_execution=steps_per_execution)
+    callbacks.append(TrainingCallback(example.model))
+    example.model.fit(data(), epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
 
 
 if __name__ == "__main__":

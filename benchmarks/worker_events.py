@@ -3,7 +3,8 @@ parts both workers share.
 
 Rank 0 prints `{"event": "step", "step", "seconds"}` as each measured step ends (the driver
 watches them live, for rate drops); every rank ends with one `{"event": "summary", "rank",
-"strategy", "peak_rss_bytes", ...}` line.
+"strategy", "peak_rss_bytes", ...}` line. A worker's rank is the worker contract's (HOROVOD_RANK),
+whichever library trains: plain Horovod, MultiWorkerMirroredStrategy or Caramel on either backend.
 """
 
 from __future__ import annotations
@@ -14,11 +15,17 @@ import resource
 import statistics
 import time
 from collections.abc import Sequence
+from types import ModuleType
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
-import caramel.tensorflow as ctf
+from caramel.job.contract import WorkerContract
+from caramel.tensorflow import runtime
+
+
+def rank() -> int:
+    """This training process's rank in the job (the worker contract's)."""
+    return WorkerContract.from_env().required_rank
 
 
 def cpu_seconds() -> float:
@@ -52,6 +59,7 @@ class StepLog:
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.count = 0
+        self.rank = rank()
         self._cpu_at_warmup_end = cpu_seconds() if warmup == 0 else None
         self._cpu_at_last_step: float | None = None
         self._collector = CollectorClock()
@@ -61,7 +69,7 @@ class StepLog:
     def append(self, seconds: float, steps: int = 1) -> None:
         for _ in range(steps):
             self.count += 1
-            if hvd.rank() == 0 and self.count > self.warmup:
+            if self.rank == 0 and self.count > self.warmup:
                 print(json.dumps({"event": "step", "step": self.count - self.warmup, "seconds": seconds / steps}), flush=True)
         if self._cpu_at_warmup_end is None and self.count >= self.warmup:
             self._cpu_at_warmup_end, self._collector_at_warmup_end = cpu_seconds(), self._collector.seconds
@@ -115,7 +123,7 @@ def tensor_peak_bytes() -> int | None:
 def print_summary(strategy: str, times: StepLog, details: dict) -> None:
     summary = {
         "event": "summary",
-        "rank": hvd.rank(),
+        "rank": rank(),
         "strategy": strategy,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "tensor_peak_bytes": tensor_peak_bytes(),
@@ -128,8 +136,9 @@ def print_summary(strategy: str, times: StepLog, details: dict) -> None:
 
 def caramel_details() -> dict:
     """What Caramel's replanner reports about its plan and link at the end of a run (no plan
-    where the steps ran Horovod's own way alone: a tf.function per step)."""
-    communicator = ctf.communicator()
+    where the steps ran the backend's own way alone: a tf.function per step)."""
+    caramel = runtime.current()
+    communicator = caramel.communicator
     replanner = communicator.replanner
     plan = replanner.plan
     recent = replanner.recent_steps
@@ -141,6 +150,7 @@ def caramel_details() -> dict:
         "predicted_step_seconds": plan.predicted_step_seconds,
     } if plan else {}  # fmt: skip
     return {
+        "backend": caramel.backend.name,
         "allreduce": communicator.algorithm,
         "exposed_seconds_per_step": statistics.fmean(step.exposed_seconds for step in recent) if recent else None,
         "communication_seconds_per_step": statistics.fmean(step.communication_seconds for step in recent) if recent else None,
@@ -150,18 +160,20 @@ def caramel_details() -> dict:
         "plan_changes": replanner.plan_changes,
         "planned": communicator.runs_plan,
         "graph": communicator.graphs.running,
-        # What the last round between Caramel's graph and Horovod's own measured, per step.
+        # What the last round between Caramel's graph and the backend's own graph of one step measured, per
+        # step (graph_choice.py's CARAMEL and OWN_GRAPH).
         "graph_step_seconds": communicator.graphs.means,
         "arm_decisions": int(communicator.selector.decisions.numpy()),
         # What the last round of the selector measured, per step: each arm's mean.
-        "horovod_way_step_seconds": float(communicator.selector.means.numpy()[0]) or None,
+        "own_way_step_seconds": float(communicator.selector.means.numpy()[0]) or None,
         "planned_step_seconds": float(communicator.selector.means.numpy()[1]) or None,
     }
 
 
-def allreduce_all_at_once(tensors: Sequence[tf.Tensor], steps: int, times: StepLog) -> None:
-    """comm-only: every tensor handed to Horovod at once, last first (as backpropagation
-    produces them), `steps` times; Horovod fuses and reduces them with its defaults."""
+def allreduce_all_at_once(hvd: ModuleType, tensors: Sequence[tf.Tensor], steps: int, times: StepLog) -> None:
+    """comm-only: every tensor handed to plain Horovod (`hvd`, initialised) at once, last first (as
+    backpropagation produces them), `steps` times; Horovod fuses and reduces them with its
+    defaults. This M calibrated the zoo's operating points (zoo_points.json)."""
 
     @tf.function
     def reduce_all(gradients: list[tf.Tensor]) -> list[tf.Tensor]:
@@ -172,4 +184,21 @@ def allreduce_all_at_once(tensors: Sequence[tf.Tensor], steps: int, times: StepL
     for _ in range(steps):
         started = time.perf_counter()
         reduce_all(gradients)
+        times.append(time.perf_counter() - started)
+
+
+def allreduce_all_at_once_tf(strategy: tf.distribute.Strategy, tensors: Sequence[tf.Tensor], steps: int, times: StepLog) -> None:
+    """comm-only-tf: every tensor averaged at once by MultiWorkerMirroredStrategy over TensorFlow's
+    collectives (reversed and packed into one all-reduce per dtype, as it averages a step's
+    gradients), `steps` times: TensorFlow's M."""
+    from benchmarks.mwms import all_reduce
+
+    @tf.function
+    def reduce_all(gradients: list[tf.Tensor]) -> object:
+        return all_reduce(strategy, gradients)
+
+    gradients = list(tensors)  # arguments, not captures: nothing to fold
+    for _ in range(steps):
+        started = time.perf_counter()
+        reduce_all(gradients)  # a function call returns once its outputs exist
         times.append(time.perf_counter() - started)

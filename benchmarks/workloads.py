@@ -53,15 +53,30 @@ REAL_MODELS = {
     )
 }
 # What a worker can run (its --strategy, and --api: which public API trains); the driver's
-# strategies map onto them.
-WORKER_STRATEGIES = ("horovod", "caramel", "compute-only", "comm-only")
+# strategies map onto them. horovod is plain Horovod (its tape: its Keras layer needs Keras 2),
+# mwms TensorFlow's MultiWorkerMirroredStrategy (benchmarks/mwms.py), caramel Caramel on the
+# backend its job's spec.caramel names; comm-only averages every gradient at once with plain
+# Horovod, comm-only-tf with MultiWorkerMirroredStrategy.
+WORKER_STRATEGIES = ("horovod", "mwms", "caramel", "compute-only", "comm-only", "comm-only-tf")
 APIS = ("fit", "tape", "function")
+WORKER_APIS = {
+    "horovod": ("tape",),
+    "mwms": ("fit", "tape"),
+    "caramel": ("fit", "tape", "function"),
+    "compute-only": ("fit", "tape"),
+    "comm-only": APIS,
+    "comm-only-tf": APIS,
+}
+"""The APIs each worker strategy trains with (comm-only and comm-only-tf train nothing)."""
 
 
 def default_api(compute: str, strategy: str) -> str:
-    """The API a strategy trains with where the benchmark names none: Keras fit for emulated
-    compute; for real compute (whose worker has no fit), Horovod's tape in a tf.function per step,
-    and Caramel's ctf.function."""
+    """The API a strategy trains with where the benchmark names none: Horovod's tape in a
+    tf.function per step (Horovod's Keras fit needs Keras 2); otherwise Keras fit for emulated
+    compute, and for real compute (whose models train by their examples' custom loops) a
+    tf.function per step, or Caramel's ctf.function."""
+    if strategy == "horovod":
+        return "tape"
     if compute == "emulated":
         return "fit"
     return "function" if strategy == "caramel" else "tape"

@@ -20,7 +20,7 @@ def cpu_clock(monkeypatch):
     """The process's CPU seconds as the test sets them; rank 1, so that no step is printed."""
     clock = {"seconds": 0.0}
     monkeypatch.setattr(worker_events, "cpu_seconds", lambda: clock["seconds"])
-    monkeypatch.setattr(worker_events.hvd, "rank", lambda: 1)
+    monkeypatch.setattr(worker_events, "rank", lambda: 1)
     return clock
 
 
