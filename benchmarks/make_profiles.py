@@ -50,7 +50,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # as every Caramel worker runs
 
 from benchmarks.profiles import NAMES, PROFILE_DIRECTORY
 
@@ -77,14 +76,27 @@ class Tensor:
     flops: float  # forward FLOPs per example attributed to this tensor
 
 
+def keras2_role(kind: str, role: str) -> str:
+    """A weight's role as Keras 2 named it, where Keras 3 names it otherwise: a depthwise
+    convolution's kernel, and ConvNeXt's layer scale (unnamed in Keras 3: "variable", "variable_1")."""
+    if kind == "DepthwiseConv2D" and role == "kernel":
+        return "depthwise_kernel"
+    if kind == "LayerScale" and role.startswith("variable"):
+        return "gamma"
+    return role
+
+
 def keras_tensors(model) -> list[Tensor]:
     """The trainable tensors of a Keras convnet, with the FLOPs of the layer output they produce."""
     tensors = []
     for layer in _layers(model):
         for weight in layer.trainable_weights:
-            role = weight.name.split("/")[-1].split(":")[0]
+            # Keras 3 names a weight by its role ("kernel"); the profiles keep Keras 2's names,
+            # the layer's and the role ("conv1_conv/kernel").
+            role = keras2_role(type(layer).__name__, weight.name.split("/")[-1].split(":")[0])
+            name = f"{layer.name}/{role}"
             shape = [int(d) for d in weight.shape]
-            tensors.append(Tensor(weight.name.split(":")[0], shape, _keras_flops(layer, role, shape)))
+            tensors.append(Tensor(name, shape, _keras_flops(layer, role, shape)))
     return tensors
 
 
