@@ -1,4 +1,4 @@
-"""Caramel's gradient-communication scheduling against Horovod, on emulated accelerators or real TF compute over shaped links.
+"""Caramel's gradient-communication scheduling against Horovod and TensorFlow's MultiWorkerMirroredStrategy, on emulated accelerators or real TF compute over shaped links.
 
     sudo make bench                                    # everything, with the defaults below
     python benchmarks/scheduling_bench.py --profiles resnet50 --rates 2000,4000 --repeats 1
@@ -14,29 +14,40 @@ either (--compute, see benchmarks/workloads.py):
                its profiled time on an emulated accelerator of a given rate;
     real       benchmarks/real_worker.py: the example models (--profiles resnet50,small, from
                examples/train_resnet50.py at 32x32 images and examples/train_small.py) train with
-               real TensorFlow compute, in a tf.function step with Horovod's or Caramel's tape,
-               on this machine's CPU, which the workers share with Gloo.
+               real TensorFlow compute, in a tf.function step with a tape drop-in, or by Keras fit,
+               on this machine's CPU, which the workers share with the collectives.
 Either way the gradients, of their true sizes, travel over the shaped links with real
-Horovod/Gloo collectives.
+collectives: Horovod's over Gloo, or TensorFlow's over gRPC.
 
-For each profile (model) and each link rate of the sweep, the strategies run one after another, the
-repeats interleaved so that any drift of the machine hits all of them alike:
-    horovod    Horovod's defaults (fusion 128 MiB, cycle 1 ms)
-    autotune   Horovod with HOROVOD_AUTOTUNE=1, given --autotune-warmup unmeasured steps to tune
-               (Bayesian optimisation of fusion threshold and cycle time, see AUTOTUNE_ENV; its
-               log is kept and each run reports whether tuning finished before measuring)
-    caramel    Caramel's scheduling runtime
-    comm-only  all gradients allreduced at once, no compute: the communication time M
+For each profile (model) and each link rate of the sweep, the strategies (STRATEGIES; each runs
+in worker processes of its own, through a library's public API) run one after another, the
+repeats interleaved so that any drift of the machine hits all of them alike; by default:
+    horovod-tape   plain Horovod's defaults (fusion 128 MiB, cycle 1 ms), hvd.DistributedGradientTape
+                   in a tf.function called once per step, as its TF2 examples (plain_horovod.py)
+    autotune-tape  the same with HOROVOD_AUTOTUNE=1, given --autotune-warmup unmeasured steps to
+                   tune (Bayesian optimisation of fusion threshold and cycle time, see AUTOTUNE_ENV;
+                   its log is kept and each run reports whether tuning finished before measuring)
+    mwms-fit       TensorFlow's MultiWorkerMirroredStrategy, its own Keras fit with the same
+                   steps_per_execution (mwms.py says what Keras 3 needs for it to run)
+    caramel@hvd    Caramel's runtime on Horovod's collectives (spec.caramel.backend: horovod)
+    caramel@tf     Caramel's runtime on TensorFlow's collectives (spec.caramel.backend: tensorflow)
+and for the bounds, at every point, comm-only (every gradient allreduced at once by plain
+Horovod, no compute: M, by which the operating points are chosen) and, where a strategy runs on
+TensorFlow's collectives, comm-only-tf (the same by MultiWorkerMirroredStrategy: TensorFlow's M),
 and once per profile and device rate, compute-only: the compute time C (no communication).
+Horovod's own Keras fit (the `horovod` and `autotune` strategies before, hvd.DistributedOptimizer)
+needs Keras 2, which TensorFlow 2.21 does not have: those names are refused, saying so.
 A step time is the median over a run's measured steps; a cell is the median over --repeats
 runs, shown with the min-max spread of the runs.
 
-Lower bound on a step: max(C, M). TicTac's scheduling efficiency of Caramel's step T:
-E = (C + M - T) / (C + M - max(C, M)): 0 is no overlap at all, 1 is perfect overlap.
-With emulated compute, each point also gets the tighter bounds of the layers' release and read
-order (step_bounds.py): one for any schedule, one for a schedule whose step waits for its
-transfers (Horovod's), each strategy's step over its own, and how long Caramel's transfers held
-the link inside its steps against M.
+Lower bound on a step: max(C, M), M of the backend that moves the strategy's gradients. TicTac's
+scheduling efficiency of a Caramel strategy's step T: E = (C + M - T) / (C + M - max(C, M)): 0
+is no overlap at all, 1 is perfect overlap. Every strategy's step is set against each baseline
+that ran (BASELINES: horovod-tape, mwms-fit). With emulated compute, each point also gets, per
+backend's M, the tighter bounds of the layers' release and read order (step_bounds.py): one for
+any schedule, one for a schedule whose step waits for its transfers (the baselines'), each
+strategy's step over its own, and how long Caramel's transfers held the link inside its steps
+against M.
 
 The operating point, where scheduling matters most, is where compute and communication take
 about equally long. It is found in one of three ways:
@@ -51,10 +62,11 @@ about equally long. It is found in one of three ways:
    which this makes relatively smaller;
 3. otherwise, with real compute, there is no device to scale: the rate whose M is closest to C
    is the operating point all the same, and the output says that it does not balance them.
-The last lines, one per profile, give Caramel's speedups and distance from the bound there:
-    PROFILE speedup_vs_horovod=R1 speedup_vs_autotune=R2 of_bound=R3
+The last lines, one per profile and Caramel strategy, give its speedup over every other strategy
+and its distance from its bound there:
+    PROFILE CARAMEL_STRATEGY speedup_vs_horovod-tape=R1 speedup_vs_autotune-tape=R2 speedup_vs_mwms-fit=R3 of_bound=R4
 
---rate-drop FROM:TO:AT_STEP runs Caramel only: a fresh run at TO, then a run at FROM whose
+--rate-drop FROM:TO:AT_STEP runs Caramel only (the first Caramel strategy of --strategies): a fresh run at TO, then a run at FROM whose
 links drop to TO live once rank 0 reports step AT_STEP; it prints the step times around the
 drop and how many steps Caramel needed to come back within 10% of the fresh run at TO.
 
@@ -87,10 +99,13 @@ from benchmarks.profiles import TUNED
 from benchmarks.step_bounds import ordered_bounds
 from benchmarks.workloads import COMPUTE_MODES, Workload, default_api, device_label, make_workloads, warmup_steps
 
+HOROVOD, TENSORFLOW = "horovod", "tensorflow"
+
 
 JOB_NAME = "bench"
 OPERATING_POINT_TOLERANCE = 1.25
 CELL_WIDTH = 22  # "12.345 (12.000-13.000)"
+RATIO_WIDTH = 22  # "caramel-function@hvd/H"
 RECOVERY_TOLERANCE = 1.10  # rate drop: back within 10% of a fresh run
 RECOVERY_STEPS_IN_A_ROW = 3
 MiB = 1024 * 1024
@@ -107,33 +122,86 @@ class Strategy:
     """None: the compute mode's own (`workloads.default_api`)."""
     caramel: dict = field(default_factory=dict)
     description: str = ""
+    backend: str = HOROVOD
+    """Whose collectives move the gradients (HOROVOD or TENSORFLOW): the M of its bound."""
 
 
+HVD, TF = {"backend": HOROVOD}, {"backend": TENSORFLOW}
+"""spec.caramel for Caramel on each backend."""
 STRATEGIES = {
-    "horovod": Strategy("horovod", description="Horovod's defaults (fusion 128 MiB, cycle 1 ms)"),
-    "autotune": Strategy("horovod", description="Horovod with HOROVOD_AUTOTUNE=1 (see AUTOTUNE_ENV)"),
-    "caramel": Strategy("caramel", description="Caramel's defaults"),
-    "horovod-tape": Strategy("horovod", "tape", description="Horovod's defaults, its tape in a tf.function called once per step"),
-    "autotune-tape": Strategy("horovod", "tape", description="Horovod with HOROVOD_AUTOTUNE=1, its tape in a tf.function per step"),
-    "caramel-tape": Strategy("caramel", "tape", description="Caramel's tape in the same tf.function per step (import swapped)"),
-    "caramel-function": Strategy("caramel", "function", description="Caramel's tape in the same step, through ctf.function"),
-    # The anchors and ablations, each through spec.caramel:
+    # The baselines, each a library's own public API, each in its own worker process:
+    "horovod-tape": Strategy(
+        "horovod", "tape", description="plain Horovod's defaults (fusion 128 MiB, cycle 1 ms), its tape in a tf.function called once "
+        "per step (its TF2 examples)",
+    ),  # fmt: skip
+    "autotune-tape": Strategy("horovod", "tape", description="plain Horovod with HOROVOD_AUTOTUNE=1 (see AUTOTUNE_ENV), its tape in a tf.function per step"),
+    "mwms-fit": Strategy(
+        "mwms", "fit", description="TensorFlow's MultiWorkerMirroredStrategy, Keras fit with the same steps_per_execution "
+        "(with the workarounds Keras 3 needs there: mwms.py)", backend=TENSORFLOW,
+    ),  # fmt: skip
+    "mwms-loop": Strategy(
+        "mwms", "tape", description="TensorFlow's MultiWorkerMirroredStrategy, strategy.run in a tf.function called once per step "
+        "(its custom-loop tutorial; no workaround)", backend=TENSORFLOW,
+    ),  # fmt: skip
+    # Caramel's public paths on each backend (spec.caramel.backend):
+    "caramel@tf": Strategy("caramel", None, TF, "Caramel's default path (Keras fit emulated, TrainingRun.fit's ctf.function real) on TensorFlow's collectives", TENSORFLOW),
+    "caramel-tape@tf": Strategy("caramel", "tape", TF, "Caramel's tape in a tf.function per step (Horovod's loop, import swapped), on TensorFlow's collectives", TENSORFLOW),
+    "caramel-function@tf": Strategy("caramel", "function", TF, "Caramel's tape in the same step, through ctf.function, on TensorFlow's collectives", TENSORFLOW),
+    "caramel@hvd": Strategy("caramel", None, HVD, "Caramel's default path (Keras fit emulated, TrainingRun.fit's ctf.function real) on Horovod's collectives"),
+    "caramel-tape@hvd": Strategy("caramel", "tape", HVD, "Caramel's tape in a tf.function per step (Horovod's loop, import swapped), on Horovod's collectives"),
+    "caramel-function@hvd": Strategy("caramel", "function", HVD, "Caramel's tape in the same step, through ctf.function, on Horovod's collectives"),
+    # The names before the backends: Caramel's defaults, spec.caramel.backend auto, which takes
+    # TensorFlow's collectives for these workers (they do not import Horovod's API). Runs recorded
+    # before commit 1908d21 under these names ran on Horovod's.
+    "caramel": Strategy("caramel", None, {}, "Caramel's defaults (backend auto: tensorflow here)", TENSORFLOW),
+    "caramel-tape": Strategy("caramel", "tape", {}, "Caramel's tape in a tf.function per step (backend auto: tensorflow here)", TENSORFLOW),
+    "caramel-function": Strategy("caramel", "function", {}, "Caramel's tape through ctf.function (backend auto: tensorflow here)", TENSORFLOW),
+    # The anchors and ablations, each through spec.caramel, on Horovod's collectives, as they were
+    # measured before (DeAR's split collectives exist on Horovod's only):
     "bytescheduler": Strategy(
-        "caramel", None, {"batching": "fixed", "minBucketBytes": 4 * MiB, "maxBucketBytes": 4 * MiB},
+        "caramel", None, {**HVD, "batching": "fixed", "minBucketBytes": 4 * MiB, "maxBucketBytes": 4 * MiB},
         "ByteScheduler's recipe in Caramel's graph: priority (next-forward) order, tensors cut into 4 MiB "
         "partitions, no merging, two transfers (8 MiB) in flight",
     ),  # fmt: skip
     "dear": Strategy(
-        "caramel", None, {"collective": "split"},
+        "caramel", None, {**HVD, "collective": "split"},
         "DeAR's decoupling in Caramel's graph: each planned transfer reduce-scattered as soon as its gradients "
         "exist, all-gathered after the step's last reduce-scatter in the order the next forward pass needs them",
     ),  # fmt: skip
     "caramel-arrival": Strategy(
-        "caramel", None, {"ordering": "arrival"},
+        "caramel", None, {**HVD, "ordering": "arrival"},
         "Caramel's graph and planned batching with Horovod's order: what the order alone is worth",
     ),  # fmt: skip
 }
-SWEEP_STRATEGIES = ("horovod", "autotune", "caramel")
+REMOVED = {
+    "horovod": "Horovod's Keras fit (hvd.DistributedOptimizer and its callbacks) needs Keras 2, which TensorFlow 2.21 does not "
+    "have: use horovod-tape",
+    "autotune": "Horovod's Keras fit needs Keras 2: use autotune-tape",
+}
+"""Strategies that no longer run, and why."""
+SWEEP_STRATEGIES = ("horovod-tape", "autotune-tape", "mwms-fit", "caramel@hvd", "caramel@tf")
+BASELINES = ("horovod-tape", "mwms-fit")
+"""What every Caramel strategy is set against, where they ran: each library's own way."""
+COMM_ONLY = {HOROVOD: "comm-only", TENSORFLOW: "comm-only-tf"}
+"""Each backend's M: every gradient averaged at once with no compute (plain Horovod's allreduce,
+MultiWorkerMirroredStrategy's packed all-reduce)."""
+
+
+def caramel_strategies(strategies: tuple[str, ...] | list[str]) -> list[str]:
+    return [name for name in strategies if name in STRATEGIES and STRATEGIES[name].worker == "caramel"]
+
+
+def backend_of(strategy: str) -> str:
+    """The backend whose M bounds the strategy (Horovod's for names this version does not know)."""
+    return STRATEGIES[strategy].backend if strategy in STRATEGIES else HOROVOD
+
+
+def comm_strategies(strategies: tuple[str, ...] | list[str]) -> list[str]:
+    """The comm-only runs a point needs for these strategies: Horovod's always (the operating
+    points were chosen by it), TensorFlow's where a strategy runs on it."""
+    return [COMM_ONLY[HOROVOD], *([COMM_ONLY[TENSORFLOW]] if any(backend_of(name) == TENSORFLOW for name in strategies) else [])]
+
+
 # A run's step time is the median over its measured executions (each step of one execution
 # takes the execution's time over its steps): with at least three, one odd execution (the
 # re-trace of an adopted plan, a stall) does not decide it.
@@ -242,14 +310,33 @@ class Point:
     def median(self, strategy: str) -> float:
         return self.cells[strategy].median if strategy in self.cells else math.nan
 
-    @property
-    def bound(self) -> float:
-        return max(self.median("compute-only"), self.median("comm-only"))
+    def comm(self, backend: str = HOROVOD) -> float:
+        """The backend's M at this point."""
+        return self.median(COMM_ONLY[backend])
+
+    def backend_of(self, strategy: str) -> str:
+        """The backend that moved the strategy's gradients here: what its Caramel runs reported, or
+        the one it names; Horovod's for Caramel's runs under the names from before the backends
+        (spec.caramel.backend auto) that reported none, which ran before there was another."""
+        runs = self.cells.get(strategy, Cell()).runs
+        reported = {run.details.get("backend") for run in runs} - {None}
+        if len(reported) == 1:
+            return reported.pop()
+        auto = strategy in caramel_strategies([strategy]) and "backend" not in STRATEGIES[strategy].caramel
+        return HOROVOD if auto and runs and not reported else backend_of(strategy)
+
+    def bound_of(self, strategy: str) -> float:
+        """max(C, M), M of the backend that moves the strategy's gradients."""
+        return max(self.median("compute-only"), self.comm(self.backend_of(strategy)))
 
     @property
-    def efficiency(self) -> float:
-        """TicTac's scheduling efficiency of Caramel's step."""
-        compute, comm, step = self.median("compute-only"), self.median("comm-only"), self.median("caramel")
+    def bound(self) -> float:
+        """max(C, M) with Horovod's M, by which the operating points were chosen."""
+        return max(self.median("compute-only"), self.comm(HOROVOD))
+
+    def efficiency(self, strategy: str) -> float:
+        """TicTac's scheduling efficiency of the strategy's step, with its backend's M."""
+        compute, comm, step = self.median("compute-only"), self.comm(self.backend_of(strategy)), self.median(strategy)
         overlap_possible = compute + comm - max(compute, comm)
         return (compute + comm - step) / overlap_possible if overlap_possible > 0 else math.nan
 
@@ -410,7 +497,8 @@ def bench_workload(bench: Bench, workload: Workload, rates: list[float], checkpo
     for rate in rates:
         point = Point(rate, workload.device_tflops, {"compute-only": compute})
         points.append(point)
-        measure_point(bench, workload, rate, ("comm-only", *bench.args.strategy_names), point, lambda: checkpoint(points, None))
+        strategies = (*comm_strategies(bench.args.strategy_names), *bench.args.strategy_names)
+        measure_point(bench, workload, rate, strategies, point, lambda: checkpoint(points, None))
     comm_by_rate = {p.rate_mbit: p.median("comm-only") for p in points}
     chosen = choose_operating_point(compute.median, comm_by_rate, workload.scalable)
     if chosen is None:
@@ -435,7 +523,8 @@ def bench_workload(bench: Bench, workload: Workload, rates: list[float], checkpo
         f"(M {at_rate.median('comm-only'):.3f} s) with the device at {device.device}"
     )
     operating = Point(rate, device.device_tflops, {"compute-only": compute_cell(bench, device, rate)})
-    operating.cells["comm-only"] = at_rate.cells["comm-only"]  # M does not depend on the device
+    for comm in comm_strategies(bench.args.strategy_names):
+        operating.cells[comm] = at_rate.cells[comm]  # M does not depend on the device
     measure_point(bench, device, rate, bench.args.strategy_names, operating, lambda: checkpoint(points, operating))
     return points, operating
 
@@ -450,54 +539,81 @@ def mebibytes(nbytes: int | None) -> str:
 def print_table(
     workload: Workload, points: list[Point], operating: Point | None, strategies: tuple[str, ...], workers: int
 ) -> None:
-    """Per rate: each strategy's step (median and spread of the runs), C, M, the bound, TicTac's
-    efficiency E of Caramel's step, each strategy's step over Horovod's, and peak RSS and CPU
-    seconds per step over Horovod's; then each one's CPU floor (see `cpu_floor_seconds`)."""
+    """Per rate: each strategy's step (median and spread of the runs), C, each backend's M, the
+    bound with Horovod's M, and each strategy's step over each baseline's (BASELINES, where they
+    ran); then per strategy its CPU, peak RSS and CPU floor (see `cpu_floor_seconds`), and per
+    Caramel strategy TicTac's efficiency E and its step over its bound (with its backend's M)."""
     about = f" ({workload.description})" if workload.description else ""
     print(f"\n{workload.name}{about}: {workload.parameters / 1e6:.3g} M parameters, {workload.gradient_bytes / 1e6:.3g} MB "
           f"of gradients, batch {workload.batch_size}; step seconds, median (min-max) of the runs")  # fmt: skip
-    compared = [name for name in strategies if name != "horovod"]
-    ratios = " ".join(f"{name[:9] + '/H':>11}" for name in compared)
+    rows = points + ([operating] if operating and operating not in points else [])
+    comms = [name for name in COMM_ONLY.values() if name == "comm-only" or any(name in point.cells for point in rows)]
+    baselines = [name for name in BASELINES if name in strategies]
+    # Each strategy over each baseline, but a baseline over one set before it only (mwms-fit over
+    # horovod-tape, not the inverse too).
+    ratios = [(name, baseline) for i, baseline in enumerate(baselines) for name in strategies if name not in baselines[: i + 1]]
+    legend = ", ".join(f"/{baseline[0].upper()} over {baseline}" for baseline in baselines)
+    if legend:
+        print(f"ratios: {legend}")
     header = (
         f"{'Mbit/s':>7} {'TFLOP/s':>7} | "
-        + " | ".join(f"{name:^{CELL_WIDTH}}" for name in (*strategies, "compute", "comm"))
-        + f" | {'bound':>6} | {'E':>5} | {ratios} | {'C/bnd':>5} | {'RSS C/H':>7} {'CPU C/H':>7}"
+        + " | ".join(f"{name:^{CELL_WIDTH}}" for name in (*strategies, "compute", *comms))
+        + f" | {'bound':>6} | "
+        + " ".join(f"{name + '/' + baseline[0].upper():>{RATIO_WIDTH}}" for name, baseline in ratios)
     )
     print(header)
     print("-" * len(header))
-    rows = points + ([operating] if operating and operating not in points else [])
     for point in rows:
         marker = " <- operating point" if point is operating else ""
         cell = lambda name: point.cells.get(name, Cell())  # noqa: E731
-        rss = cell("caramel").peak_rss_bytes / (cell("horovod").peak_rss_bytes or math.nan)
-        cpu = cell("caramel").cpu_seconds_per_step / cell("horovod").cpu_seconds_per_step
         print(
             f"{point.rate_mbit:7g} {device_column(point.device_tflops)} | "
-            + " | ".join(cell(name).describe() for name in (*strategies, "compute-only", "comm-only"))
-            + f" | {point.bound:6.3f} | {point.efficiency:5.2f} | "
-            + " ".join(f"{point.ratio(name, 'horovod'):11.3f}" for name in compared)
-            + f" | {point.median('caramel') / point.bound:5.2f} | {rss:7.2f} {cpu:7.2f}{marker}"
+            + " | ".join(cell(name).describe() for name in (*strategies, "compute-only", *comms))
+            + f" | {point.bound:6.3f} | "
+            + " ".join(f"{point.ratio(name, baseline):{RATIO_WIDTH}.3f}" for name, baseline in ratios)
+            + marker
         )
     for point in rows:
-        caramel, horovod = point.cells.get("caramel", Cell()), point.cells.get("horovod", Cell())
-        print(f"  at {point.rate_mbit:g} Mbit/s: CPU seconds per step and rank: caramel {caramel.cpu_seconds_per_step:.3f}, "
-              f"horovod {horovod.cpu_seconds_per_step:.3f}; peak RSS MiB, largest (median) rank: caramel {caramel.peak_rss_bytes / 2**20:.0f} "
-              f"({caramel.median_rank_rss_bytes / 2**20:.0f}), horovod {horovod.peak_rss_bytes / 2**20:.0f} "
-              f"({horovod.median_rank_rss_bytes / 2**20:.0f}); peak MiB in tensors, largest rank: caramel "
-              f"{mebibytes(caramel.tensor_peak_bytes)}, horovod {mebibytes(horovod.tensor_peak_bytes)}; CPU floor: caramel "
-              f"{cpu_floor_seconds(caramel, workers):.3f} s, horovod {cpu_floor_seconds(horovod, workers):.3f} s")  # fmt: skip
-        ordered = ordered_bounds_line(workload, point)
-        if ordered:
-            print(ordered)
-        for run in point.cells.get("autotune", Cell()).runs:
-            tuned = run.details.get("autotune", {})
-            if tuned:
-                where = f"  autotune at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}: "
-                last, state = tuned["last"], "done, best" if tuned["done"] else "NOT done, last"
-                print(where + (
-                    f"{tuned['samples']} settings scored, {state}: cycle {last['cycle_time_ms']} ms, "
-                    f"fusion {last['tensor_fusion_threshold']} MB" if last else "no setting scored"
-                ))  # fmt: skip
+        print(resources_line(point, strategies, workers))
+        for name in caramel_strategies(strategies):
+            line = f"  at {point.rate_mbit:g} Mbit/s: {name} E {point.efficiency(name):.2f}, {point.median(name) / point.bound_of(name):.2f}x its bound max(C, M {point.backend_of(name)})"
+            for baseline in baselines:
+                rss = cell_of(point, name).peak_rss_bytes / (cell_of(point, baseline).peak_rss_bytes or math.nan)
+                cpu = cell_of(point, name).cpu_seconds_per_step / cell_of(point, baseline).cpu_seconds_per_step
+                line += f"; over {baseline}: step {point.ratio(name, baseline):.3f}x, peak RSS {rss:.2f}x, CPU {cpu:.2f}x"
+            print(line)
+        for line in ordered_bounds_lines(workload, point, strategies):
+            print(line)
+        for name in [name for name in strategies if name.startswith("autotune")]:
+            for run in cell_of(point, name).runs:
+                tuned = run.details.get("autotune", {})
+                if tuned:
+                    where = f"  {name} at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}: "
+                    last, state = tuned["last"], "done, best" if tuned["done"] else "NOT done, last"
+                    print(where + (
+                        f"{tuned['samples']} settings scored, {state}: cycle {last['cycle_time_ms']} ms, "
+                        f"fusion {last['tensor_fusion_threshold']} MB" if last else "no setting scored"
+                    ))  # fmt: skip
+
+
+def cell_of(point: Point, strategy: str) -> Cell:
+    return point.cells.get(strategy, Cell())
+
+
+def resources_line(point: Point, strategies: tuple[str, ...], workers: int) -> str:
+    """Each strategy's CPU seconds per step and rank, peak RSS of the largest (and the median) rank,
+    the largest rank's peak bytes in tensors, and its CPU floor."""
+    ran = [name for name in strategies if name in point.cells]
+
+    def each(describe: Callable[[Cell], str]) -> str:
+        return ", ".join(f"{name} {describe(cell_of(point, name))}" for name in ran)
+
+    return (
+        f"  at {point.rate_mbit:g} Mbit/s: CPU seconds per step and rank: {each(lambda cell: f'{cell.cpu_seconds_per_step:.3f}')}; "
+        f"peak RSS MiB, largest (median) rank: {each(lambda cell: f'{cell.peak_rss_bytes / 2**20:.0f} ({cell.median_rank_rss_bytes / 2**20:.0f})')}; "
+        f"peak MiB in tensors, largest rank: {each(lambda cell: mebibytes(cell.tensor_peak_bytes))}; "
+        f"CPU floor: {each(lambda cell: f'{cpu_floor_seconds(cell, workers):.3f} s')}"
+    )
 
 
 def print_tables(workloads: list[Workload], results: dict[str, tuple[list[Point], Point | None]], args: argparse.Namespace) -> None:
@@ -507,31 +623,42 @@ def print_tables(workloads: list[Workload], results: dict[str, tuple[list[Point]
             print_table(workload, *results[workload.name], args.strategy_names, args.workers)
 
 
-def ordered_bounds_line(workload: Workload, point: Point) -> str | None:
-    """What the layers' release and read order allow at this point (see step_bounds.py), each
-    strategy's step over the bound that applies to it, and how long Caramel's transfers held the
-    link inside its steps against comm-only's M; None without a profile (real compute)."""
-    compute, comm = point.median("compute-only"), point.median("comm-only")
-    if workload.profile is None or math.isnan(compute) or math.isnan(comm):
-        return None
-    bounds = ordered_bounds(workload.profile, compute, comm)
-    # Caramel's steps need not wait for their transfers; Horovod's, autotuned or not, do.
-    own_bound = {"caramel": (bounds.any_schedule, "the first"), "horovod": (bounds.step_barrier, "the second"),
-                 "autotune": (bounds.step_barrier, "the second")}  # fmt: skip
-    ratios = [f"{name} {point.median(name) / bound:.2f}x {which}" for name, (bound, which) in own_bound.items() if name in point.cells]
-    line = (
-        f"  at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}: the release and read order allow steps of "
-        f"{bounds.any_schedule:.3f} s to any schedule and {bounds.step_barrier:.3f} s to one whose step waits for its transfers "
-        f"(Horovod's)" + (f"; {', '.join(ratios)}" if ratios else "")
-    )
-    caramel = point.cells.get("caramel", Cell())
-    busy, exposed = caramel.detail_spread("communication_seconds_per_step"), caramel.detail_spread("exposed_seconds_per_step")
-    if busy and exposed:
-        line += (
-            f"; caramel's transfers held the link {busy[0]:.3f}-{busy[1]:.3f} s a step (M {comm:.3f} s), "
-            f"its steps waited {exposed[0]:.3f}-{exposed[1]:.3f} s for them"
+def ordered_bounds_lines(workload: Workload, point: Point, strategies: tuple[str, ...]) -> list[str]:
+    """Per backend whose M was measured here, what the layers' release and read order allow (see
+    step_bounds.py) with that M, each strategy on that backend over the bound that applies to it,
+    and how long each Caramel strategy's transfers held the link inside its steps against M; none
+    without a profile (real compute)."""
+    compute = point.median("compute-only")
+    if workload.profile is None or math.isnan(compute):
+        return []
+    lines = []
+    for backend, comm_name in COMM_ONLY.items():
+        comm = point.median(comm_name)
+        if math.isnan(comm):
+            continue
+        bounds = ordered_bounds(workload.profile, compute, comm)
+        # Caramel's steps need not wait for their transfers; the baselines' (Horovod's tape,
+        # autotuned or not, MultiWorkerMirroredStrategy's) do.
+        mine = [name for name in strategies if name in point.cells and point.backend_of(name) == backend]
+        ratios = [
+            f"{name} {point.median(name) / bound:.2f}x {which}"
+            for name in mine
+            for bound, which in [(bounds.any_schedule, "the first") if name in caramel_strategies(strategies) else (bounds.step_barrier, "the second")]
+        ]
+        line = (
+            f"  at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}, {backend}'s M: the release and read order allow steps of "
+            f"{bounds.any_schedule:.3f} s to any schedule and {bounds.step_barrier:.3f} s to one whose step waits for its transfers "
+            f"(the baselines')" + (f"; {', '.join(ratios)}" if ratios else "")
         )
-    return line
+        for name in caramel_strategies(mine):
+            busy, exposed = cell_of(point, name).detail_spread("communication_seconds_per_step"), cell_of(point, name).detail_spread("exposed_seconds_per_step")
+            if busy and exposed:
+                line += (
+                    f"; {name}'s transfers held the link {busy[0]:.3f}-{busy[1]:.3f} s a step (M {comm:.3f} s), "
+                    f"its steps waited {exposed[0]:.3f}-{exposed[1]:.3f} s for them"
+                )
+        lines.append(line)
+    return lines
 
 
 def cpu_floor_seconds(cell: Cell, workers: int) -> float:
@@ -545,14 +672,16 @@ def device_column(device_tflops: float | None) -> str:
     return f"{'real':>7}" if device_tflops is None else f"{device_tflops:7.3g}"
 
 
-def summary_line(name: str, operating: Point | None) -> str:
-    if operating is None:
-        return f"{name} speedup_vs_horovod=nan speedup_vs_autotune=nan of_bound=nan"
-    return (
-        f"{name} speedup_vs_horovod={operating.ratio('horovod', 'caramel'):.3f} "
-        f"speedup_vs_autotune={operating.ratio('autotune', 'caramel'):.3f} "
-        f"of_bound={operating.median('caramel') / operating.bound:.3f}"
-    )
+def summary_lines(name: str, operating: Point | None, strategies: tuple[str, ...]) -> list[str]:
+    """Per Caramel strategy, at the operating point: every other non-Caramel strategy's step over
+    its own (its speedup over each), and its step over its bound."""
+    others = [other for other in strategies if other not in caramel_strategies(strategies)]
+    lines = []
+    for caramel in caramel_strategies(strategies):
+        speedups = [f"speedup_vs_{other}={operating.ratio(other, caramel) if operating else math.nan:.3f}" for other in others]
+        of_bound = operating.median(caramel) / operating.bound_of(caramel) if operating else math.nan
+        lines.append(" ".join([name, caramel, *speedups, f"of_bound={of_bound:.3f}"]))
+    return lines
 
 
 def plot(results: dict[str, tuple[list[Point], Point | None]], strategies: tuple[str, ...], path: Path) -> None:
@@ -565,13 +694,14 @@ def plot(results: dict[str, tuple[list[Point], Point | None]], strategies: tuple
     figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
     for axis, (name, (points, _)) in zip(axes[0], results.items()):
         rates = [p.rate_mbit for p in points]
-        for strategy in (*strategies, "compute-only", "comm-only"):
+        measured = ("compute-only", *(name for name in COMM_ONLY.values() if any(name in p.cells for p in points)))
+        for strategy in (*strategies, *measured):
             medians = [p.median(strategy) for p in points]
             spreads = [p.cells[strategy].spread if strategy in p.cells else (math.nan, math.nan) for p in points]
             errors = [[m - low for m, (low, _) in zip(medians, spreads)], [high - m for m, (_, high) in zip(medians, spreads)]]
-            style = "--" if strategy in ("compute-only", "comm-only") else "-"
+            style = "--" if strategy in measured else "-"
             axis.errorbar(rates, medians, yerr=errors, fmt=f"o{style}", capsize=3, label=strategy)
-        axis.plot(rates, [p.bound for p in points], ":", color="black", label="bound max(C, M)")
+        axis.plot(rates, [p.bound for p in points], ":", color="black", label="bound max(C, M), Horovod's M")
         axis.set(xscale="log", xlabel="link rate (Mbit/s)", ylabel="step time (s)", ylim=(0, None),
                  title=f"{name}, {device_label(points[0].device_tflops)}")  # fmt: skip
         axis.set_xticks(rates, [f"{r:g}" for r in rates])
@@ -605,6 +735,13 @@ def load_results(path: Path) -> dict[str, tuple[list[Point], Point | None]]:
     return results
 
 
+def strategies_run(results: dict[str, tuple[list[Point], Point | None]]) -> tuple[str, ...]:
+    """The strategies an earlier run measured, in the order it ran them (compute-only and the
+    comm-only runs left out)."""
+    names = [name for points, operating in results.values() for point in [*points, *([operating] if operating else [])] for name in point.cells]
+    return tuple(dict.fromkeys(name for name in names if name != "compute-only" and name not in COMM_ONLY.values()))
+
+
 def report(args: argparse.Namespace) -> int:
     """The tables and summary lines of an earlier run, from its results.json, as this version prints them."""
     try:
@@ -613,10 +750,13 @@ def report(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, TypeError) as error:
         print(f"scheduling_bench: --report {args.report}: cannot be read as a results.json of --compute {args.compute}: {error}", file=sys.stderr)
         return 2
+    if not args.strategies_given:
+        args.strategy_names = strategies_run(results)
     print_tables(workloads, results, args)
     print()
     for workload in workloads:
-        print(summary_line(workload.name, results[workload.name][1]))
+        for line in summary_lines(workload.name, results[workload.name][1], args.strategy_names):
+            print(line)
     return 0
 
 
@@ -626,7 +766,8 @@ def report(args: argparse.Namespace) -> int:
 def rate_drop(bench: Bench, workload: Workload, drop: tuple[float, float, int]) -> None:
     drop_from, drop_to, at_step = drop
     steps = at_step + bench.args.steps_after_drop
-    fresh = bench.run(workload, "caramel", drop_to, 0, steps=bench.args.steps)
+    caramel = next(iter(caramel_strategies(bench.args.strategy_names)), "caramel")  # the first of --strategies
+    fresh = bench.run(workload, caramel, drop_to, 0, steps=bench.args.steps)
     arrivals: dict[int, float] = {}  # step -> when its line reached us
 
     def watch(event: dict) -> None:
@@ -637,7 +778,7 @@ def rate_drop(bench: Bench, workload: Workload, drop: tuple[float, float, int]) 
             bench.cluster.set_rate(drop_to)
             bench.say(f"  step {at_step} done: links now {drop_to:g} Mbit/s")
 
-    run = bench.run(workload, "caramel", drop_from, 0, steps=steps, on_event=watch)
+    run = bench.run(workload, caramel, drop_from, 0, steps=steps, on_event=watch)
     # Valid only if the steps after the drop were reported as they ran, not all at the end.
     after_drop = sum(run.steps[at_step:])
     if at_step not in arrivals or max(arrivals.values()) - arrivals[at_step] < after_drop / 2:
@@ -645,7 +786,7 @@ def rate_drop(bench: Bench, workload: Workload, drop: tuple[float, float, int]) 
               "ran (the worker must print each step line as the step ends)")  # fmt: skip
         return
     reference = fresh.step_seconds
-    print(f"\n{workload.name}: Caramel, links {drop_from:g} -> {drop_to:g} Mbit/s after step {at_step}; "
+    print(f"\n{workload.name}: {caramel}, links {drop_from:g} -> {drop_to:g} Mbit/s after step {at_step}; "
           f"a fresh run at {drop_to:g} Mbit/s: median step {reference:.3f} s")  # fmt: skip
     for step, seconds in enumerate(run.steps, start=1):
         if step >= at_step - 3:
@@ -679,6 +820,19 @@ def parse_worker_env(setting: str) -> tuple[str, str]:
     if not equals or not name.isidentifier():
         raise ValueError(f"expected NAME=VALUE such as TF_ENABLE_ONEDNN_OPTS=0, got {setting!r}")
     return name, value
+
+
+def parse_strategies(parser: argparse.ArgumentParser, strategies: str, report: bool = False) -> tuple[str, ...]:
+    """--strategies: comma-separated names of STRATEGIES; a removed one is refused with the reason,
+    except in a --report of a run that had it."""
+    names = tuple(dict.fromkeys(name.strip() for name in strategies.split(",") if name.strip()))
+    removed = [name for name in names if name in REMOVED and not report]
+    if removed:
+        parser.error("--strategies: " + "; ".join(f"{name} no longer runs: {REMOVED[name]}" for name in removed))
+    unknown = [name for name in names if name not in STRATEGIES and name not in REMOVED]
+    if unknown or not names:
+        parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(STRATEGIES)})")
+    return names
 
 
 def parse_rates(parser: argparse.ArgumentParser, rates: str) -> list[float]:
@@ -724,14 +878,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "settings used here (AUTOTUNE_ENV); each run reports whether tuning finished (default 65)",
     )  # fmt: skip
     parser.add_argument(
-        "--strategies", default=",".join(SWEEP_STRATEGIES),
-        help=f"comma-separated strategies to compare, from {', '.join(STRATEGIES)} (default {','.join(SWEEP_STRATEGIES)}); "
-        "compute-only and comm-only always run, for the bound",
+        "--strategies",
+        help=f"comma-separated strategies to compare, from {', '.join(STRATEGIES)} (default {','.join(SWEEP_STRATEGIES)}; "
+        "with --report, the run's own); compute-only and comm-only always run, for the bound, and comm-only-tf where a "
+        "strategy runs on TensorFlow's collectives",
     )  # fmt: skip
     parser.add_argument("--device-tflops", type=float, help="emulated device rate (default: each profile's; --compute emulated only)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--run-timeout", type=float, help="seconds per run (default: from the expected step time)")
-    parser.add_argument("--rate-drop", metavar="FROM:TO:AT_STEP", help="run the rate-drop experiment instead of the sweep")
+    parser.add_argument(
+        "--rate-drop", metavar="FROM:TO:AT_STEP",
+        help="run the rate-drop experiment instead of the sweep, with the first Caramel strategy of --strategies",
+    )  # fmt: skip
     parser.add_argument(
         "--steps-after-drop", type=int, default=60,
         help="rate drop: measured steps after the drop (default 60; Caramel re-plans early and then every replanIntervalSteps (20 by default))",
@@ -775,10 +933,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         Names(args.cluster_prefix)
     except HarnessError as error:
         parser.error(f"--cluster-prefix: {error}")
-    args.strategy_names = tuple(name.strip() for name in args.strategies.split(",") if name.strip())
-    unknown = [name for name in args.strategy_names if name not in STRATEGIES]
-    if unknown or not args.strategy_names:
-        parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(STRATEGIES)})")
+    args.strategies_given = args.strategies is not None
+    args.strategy_names = parse_strategies(parser, args.strategies, args.report is not None) if args.strategies_given else SWEEP_STRATEGIES
     if args.steps_per_execution < 1:
         parser.error(f"--steps-per-execution: must be at least 1, got {args.steps_per_execution}")
     if args.steps < MEASURED_EXECUTIONS * args.steps_per_execution:
@@ -791,10 +947,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--warmup: must be 0 or more steps, got {args.warmup}")
     if args.warmup is None:
         args.warmup = settled
-    elif args.warmup < settled and (args.rate_drop or any(STRATEGIES[name].worker == "caramel" for name in args.strategy_names)):
+    elif args.warmup < settled and (args.rate_drop or caramel_strategies(args.strategy_names)):
         parser.error(
-            f"--warmup: {args.warmup} steps end before Caramel's first rounds chose Horovod's way or its plan, and its graph or Horovod's own, "
-            f"at {args.steps_per_execution} steps per execution (by step {settled}); use at least {settled}"
+            f"--warmup: {args.warmup} steps end before Caramel's first rounds chose the backend's own way or its plan, and its graph or the "
+            f"backend's own, at {args.steps_per_execution} steps per execution (by step {settled}); use at least {settled}"
         )
     args.rate_list = parse_rates(parser, args.rates)
     try:
@@ -851,7 +1007,8 @@ def main(argv: list[str] | None = None) -> int:
     plot(results, args.strategy_names, output / "step_time_vs_bandwidth.png")
     print(f"\nplot: {output / 'step_time_vs_bandwidth.png'}; results: {output / 'results.json'}; logs in {output}\n")
     for workload in workloads:
-        print(summary_line(workload.name, results[workload.name][1]))
+        for line in summary_lines(workload.name, results[workload.name][1], args.strategy_names):
+            print(line)
     return 0
 
 

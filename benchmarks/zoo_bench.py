@@ -1,4 +1,4 @@
-"""The model zoo: Caramel against Horovod on models the benchmark was not tuned on.
+"""The model zoo: Caramel against Horovod and TensorFlow's MultiWorkerMirroredStrategy on models the benchmark was not tuned on.
 
     sudo make bench-zoo                                             # every profile at 1 and 4 Gbit/s, 3 repeats
     python -m benchmarks.zoo_bench --profiles densenet121,gpt2_small --rates 1000 --repeats 1
@@ -8,29 +8,42 @@
 
 Runs need root and the project's virtualenv, like `make bench` (benchmarks/README.md): 4 workers,
 each in its own network namespace, tbf-shaped links, an emulated accelerator per profile
-(benchmarks/profiles/, emulated_model.py), real Horovod/Gloo traffic.
+(benchmarks/profiles/, emulated_model.py), real collectives (Horovod's over Gloo, TensorFlow's
+over gRPC).
 
 Every profile is measured at its operating point at each link rate: the emulated device is as
 fast as makes its compute C equal to the communication M at that rate, where overlap matters
 most. The operating points come from benchmarks/zoo_points.json, which --calibrate writes: per
-profile, compute-only at the profile's own device rate (C0) and comm-only at each rate (M), and
-the device rate that scales C0 to M. Each point then runs, repeats interleaved:
-    horovod-tape      Horovod's tape in a tf.function called once per step (its TF2 examples)
-    caramel-tape      the same script with Caramel's tape (the import swapped)
-    caramel-function  the same step through ctf.function, several steps per graph
-and --strategies takes any of scheduling_bench's (horovod and caramel train with Keras fit,
-autotune-tape tunes Horovod). Compute-only and comm-only run once per point, for C, M and the
-bounds of the layers' release and read order (step_bounds.py).
+profile, compute-only at the profile's own device rate (C0) and comm-only at each rate (M: plain
+Horovod's allreduce of every gradient at once), and the device rate that scales C0 to M. Each
+point then runs, repeats interleaved, each strategy in worker processes of its own:
+    horovod-tape          plain Horovod's tape in a tf.function called once per step (its TF2
+                          examples; Caramel's horovod package bypassed, plain_horovod.py)
+    mwms-fit              TensorFlow's MultiWorkerMirroredStrategy, its own Keras fit with the same
+                          steps_per_execution (mwms.py: what Keras 3 needs for it to run)
+    caramel-function@tf   Caramel's tape through ctf.function, several steps per graph, on
+                          TensorFlow's collectives (spec.caramel.backend: tensorflow)
+    caramel@tf            Keras fit with ctf.DistributedOptimizer and TrainingCallback, on TensorFlow's
+    caramel-function@hvd  ctf.function on Horovod's collectives (spec.caramel.backend: horovod)
+The two baselines (BASELINES) always run; --strategies adds any of scheduling_bench's
+(caramel-tape@tf and @hvd: Caramel's tape in Horovod's per-step loop, caramel@hvd, autotune-tape,
+mwms-loop, the anchors). Compute-only and comm-only run once per point, for C, M and the bounds of
+the layers' release and read order (step_bounds.py), and comm-only-tf (the same all-reduce by
+MultiWorkerMirroredStrategy: TensorFlow's M) where a strategy runs on TensorFlow's collectives.
+Each strategy is bounded with the M of the backend that moves its gradients.
 
-The table gives per point Horovod's step (median and min-max over the runs), each Caramel path's
-step over Horovod's (and its min-max), the best path over the bound of any schedule, the arm
-Caramel's steps ran (its selector measures Horovod's own way against its plan and keeps the
-faster), what the plan predicted against what the plan's steps measured, and peak RSS and CPU per
-step over Horovod's. Summary lines give each path's geometric mean over the zoo and its worst
-point; a PNG has one bar per model and path, the ratio to Horovod, with a line at 1.0.
+One table per baseline gives per point the baseline's step (median and min-max over the runs),
+every other strategy's step over it (and its runs' min-max), and the best Caramel path over the
+bound of any schedule; a table of Caramel's runs gives per point and Caramel strategy its step
+over its bound, what the plan predicted against what the plan's steps measured, the way each run
+ended on (P the plan, H the backend's own way in Caramel's graph, as its selector measured, G the
+backend's own graph of one step, as the graph choice measured), and peak RSS and CPU per step over
+each baseline's. Summary lines give, per baseline, every strategy's geometric mean over the zoo,
+the range of its points, and its worst point; zoo.png has a panel per baseline, a bar group per
+model and a bar per strategy (its ratio to the baseline), with a line at 1.0.
 
---job-steps N runs each strategy once for N steps from a cold start and reports the whole run's
-wall time (start-up, traces, re-plans and all) against Horovod's: what a short job pays.
+--job-steps N runs each strategy for N steps from a cold start and reports the whole run's wall
+time (start-up, traces, re-plans and all) against each baseline's: what a short job pays.
 """
 
 from __future__ import annotations
@@ -51,14 +64,32 @@ from caramel.job.api import MemoryAllocator
 from benchmarks.jobrun import REPOSITORY, bench_job, hostnames
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError
 from benchmarks.profiles import NAMES
-from benchmarks.scheduling_bench import JOB_NAME, STRATEGIES, Bench, Cell, Point, Run, parse_rates, parse_worker_env
+from benchmarks.scheduling_bench import (
+    BASELINES,
+    COMM_ONLY,
+    JOB_NAME,
+    STRATEGIES,
+    Bench,
+    Cell,
+    Point,
+    Run,
+    backend_of,
+    caramel_strategies,
+    comm_strategies,
+    parse_rates,
+    parse_strategies,
+    parse_worker_env,
+)
 from benchmarks.step_bounds import ordered_bounds
 from benchmarks.workloads import Workload, make_workloads, warmup_steps
 
 ZOO_POINTS = Path(__file__).resolve().parent / "zoo_points.json"
 DEFAULT_RATES = (1000.0, 4000.0)
-DEFAULT_STRATEGIES = ("horovod-tape", "caramel-tape", "caramel-function")
-BASELINE = "horovod-tape"
+DEFAULT_STRATEGIES = ("horovod-tape", "mwms-fit", "caramel-function@tf", "caramel@tf", "caramel-function@hvd")
+BASELINE = BASELINES[0]
+"""The baseline of the ratios where none is named: plain Horovod's tape, whose M calibrated the points."""
+OWN_GRAPH = "own"
+"""caramel.tensorflow.graph_choice.OWN_GRAPH, as the workers report it (the driver imports no TensorFlow)."""
 # What each profile stands for in the zoo.
 REGIMES = {
     "resnet50": "deep residual",
@@ -136,27 +167,54 @@ def commit() -> str:
 
 
 def measure(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], repeats: int) -> Point:
-    """Every strategy at the point, repeats interleaved, and compute-only and comm-only once."""
+    """Every strategy at the point, repeats interleaved, and compute-only and the comm-only runs
+    (Horovod's, and TensorFlow's where a strategy runs on it) once."""
     point = Point(rate, workload.device_tflops)
     for repeat in range(repeats):
         for strategy in strategies:
             point.cells.setdefault(strategy, Cell()).runs.append(bench.run(workload, strategy, rate, repeat))
-    for strategy in ("compute-only", "comm-only"):
+    for strategy in ("compute-only", *comm_strategies(strategies)):
         point.cells[strategy] = Cell([bench.run(workload, strategy, rate, 0)])
     return point
 
 
-def ratio(point: Point, strategy: str) -> float:
-    return point.median(strategy) / point.median(BASELINE)
+def ratio(point: Point, strategy: str, baseline: str = BASELINE) -> float:
+    return point.median(strategy) / point.median(baseline)
+
+
+def point_backend(results: dict[str, Point], strategy: str) -> str:
+    """The backend that moved the strategy's gradients (as the first point that ran it says)."""
+    return next((point.backend_of(strategy) for point in results.values() if strategy in point.cells), backend_of(strategy))
+
+
+def baselines_of(strategies: tuple[str, ...]) -> list[str]:
+    """The baselines among the strategies, in BASELINES' order."""
+    return [name for name in BASELINES if name in strategies]
+
+
+def compared(strategies: tuple[str, ...], baseline: str) -> list[str]:
+    """What is set against `baseline`: every other strategy, but not a baseline set before it
+    (mwms-fit over horovod-tape, not the other way too)."""
+    baselines = baselines_of(strategies)
+    earlier = baselines[: baselines.index(baseline)] if baseline in baselines else []
+    return [name for name in strategies if name != baseline and name not in earlier]
 
 
 def caramel_paths(strategies: tuple[str, ...]) -> list[str]:
-    return [name for name in strategies if STRATEGIES[name].worker == "caramel"]
+    return caramel_strategies(strategies)
 
 
 def best_path(point: Point, strategies: tuple[str, ...]) -> str | None:
     measured = [name for name in caramel_paths(strategies) if not math.isnan(point.median(name))]
     return min(measured, key=point.median) if measured else None
+
+
+def bound_of_any_schedule(point: Point, workload: Workload, strategy: str) -> float:
+    """The bound of any schedule (step_bounds.py) with the M of the strategy's backend."""
+    compute, comm = point.median("compute-only"), point.comm(point.backend_of(strategy))
+    if math.isnan(compute) or math.isnan(comm):
+        return math.nan
+    return ordered_bounds(workload.profile, compute, comm).any_schedule
 
 
 def planner_error(cell: Cell) -> float:
@@ -171,46 +229,77 @@ def planner_error(cell: Cell) -> float:
 
 
 def arms(cell: Cell) -> str:
-    """How each run's steps ran at the end: P the plan, H Horovod's own way in Caramel's graph,
-    G Horovod's own graph of one step (graph_choice.py)."""
+    """How each run's steps ran at the end: P the plan, H the backend's own way in Caramel's graph,
+    G the backend's own graph of one step (graph_choice.py; "horovod" in runs before the backends)."""
     return "".join(
-        "G" if run.details.get("graph") == "horovod" else {True: "P", False: "H"}.get(run.details.get("planned"), "?") for run in cell.runs
+        "G" if run.details.get("graph") in (OWN_GRAPH, "horovod") else {True: "P", False: "H"}.get(run.details.get("planned"), "?")
+        for run in cell.runs
     )
 
 
+def ratio_cell(point: Point, strategy: str, baseline: str, width: int = 22) -> str:
+    """The strategy's median step over the baseline's, and its runs' min-max over the same."""
+    value = ratio(point, strategy, baseline)
+    if math.isnan(value):
+        return f"{'failed' if strategy in point.cells else 'not run':^{width}}"
+    low, high = point.cells[strategy].spread
+    reference = point.median(baseline)
+    return f"{value:6.3f} ({low / reference:.3f}-{high / reference:.3f})".ljust(width)
+
+
 def print_table(results: dict[str, Point], workloads: dict[str, Workload], strategies: tuple[str, ...]) -> None:
+    """One table per baseline that ran (each point's baseline step, every other strategy's over
+    it, and the best Caramel path over the bound of any schedule, with the M of its backend), then
+    one of Caramel's runs: per point and Caramel strategy its step over its bound, the plan's
+    predicted step over what its steps measured, the way each run ended on, and peak RSS and CPU
+    per step over each baseline's."""
+    for baseline in baselines_of(strategies):
+        others = compared(strategies, baseline)
+        comm = COMM_ONLY[point_backend(results, baseline)]
+        print(f"\nstep over {baseline}'s: median (min-max over the runs); M is {comm}'s; best/bnd is the best Caramel path "
+              "over the bound of any schedule")  # fmt: skip
+        titles = {name: f"{name} /{baseline[0].upper()}" for name in others}
+        widths = {name: max(22, len(title)) for name, title in titles.items()}
+        header = (
+            f"{'profile':18} {'regime':18} {'Mbit/s':>6} {'TFLOP/s':>7} {'C':>6} {'M':>6} | {baseline + ' s':^22} | "
+            + " | ".join(f"{title:^{widths[name]}}" for name, title in titles.items())
+            + f" | {'best/bnd':>8}"
+        )
+        print(header)
+        print("-" * len(header))
+        for key, point in results.items():
+            name = key.split("@")[0]
+            best = best_path(point, strategies)
+            bound = point.median(best) / bound_of_any_schedule(point, workloads[name], best) if best else math.nan
+            print(
+                f"{name:18} {REGIMES[name]:18} {point.rate_mbit:6g} {point.device_tflops:7.3g} {point.median('compute-only'):6.3f} "
+                f"{point.median(comm):6.3f} | {point.cells.get(baseline, Cell()).describe()} | "
+                + " | ".join(ratio_cell(point, other, baseline, widths[other]) for other in others)
+                + f" | {bound:8.2f}"
+            )
     paths = caramel_paths(strategies)
-    others = [name for name in strategies if name != BASELINE and name not in paths]
-    header = (
-        f"{'profile':18} {'regime':18} {'Mbit/s':>6} {'TFLOP/s':>7} {'C':>6} {'M':>6} | {BASELINE + ' s':^22} | "
-        + " | ".join(f"{name + ' /H':^22}" for name in [*paths, *others])
-        + f" | {'best/bnd':>8} | {'pred/meas':>9} | {'arms':>5} | {'RSS C/H':>7} {'CPU C/H':>7}"
+    if not paths:
+        return
+    baselines = baselines_of(strategies)
+    print("\nCaramel's runs: step over the bound of any schedule (its backend's M), the plan's predicted step over what its "
+          "steps measured, how each run ended (P the plan, H the backend's own way in Caramel's graph, G the backend's own graph "
+          "of one step), peak RSS and CPU per step over each baseline's")  # fmt: skip
+    header = f"{'profile':18} {'Mbit/s':>6} {'strategy':22} | {'/bnd':>5} | {'pred/meas':>9} | {'arms':>5}" + "".join(
+        f" | {'RSS /' + b[0].upper():>7} {'CPU /' + b[0].upper():>7}" for b in baselines
     )
     print(header)
     print("-" * len(header))
     for key, point in results.items():
         name = key.split("@")[0]
-        horovod = point.cells.get(BASELINE, Cell())
-        best = best_path(point, strategies)
-        cells = []
-        for strategy in [*paths, *others]:
-            low, high = point.cells.get(strategy, Cell()).spread
-            baseline = horovod.median
-            measured = not math.isnan(ratio(point, strategy))
-            cells.append(f"{ratio(point, strategy):6.3f} ({low / baseline:.3f}-{high / baseline:.3f})".ljust(22) if measured else f"{'failed':^22}")
-        bound = math.nan
-        compute, comm = point.median("compute-only"), point.median("comm-only")
-        if best and not (math.isnan(compute) or math.isnan(comm)):
-            bound = point.median(best) / ordered_bounds(workloads[name].profile, compute, comm).any_schedule
-        function = point.cells.get("caramel-function", Cell())
-        best_cell = point.cells.get(best, Cell()) if best else Cell()
-        rss = best_cell.peak_rss_bytes / (horovod.peak_rss_bytes or math.nan)
-        cpu = best_cell.cpu_seconds_per_step / horovod.cpu_seconds_per_step
-        print(
-            f"{name:18} {REGIMES[name]:18} {point.rate_mbit:6g} {point.device_tflops:7.3g} {compute:6.3f} {comm:6.3f} | "
-            f"{horovod.describe()} | " + " | ".join(cells)
-            + f" | {bound:8.2f} | {planner_error(function):9.2f} | {arms(function):>5} | {rss:7.2f} {cpu:7.2f}"
-        )
+        for path in paths:
+            cell = point.cells.get(path, Cell())
+            of_bound = point.median(path) / bound_of_any_schedule(point, workloads[name], path)
+            resources = "".join(
+                f" | {cell.peak_rss_bytes / (point.cells.get(b, Cell()).peak_rss_bytes or math.nan):7.2f} "
+                f"{cell.cpu_seconds_per_step / point.cells.get(b, Cell()).cpu_seconds_per_step:7.2f}"
+                for b in baselines
+            )
+            print(f"{name:18} {point.rate_mbit:6g} {path:22} | {of_bound:5.2f} | {planner_error(cell):9.2f} | {arms(cell):>5}{resources}")
 
 
 def geometric_mean(values: list[float]) -> float:
@@ -219,58 +308,82 @@ def geometric_mean(values: list[float]) -> float:
 
 
 def print_summary(results: dict[str, Point], workloads: dict[str, Workload], strategies: tuple[str, ...]) -> None:
+    """Per baseline and every strategy set against it: the geometric mean of its ratios over the
+    points, their range, the points where it was at most as slow, and its worst point; then the
+    best Caramel path's, how near the bound it came, and the planner's error."""
     print()
-    for strategy in [name for name in strategies if name != BASELINE]:
-        ratios = {key: ratio(point, strategy) for key, point in results.items() if not math.isnan(ratio(point, strategy))}
-        if not ratios:
-            continue
-        worst = max(ratios, key=ratios.get)
-        print(
-            f"{strategy}: geometric mean {geometric_mean(list(ratios.values())):.3f}x {BASELINE} over {len(ratios)} points; "
-            f"at most 1.0x on {sum(r <= 1.0 for r in ratios.values())}; worst {ratios[worst]:.3f}x ({worst})"
-        )
-    best = {key: point.median(b) / point.median(BASELINE) for key, point in results.items() if (b := best_path(point, strategies))}
-    if best:
-        print(f"best Caramel path: geometric mean {geometric_mean(list(best.values())):.3f}x; at most 1.0x on "
-              f"{sum(r <= 1.0 for r in best.values())} of {len(best)} points")  # fmt: skip
+    for baseline in baselines_of(strategies):
+        for strategy in compared(strategies, baseline):
+            ratios = {key: ratio(point, strategy, baseline) for key, point in results.items()}
+            ratios = {key: value for key, value in ratios.items() if not math.isnan(value)}
+            if not ratios:
+                continue
+            worst = max(ratios, key=ratios.get)
+            print(
+                f"{strategy}: geometric mean {geometric_mean(list(ratios.values())):.3f}x {baseline} over {len(ratios)} points "
+                f"({min(ratios.values()):.3f}-{max(ratios.values()):.3f}); at most 1.0x on {sum(r <= 1.0 for r in ratios.values())}; "
+                f"worst {ratios[worst]:.3f}x ({worst})"
+            )
+        best = {
+            key: ratio(point, chosen, baseline)
+            for key, point in results.items()
+            if (chosen := best_path(point, strategies)) and not math.isnan(ratio(point, chosen, baseline))
+        }
+        if best:
+            print(f"best Caramel path: geometric mean {geometric_mean(list(best.values())):.3f}x {baseline}; at most 1.0x on "
+                  f"{sum(r <= 1.0 for r in best.values())} of {len(best)} points")  # fmt: skip
     near = []
     for key, point in results.items():
         name, chosen = key.split("@")[0], best_path(point, strategies)
-        compute, comm = point.median("compute-only"), point.median("comm-only")
-        if chosen and not (math.isnan(compute) or math.isnan(comm)):
-            near.append(point.median(chosen) / ordered_bounds(workloads[name].profile, compute, comm).any_schedule <= NEAR_BOUND)
+        bound = bound_of_any_schedule(point, workloads[name], chosen) if chosen else math.nan
+        if not math.isnan(bound):
+            near.append(point.median(chosen) / bound <= NEAR_BOUND)
     if near:
         print(f"best path within {NEAR_BOUND}x of the bound of any schedule on {sum(near)} of {len(near)} points")
-    errors = [planner_error(point.cells.get("caramel-function", Cell())) for point in results.values()]
+    errors = [planner_error(point.cells.get(path, Cell())) for point in results.values() for path in caramel_paths(strategies)]
     errors = [abs(error - 1.0) for error in errors if not math.isnan(error)]
     if errors:
-        print(f"planner: predicted against measured off by {statistics.median(errors):.1%} (median over {len(errors)} points)")
+        print(f"planner: predicted against measured off by {statistics.median(errors):.1%} (median over {len(errors)} points and paths)")
 
 
 def plot(results: dict[str, Point], strategies: tuple[str, ...], path: Path) -> None:
+    """One panel per baseline: a bar group per model (and link rate), a bar per strategy set
+    against it, its step over the baseline's, with a line at 1.0."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    paths = [name for name in strategies if name != BASELINE]
+    baselines = baselines_of(strategies)
     keys = list(results)
-    width = 0.8 / max(1, len(paths))
-    figure, axis = plt.subplots(figsize=(max(8, 0.6 * len(keys) * max(1, len(paths))), 5))
-    for index, strategy in enumerate(paths):
-        positions = [i + (index - (len(paths) - 1) / 2) * width for i in range(len(keys))]
-        axis.bar(positions, [ratio(results[key], strategy) for key in keys], width, label=strategy)
-    axis.axhline(1.0, color="black", linewidth=1)
-    axis.set_xticks(range(len(keys)), [key.replace("@", "\n") + " Mbit/s" for key in keys], rotation=90, fontsize=7)
-    axis.set(ylabel=f"step time / {BASELINE}'s", title="Caramel's public paths against Horovod, each model at its operating point")
-    axis.legend(fontsize=8)
-    axis.grid(True, axis="y", alpha=0.3)
+    widest = max((len(compared(strategies, baseline)) for baseline in baselines), default=1)
+    figure, axes = plt.subplots(
+        max(1, len(baselines)), 1, figsize=(max(8, 0.6 * len(keys) * max(1, widest)), 5 * max(1, len(baselines))), squeeze=False
+    )
+    for axis, baseline in zip(axes[:, 0], baselines):
+        others = compared(strategies, baseline)
+        width = 0.8 / max(1, len(others))
+        for index, strategy in enumerate(others):
+            positions = [i + (index - (len(others) - 1) / 2) * width for i in range(len(keys))]
+            axis.bar(positions, [ratio(results[key], strategy, baseline) for key in keys], width, label=strategy)
+        axis.axhline(1.0, color="black", linewidth=1)
+        axis.set_xticks(range(len(keys)), [key.replace("@", "\n") + " Mbit/s" for key in keys], rotation=90, fontsize=7)
+        axis.set(ylabel=f"step time / {baseline}'s", title=f"against {baseline}, each model at its operating point")
+        axis.legend(fontsize=8)
+        axis.grid(True, axis="y", alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
 
 def save_results(path: Path, results: dict[str, Point]) -> None:
     path.write_text(json.dumps({key: asdict(point) for key, point in results.items()}, indent=1, default=str))
+
+
+def strategies_run(results: dict[str, Point]) -> tuple[str, ...]:
+    """The strategies an earlier run measured, in the order it ran them (compute-only and the
+    comm-only runs left out)."""
+    names = [name for point in results.values() for name in point.cells]
+    return tuple(dict.fromkeys(name for name in names if name != "compute-only" and name not in COMM_ONLY.values()))
 
 
 def load_results(path: Path) -> dict[str, Point]:
@@ -286,27 +399,29 @@ def load_results(path: Path) -> dict[str, Point]:
 
 def job_wall_times(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], steps: int, repeats: int) -> None:
     """Each strategy `repeats` times, interleaved, as a whole job of `steps` steps from a cold
-    start (told its length): the median wall time and its spread, over Horovod's."""
+    start (told its length): the median wall time and its spread, over each baseline's."""
     walls: dict[str, list[float]] = {strategy: [] for strategy in strategies}
     for repeat in range(repeats):
         for strategy in strategies:
             run = bench.run(workload, strategy, rate, repeat, steps=steps, warmup=0, whole_job=True)
             if not math.isnan(run.wall_seconds):
                 walls[strategy].append(run.wall_seconds)
-    if not walls[BASELINE]:
-        print(f"  {workload.name} at {rate:g} Mbit/s: every {BASELINE} run failed", flush=True)
+    baselines = [name for name in baselines_of(strategies) if walls[name]]
+    for name in baselines_of(strategies):
+        if not walls[name]:
+            print(f"  {workload.name} at {rate:g} Mbit/s: every {name} run failed", flush=True)
+    if not baselines:
         return
-    baseline = statistics.median(walls[BASELINE])
+    medians = {name: statistics.median(seconds) for name, seconds in walls.items() if seconds}
+
+    def wall(name: str) -> str:
+        return f"{name} {medians[name]:.0f} s ({min(walls[name]):.0f}-{max(walls[name]):.0f})" if walls[name] else f"{name} failed"
+
     parts = [
-        f"{name} {statistics.median(seconds):.0f} s ({min(seconds):.0f}-{max(seconds):.0f}), {statistics.median(seconds) / baseline:.3f}x"
-        if seconds else f"{name} failed"
-        for name, seconds in walls.items() if name != BASELINE
+        wall(name) + "".join(f", {medians[name] / medians[baseline]:.3f}x {baseline}" for baseline in baselines if baseline != name and name in medians)
+        for name in strategies
     ]  # fmt: skip
-    print(
-        f"  {workload.name} at {rate:g} Mbit/s, {workload.device}: {BASELINE} {baseline:.0f} s "
-        f"({min(walls[BASELINE]):.0f}-{max(walls[BASELINE]):.0f}); " + "; ".join(parts),
-        flush=True,
-    )
+    print(f"  {workload.name} at {rate:g} Mbit/s, {workload.device}: " + "; ".join(parts), flush=True)
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -320,8 +435,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=16, help="measured steps per run (default 16)")
     parser.add_argument("--steps-per-execution", type=int, default=4, help="steps per graph execution (default 4)")
     parser.add_argument(
-        "--strategies", default=",".join(DEFAULT_STRATEGIES),
-        help=f"comma-separated, from {', '.join(STRATEGIES)}; {BASELINE} always runs (default {','.join(DEFAULT_STRATEGIES)})",
+        "--strategies",
+        help=f"comma-separated, from {', '.join(STRATEGIES)}; {' and '.join(BASELINES)} always run (default "
+        f"{','.join(DEFAULT_STRATEGIES)}; with --report, the run's own)",
     )  # fmt: skip
     parser.add_argument("--calibrate", action="store_true", help=f"measure the operating points into {ZOO_POINTS.name}, and run nothing else")
     parser.add_argument("--job-steps", type=int, help="instead of the zoo: whole wall time of a job of this many steps, per strategy")
@@ -339,11 +455,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not args.profile_names:
         parser.error(f"--profiles: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(NAMES)})")
     args.rate_list = parse_rates(parser, args.rates)
-    names = [name.strip() for name in args.strategies.split(",") if name.strip()]
-    unknown = [name for name in names if name not in STRATEGIES]
-    if unknown:
-        parser.error(f"--strategies: unknown {', '.join(unknown)} (known: {', '.join(STRATEGIES)})")
-    args.strategy_names = tuple(dict.fromkeys([BASELINE, *names]))
+    args.strategies_given = args.strategies is not None
+    names = parse_strategies(parser, args.strategies, args.report is not None) if args.strategies_given else DEFAULT_STRATEGIES
+    args.strategy_names = names if args.report else tuple(dict.fromkeys([*BASELINES, *names]))
     for flag, value in (("--repeats", args.repeats), ("--steps", args.steps), ("--steps-per-execution", args.steps_per_execution), ("--workers", args.workers)):
         if value < 1:
             parser.error(f"{flag}: must be at least 1, got {value}")
@@ -363,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report:
         results = load_results(args.report)
+        if not args.strategies_given:
+            args.strategy_names = strategies_run(results)
         workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]])[0] for key in results}
         print_table(results, workloads, args.strategy_names)
         print_summary(results, workloads, args.strategy_names)

@@ -11,7 +11,7 @@ import benchmarks.quickstart_bench as quickstart_bench
 import benchmarks.scheduling_bench as bench
 from benchmarks.jobrun import parse_event
 from benchmarks.step_bounds import ordered_bounds
-from benchmarks.workloads import REAL_MODELS, WORKER_STRATEGIES, make_workloads
+from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, make_workloads
 from caramel.job.api import CaramelJob, MemoryAllocator, Scheduling
 
 
@@ -32,9 +32,9 @@ def test_defaults_are_the_emulated_mode() -> None:
 
 
 def test_real_mode_defaults_to_every_example_model() -> None:
-    args = bench.parse_args(["--compute", "real", "--strategies", "caramel, horovod", "--rates", "4000,1000"])
+    args = bench.parse_args(["--compute", "real", "--strategies", "caramel@tf, horovod-tape", "--rates", "4000,1000"])
     assert args.profile_names == list(REAL_MODELS)
-    assert args.strategy_names == ("caramel", "horovod")
+    assert args.strategy_names == ("caramel@tf", "horovod-tape")
     assert args.rate_list == [1000, 4000]
 
 
@@ -56,10 +56,33 @@ def test_bad_profiles(capsys: pytest.CaptureFixture[str], argv: list[str], messa
 
 @pytest.mark.parametrize(
     ("strategies", "message"),
-    [("horovod,compute-only", "--strategies: unknown compute-only"), ("", "--strategies: unknown (none given)")],
+    [
+        ("horovod-tape,compute-only", "--strategies: unknown compute-only"),
+        ("", "--strategies: unknown (none given)"),
+        # Horovod's Keras fit needs Keras 2: refused by name, with what to use instead.
+        ("horovod,caramel@tf", "--strategies: horovod no longer runs: Horovod's Keras fit (hvd.DistributedOptimizer and its callbacks) needs Keras 2"),
+        ("autotune", "use autotune-tape"),
+    ],
 )
 def test_bad_strategies(capsys: pytest.CaptureFixture[str], strategies: str, message: str) -> None:
     assert message in parse_error(capsys, "--strategies", strategies)
+
+
+def test_every_caramel_path_runs_on_each_backend_and_the_baselines_on_their_own() -> None:
+    """Caramel's paths name their backend (spec.caramel.backend, the job's through the public API);
+    the baselines run their libraries' own API, each bounded by its own collectives' M."""
+    for path, api in (("caramel", None), ("caramel-tape", "tape"), ("caramel-function", "function")):
+        for suffix, backend in (("@tf", "tensorflow"), ("@hvd", "horovod")):
+            strategy = bench.STRATEGIES[path + suffix]
+            assert (strategy.worker, strategy.api, strategy.caramel, strategy.backend) == ("caramel", api, {"backend": backend}, backend)
+        # The names before the backends still run: Caramel's defaults, auto, tensorflow for these workers.
+        assert bench.STRATEGIES[path].caramel == {} and bench.STRATEGIES[path].backend == "tensorflow"
+    assert (bench.STRATEGIES["horovod-tape"].worker, bench.STRATEGIES["horovod-tape"].api, bench.STRATEGIES["horovod-tape"].backend) == ("horovod", "tape", "horovod")
+    assert (bench.STRATEGIES["mwms-fit"].worker, bench.STRATEGIES["mwms-fit"].api, bench.STRATEGIES["mwms-fit"].backend) == ("mwms", "fit", "tensorflow")
+    assert bench.STRATEGIES["mwms-loop"].api == "tape"
+    assert bench.STRATEGIES["dear"].caramel["backend"] == "horovod"  # split collectives exist on Horovod's only
+    assert bench.comm_strategies(("horovod-tape", "caramel@hvd")) == ["comm-only"]
+    assert bench.comm_strategies(("horovod-tape", "mwms-fit")) == ["comm-only", "comm-only-tf"]
 
 
 @pytest.mark.parametrize("spec", ["4000:1000", "4000:1000:x", "fast:1000:20", "1:2:3:4"])
@@ -91,17 +114,23 @@ def test_worker_env_and_allocator_reach_every_strategys_job(monkeypatch: pytest.
 
     monkeypatch.setattr(bench, "run_job", run_job)
     args = bench.parse_args(
-        ["--worker-env", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", "--memory-allocator", "tensorflow", "--strategies", "horovod,autotune,caramel"]
-    )
+        ["--worker-env", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", "--memory-allocator", "tensorflow", "--strategies",
+         "horovod-tape,autotune-tape,caramel@hvd,mwms-fit,caramel-function@tf"]
+    )  # fmt: skip
     runner = bench.Bench(args, ShapedLinks(), tmp_path)
     workload, = make_workloads("emulated", ["resnet50"])
-    for strategy in ("horovod", "autotune", "caramel"):
+    for strategy in args.strategy_names:
         assert runner.run(workload, strategy, 1000, 0).error
     for job in jobs:
         env = {variable.name: variable.value for variable in job.spec.env}
         assert env["TF_ONEDNN_USE_SYSTEM_ALLOCATOR"] == "1"
         assert job.spec.workers.memory_allocator == MemoryAllocator.TENSORFLOW
     assert "HOROVOD_AUTOTUNE" in {variable.name for variable in jobs[1].spec.env}
+    assert "HOROVOD_AUTOTUNE" not in {variable.name for variable in jobs[0].spec.env}
+    # Each strategy's worker, API and backend reach its job.
+    commands = [job.spec.command[job.spec.command.index("--strategy") + 1 :: 2][:2] for job in jobs]
+    assert commands == [["horovod", "tape"], ["horovod", "tape"], ["caramel", "fit"], ["mwms", "fit"], ["caramel", "function"]]
+    assert [job.spec.caramel.backend.value for job in jobs] == ["auto", "auto", "horovod", "auto", "tensorflow"]
 
 
 def test_memory_allocator(capsys: pytest.CaptureFixture[str]) -> None:
@@ -201,11 +230,13 @@ def test_peak_rss_of_the_largest_and_the_median_rank(capsys: pytest.CaptureFixtu
     caramel = bench.Cell([run(4400, 4500, 4600, 4450)])
     assert horovod.peak_rss_bytes == 4700 * 2**20 and horovod.median_rank_rss_bytes == 3575 * 2**20
     workload, = make_workloads("emulated", ["vgg16"])
-    point = bench.Point(4000, 1.25, {"horovod": horovod, "caramel": caramel, "compute-only": caramel, "comm-only": caramel})
-    bench.print_table(workload, [point], point, ("horovod", "caramel"), workers=4)
+    point = bench.Point(4000, 1.25, {"horovod-tape": horovod, "caramel@hvd": caramel, "compute-only": caramel, "comm-only": caramel})
+    bench.print_table(workload, [point], point, ("horovod-tape", "caramel@hvd"), workers=4)
     out = capsys.readouterr().out
-    assert "peak RSS MiB, largest (median) rank: caramel 4600 (4475), horovod 4700 (3575)" in out
-    assert "peak MiB in tensors, largest rank: caramel 3600, horovod 3700" in out
+    assert "peak RSS MiB, largest (median) rank: horovod-tape 4700 (3575), caramel@hvd 4600 (4475)" in out
+    assert "peak MiB in tensors, largest rank: horovod-tape 3700, caramel@hvd 3600" in out
+    # Caramel's largest rank over Horovod's: 4600 / 4700 MiB; its CPU alike.
+    assert "caramel@hvd E" in out and "over horovod-tape: step 1.000x, peak RSS 0.98x, CPU 1.00x" in out
     assert "tensor_peak_bytes" not in caramel.runs[0].details
     # With oneDNN off, TensorFlow's allocator keeps no count: the workers say null.
     uncounted = bench.collect([{"event": "summary", "rank": 0, "peak_rss_bytes": 2**30, "tensor_peak_bytes": None}])
@@ -236,21 +267,26 @@ def test_workloads_of_each_mode() -> None:
 def test_table_with_failed_and_left_out_strategies(capsys: pytest.CaptureFixture[str]) -> None:
     workload, = make_workloads("real", ["small"])
     ran = bench.Cell([bench.Run(steps=[0.1, 0.2, 0.3], peak_rss_bytes=2**30)])
-    point = bench.Point(1000, None, {"horovod": bench.Cell([bench.Run(error="timed out")]), "caramel": ran,
+    point = bench.Point(1000, None, {"horovod-tape": bench.Cell([bench.Run(error="timed out")]), "caramel@hvd": ran,
                                      "compute-only": ran, "comm-only": ran})  # fmt: skip
-    bench.print_table(workload, [point], point, bench.SWEEP_STRATEGIES, workers=4)
+    strategies = ("horovod-tape", "autotune-tape", "caramel@hvd")
+    bench.print_table(workload, [point], point, strategies, workers=4)
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("   1000"))
     assert row.startswith("   1000    real |") and row.endswith("<- operating point")
     assert row.count("failed") == 1 and row.count("not run") == 1
-    assert bench.summary_line("small", point) == "small speedup_vs_horovod=nan speedup_vs_autotune=nan of_bound=1.000"
+    assert bench.summary_lines("small", point, strategies) == [
+        "small caramel@hvd speedup_vs_horovod-tape=nan speedup_vs_autotune-tape=nan of_bound=1.000"
+    ]
 
 
 def test_anchor_strategies_are_caramel_runs_with_valid_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    args = bench.parse_args(["--strategies", "horovod,bytescheduler,caramel-arrival", "--steps-per-execution", "2"])
-    assert args.strategy_names == ("horovod", "bytescheduler", "caramel-arrival") and args.steps_per_execution == 2
+    args = bench.parse_args(["--strategies", "horovod-tape,bytescheduler,caramel-arrival", "--steps-per-execution", "2"])
+    assert args.strategy_names == ("horovod-tape", "bytescheduler", "caramel-arrival") and args.steps_per_execution == 2
     for name, strategy in bench.STRATEGIES.items():
         Scheduling.model_validate(strategy.caramel)  # what the job's spec.caramel will say
         assert strategy.worker in WORKER_STRATEGIES and strategy.description, name
+        assert strategy.api is None or strategy.api in WORKER_APIS[strategy.worker], name
+        assert strategy.backend in ("horovod", "tensorflow"), name
     assert "--steps-per-execution: must be at least 1" in parse_error(capsys, "--steps-per-execution", "0")
 
 
@@ -269,14 +305,15 @@ def test_warmup_covers_caramels_first_rounds() -> None:
 
 def test_warmup_short_of_caramels_replan(capsys: pytest.CaptureFixture[str]) -> None:
     message = parse_error(capsys, "--steps-per-execution", "8", "--warmup", "24")
-    assert "--warmup: 24 steps end before Caramel's first rounds chose Horovod's way or its plan, and its graph or Horovod's" in message
+    assert "--warmup: 24 steps end before Caramel's first rounds chose the backend's own way or its plan, and its graph or the backend's" in message
     assert "use at least 80" in message
-    assert bench.parse_args(["--strategies", "horovod", "--warmup", "3"]).warmup == 3  # Horovod alone does not re-plan
-    assert "--warmup: 3 steps end before" in parse_error(capsys, "--strategies", "horovod", "--warmup", "3", "--rate-drop", "4000:1000:20")
+    # The baselines alone do not re-plan.
+    assert bench.parse_args(["--strategies", "horovod-tape,mwms-fit", "--warmup", "3"]).warmup == 3
+    assert "--warmup: 3 steps end before" in parse_error(capsys, "--strategies", "horovod-tape", "--warmup", "3", "--rate-drop", "4000:1000:20")
 
 
 def test_negative_warmup(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--warmup: must be 0 or more steps, got -1" in parse_error(capsys, "--strategies", "horovod", "--warmup", "-1")
+    assert "--warmup: must be 0 or more steps, got -1" in parse_error(capsys, "--strategies", "horovod-tape", "--warmup", "-1")
 
 
 def test_steps_cover_three_executions(capsys: pytest.CaptureFixture[str]) -> None:
@@ -289,7 +326,7 @@ class InterruptedBench:
     each run takes 1 s a step, and the user presses Ctrl-C during the `interrupt_at`-th run."""
 
     def __init__(self, interrupt_at: int) -> None:
-        self.args = bench.parse_args(["--rates", "1000,2000", "--strategies", "horovod,caramel", "--repeats", "2"])
+        self.args = bench.parse_args(["--rates", "1000,2000", "--strategies", "horovod-tape,caramel@hvd", "--repeats", "2"])
         self.runs = []
         self.interrupt_at = interrupt_at
 
@@ -305,16 +342,16 @@ class InterruptedBench:
 
 def test_an_interrupted_sweep_keeps_every_finished_run() -> None:
     workload, = make_workloads("emulated", ["resnet50"])
-    # 2 compute-only runs, then per rate 2 repeats of comm-only, horovod, caramel: interrupted at
-    # the second rate's first caramel run.
+    # 2 compute-only runs, then per rate 2 repeats of comm-only, horovod-tape, caramel@hvd:
+    # interrupted at the second rate's first caramel@hvd run.
     interrupted = InterruptedBench(interrupt_at=2 + 6 + 3)
     saved = []
     with pytest.raises(KeyboardInterrupt):
         bench.bench_workload(interrupted, workload, interrupted.args.rate_list, lambda points, operating: saved.append((list(points), operating)))
     points, operating = saved[-1]
     assert operating is None and [point.rate_mbit for point in points] == [1000, 2000]
-    assert {name: len(cell.runs) for name, cell in points[0].cells.items()} == {"compute-only": 2, "comm-only": 2, "horovod": 2, "caramel": 2}
-    assert {name: len(cell.runs) for name, cell in points[1].cells.items()} == {"compute-only": 2, "comm-only": 1, "horovod": 1}
+    assert {name: len(cell.runs) for name, cell in points[0].cells.items()} == {"compute-only": 2, "comm-only": 2, "horovod-tape": 2, "caramel@hvd": 2}
+    assert {name: len(cell.runs) for name, cell in points[1].cells.items()} == {"compute-only": 2, "comm-only": 1, "horovod-tape": 1}
     assert len(saved) == 6 + 2  # after each run of the sweep that finished
 
 
@@ -324,39 +361,63 @@ def test_table_gives_the_ordered_bounds_and_caramels_link_time_for_emulated_comp
 
     workload, = make_workloads("emulated", ["bert_base"])
     point = bench.Point(4000, 1.0, {
-        "horovod": cell(3.15), "compute-only": cell(2.272), "comm-only": cell(1.873),
-        "caramel": bench.Cell([bench.Run(steps=[3.19], details={"communication_seconds_per_step": 2.5, "exposed_seconds_per_step": 0.9}),
-                               bench.Run(steps=[3.2], details={"communication_seconds_per_step": 2.7, "exposed_seconds_per_step": 1.0})]),
+        "horovod-tape": cell(3.15), "compute-only": cell(2.272), "comm-only": cell(1.873),
+        "caramel@hvd": bench.Cell([bench.Run(steps=[3.19], details={"backend": "horovod", "communication_seconds_per_step": 2.5, "exposed_seconds_per_step": 0.9}),
+                                   bench.Run(steps=[3.2], details={"backend": "horovod", "communication_seconds_per_step": 2.7, "exposed_seconds_per_step": 1.0})]),
     })  # fmt: skip
-    bench.print_table(workload, [point], point, ("horovod", "caramel"), workers=4)
+    bench.print_table(workload, [point], point, ("horovod-tape", "caramel@hvd"), workers=4)
     line = next(line for line in capsys.readouterr().out.splitlines() if "release and read order" in line)
     bounds = ordered_bounds(workload.profile, 2.272, 1.873)
+    assert "horovod's M:" in line
     assert f"steps of {bounds.any_schedule:.3f} s to any schedule and {bounds.step_barrier:.3f} s to one whose step waits" in line
-    assert f"caramel {3.195 / bounds.any_schedule:.2f}x the first, horovod {3.15 / bounds.step_barrier:.2f}x the second" in line
-    assert "held the link 2.500-2.700 s a step (M 1.873 s), its steps waited 0.900-1.000 s for them" in line
+    assert f"horovod-tape {3.15 / bounds.step_barrier:.2f}x the second, caramel@hvd {3.195 / bounds.any_schedule:.2f}x the first" in line
+    assert "caramel@hvd's transfers held the link 2.500-2.700 s a step (M 1.873 s), its steps waited 0.900-1.000 s for them" in line
+    # Strategies on TensorFlow's collectives are bounded with TensorFlow's M, in a line of its own.
+    point.cells |= {"comm-only-tf": cell(2.5), "mwms-fit": cell(3.6), "caramel@tf": cell(3.3)}
+    bench.print_table(workload, [point], point, ("horovod-tape", "mwms-fit", "caramel@hvd", "caramel@tf"), workers=4)
+    out = capsys.readouterr().out
+    tf_line = next(line for line in out.splitlines() if "tensorflow's M:" in line)
+    tf_bounds = ordered_bounds(workload.profile, 2.272, 2.5)
+    assert f"mwms-fit {3.6 / tf_bounds.step_barrier:.2f}x the second, caramel@tf {3.3 / tf_bounds.any_schedule:.2f}x the first" in tf_line
+    assert "horovod-tape" not in tf_line and "caramel@hvd" not in tf_line
+    assert f"caramel@tf E {point.efficiency('caramel@tf'):.2f}, {3.3 / max(2.272, 2.5):.2f}x its bound max(C, M tensorflow)" in out
+    assert "ratios: /H over horovod-tape, /M over mwms-fit" in out
     # Only the strategies that ran are set against a bound.
-    del point.cells["horovod"]
-    bench.print_table(workload, [point], point, ("caramel",), workers=4)
+    del point.cells["horovod-tape"]
+    bench.print_table(workload, [point], point, ("caramel@hvd",), workers=4)
     line = next(line for line in capsys.readouterr().out.splitlines() if "release and read order" in line)
-    assert "(Horovod's); caramel" in line and "horovod" not in line.split("(Horovod's)")[1]
+    assert "(the baselines'); caramel@hvd" in line and "horovod-tape" not in line
     # Real compute has no per-layer times to bound with.
     real, = make_workloads("real", ["small"])
-    bench.print_table(real, [point], point, ("horovod", "caramel"), workers=4)
+    bench.print_table(real, [point], point, ("horovod-tape", "caramel@hvd"), workers=4)
     assert "release and read order" not in capsys.readouterr().out
 
 
 def test_report_prints_an_earlier_runs_tables_from_its_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    def cell(*seconds: float) -> bench.Cell:
-        return bench.Cell([bench.Run(steps=[value], peak_rss_bytes=2**30, cpu_seconds_per_step=0.5) for value in seconds])
+    def cell(*seconds: float, **details: object) -> bench.Cell:
+        return bench.Cell([bench.Run(steps=[value], peak_rss_bytes=2**30, cpu_seconds_per_step=0.5, details=dict(details)) for value in seconds])
 
-    point = bench.Point(2000, 0.875, {"compute-only": cell(0.87), "comm-only": cell(0.75), "horovod": cell(1.19, 1.2), "caramel": cell(1.03, 1.04)})
+    point = bench.Point(2000, 0.875, {
+        "compute-only": cell(0.87), "comm-only": cell(0.75), "comm-only-tf": cell(0.9), "horovod-tape": cell(1.19, 1.2),
+        "mwms-fit": cell(1.3), "caramel@tf": cell(1.1, backend="tensorflow"), "caramel@hvd": cell(1.03, 1.04, backend="horovod"),
+    })  # fmt: skip
     results = tmp_path / "results.json"
     bench.save_results(results, {"resnet50": ([point], point)})
-    assert bench.main(["--report", str(results), "--strategies", "horovod,caramel"]) == 0
+    assert bench.main(["--report", str(results)]) == 0  # the run's own strategies
     out = capsys.readouterr().out
     assert next(line for line in out.splitlines() if line.startswith("   2000")).endswith("<- operating point")
     assert "release and read order" in out
-    assert out.strip().endswith(bench.summary_line("resnet50", point))
+    strategies = ("horovod-tape", "mwms-fit", "caramel@tf", "caramel@hvd")
+    assert out.strip().endswith("\n".join(bench.summary_lines("resnet50", point, strategies)))
+    assert f"resnet50 caramel@hvd speedup_vs_horovod-tape={1.195 / 1.035:.3f} speedup_vs_mwms-fit={1.3 / 1.035:.3f} of_bound={1.035 / 0.87:.3f}" in out
+    assert f"resnet50 caramel@tf speedup_vs_horovod-tape={1.195 / 1.1:.3f} speedup_vs_mwms-fit={1.3 / 1.1:.3f} of_bound={1.1 / 0.9:.3f}" in out
+    # A run recorded before the backends (Horovod's fit, Caramel on Horovod's collectives, which
+    # reported no backend) still reports, Caramel bounded with Horovod's M.
+    old = bench.Point(2000, 0.875, {"compute-only": cell(0.87), "comm-only": cell(0.95), "horovod": cell(1.19, 1.2), "caramel": cell(1.03, 1.04)})
+    bench.save_results(results, {"resnet50": ([old], old)})
+    assert bench.main(["--report", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().endswith(f"resnet50 caramel speedup_vs_horovod={1.195 / 1.035:.3f} of_bound={1.035 / 0.95:.3f}")
     results.write_text("{}" + "x")
     assert bench.main(["--report", str(results)]) == 2
     assert f"--report {results}: cannot be read as a results.json of --compute emulated" in capsys.readouterr().err

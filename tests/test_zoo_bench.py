@@ -26,9 +26,13 @@ def test_the_zoo_is_broad_and_every_profile_has_a_regime() -> None:
 def test_defaults_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     args = zoo_bench.parse_args([])
     assert args.profile_names == list(NAMES) and args.rate_list == [1000.0, 4000.0] and args.repeats == 3
-    assert args.strategy_names[0] == zoo_bench.BASELINE
+    # Both baselines first, then Caramel's public paths: ctf.function and fit on TensorFlow's
+    # collectives, ctf.function on Horovod's.
+    assert args.strategy_names == ("horovod-tape", "mwms-fit", "caramel-function@tf", "caramel@tf", "caramel-function@hvd")
+    assert zoo_bench.parse_args(["--strategies", "caramel-tape@hvd"]).strategy_names == ("horovod-tape", "mwms-fit", "caramel-tape@hvd")
     assert "--profiles: unknown lenet" in parse_error(capsys, "--profiles", "lenet")
     assert "--strategies: unknown nccl" in parse_error(capsys, "--strategies", "nccl")
+    assert "--strategies: horovod no longer runs" in parse_error(capsys, "--strategies", "horovod")
     assert "--rates: expected comma-separated Mbit/s" in parse_error(capsys, "--rates", "fast")
     assert "--repeats: must be at least 1, got 0" in parse_error(capsys, "--repeats", "0")
     assert "--job-steps: must be at least 1, got 0" in parse_error(capsys, "--job-steps", "0")
@@ -40,28 +44,67 @@ def run(seconds: float, **details) -> Run:
     return Run(steps=[seconds] * 4, peak_rss_bytes=2**30, cpu_seconds_per_step=0.5, details=details)
 
 
-def test_table_and_summary_give_ratios_to_horovod(capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_and_summary_give_ratios_to_both_baselines(capsys: pytest.CaptureFixture[str]) -> None:
     point = Point(1000.0, 1.0, {
         "horovod-tape": Cell([run(1.0), run(1.2)]),
-        "caramel-tape": Cell([run(1.1), run(1.1)]),
-        "caramel-function": Cell([run(0.88, planned=True, predicted_step_seconds=0.8, planned_step_seconds=0.88), run(0.88, planned=False),
-                                  run(0.88, planned=False, graph="horovod")]),
+        "mwms-fit": Cell([run(1.76), run(1.76)]),
+        "caramel-tape@hvd": Cell([run(1.1, backend="horovod"), run(1.1, backend="horovod")]),
+        "caramel-function@tf": Cell([
+            run(0.88, backend="tensorflow", planned=True, predicted_step_seconds=0.8, planned_step_seconds=0.88),
+            run(0.88, backend="tensorflow", planned=False),
+            run(0.88, backend="tensorflow", planned=False, graph="own"),
+        ]),
         "compute-only": Cell([run(0.6)]),
         "comm-only": Cell([run(0.6)]),
+        "comm-only-tf": Cell([run(0.7)]),
     })  # fmt: skip
     results = {"densenet121@1000": point}
     workloads = {"densenet121": make_workloads("emulated", ["densenet121"])[0]}
-    strategies = ("horovod-tape", "caramel-tape", "caramel-function")
+    strategies = ("horovod-tape", "mwms-fit", "caramel-tape@hvd", "caramel-function@tf")
     zoo_bench.print_table(results, workloads, strategies)
     zoo_bench.print_summary(results, workloads, strategies)
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("densenet121"))
-    assert "many tiny tensors" in row
-    # Horovod's median is 1.1 s: caramel-tape 1.0x, caramel-function 0.8x (its runs 0.88 s).
-    assert " 1.000 (1.000-1.000)" in row and " 0.800 (0.800-0.800)" in row
-    columns = [column.strip() for column in row.split("|")]
-    # Predicted over measured; how each caramel-function run ended: the plan, Horovod's way in
-    # Caramel's graph, Horovod's own graph.
-    assert columns[-3:-1] == ["0.91", "PHG"]
-    assert "caramel-function: geometric mean 0.800x horovod-tape over 1 points; at most 1.0x on 1" in out
+    rows = [line for line in out.splitlines() if line.startswith("densenet121")]
+    against_horovod, against_mwms = rows[0], rows[1]
+    assert "many tiny tensors" in against_horovod and "many tiny tensors" in against_mwms
+    # Horovod's median is 1.1 s: mwms-fit 1.6x, caramel-tape@hvd 1.0x, caramel-function@tf 0.8x (its runs 0.88 s).
+    assert " 1.600 (1.600-1.600)" in against_horovod and " 1.000 (1.000-1.000)" in against_horovod and " 0.800 (0.800-0.800)" in against_horovod
+    # MultiWorkerMirroredStrategy's median is 1.76 s: caramel-function@tf 0.5x; no inverse of mwms-fit over horovod-tape.
+    assert " 0.500 (0.500-0.500)" in against_mwms and " 0.625 (0.625-0.625)" in against_mwms and "1.600" not in against_mwms
+    # M is each baseline's own: Horovod's 0.6 s, TensorFlow's 0.7 s.
+    assert against_horovod.split("|")[0].split()[-1] == "0.600" and against_mwms.split("|")[0].split()[-1] == "0.700"
+    # Caramel's runs: predicted over measured; how each caramel-function@tf run ended: the plan,
+    # the backend's own way in Caramel's graph, the backend's own graph.
+    function = next(row for row in rows[2:] if "caramel-function@tf" in row)
+    columns = [column.strip() for column in function.split("|")]
+    assert columns[2:4] == ["0.91", "PHG"]
+    assert columns[4].split() == ["1.00", "1.00"] and columns[5].split() == ["1.00", "1.00"]  # RSS and CPU over each baseline's
+    assert "caramel-function@tf: geometric mean 0.800x horovod-tape over 1 points (0.800-0.800); at most 1.0x on 1" in out
+    assert "caramel-function@tf: geometric mean 0.500x mwms-fit over 1 points (0.500-0.500); at most 1.0x on 1; worst 0.500x (densenet121@1000)" in out
+    assert "mwms-fit: geometric mean 1.600x horovod-tape" in out and "horovod-tape: geometric mean" not in out
+    assert "best Caramel path: geometric mean 0.800x horovod-tape" in out and "best Caramel path: geometric mean 0.500x mwms-fit" in out
     assert "planner: predicted against measured off by 9.1%" in out  # 0.8 / 0.88
+
+
+def test_graph_names_are_the_runtimes() -> None:
+    """The driver imports no TensorFlow, so it names the backend's own graph itself."""
+    from caramel.tensorflow.graph_choice import OWN_GRAPH
+
+    assert zoo_bench.OWN_GRAPH == OWN_GRAPH
+    assert zoo_bench.arms(Cell([run(1.0, graph=OWN_GRAPH), run(1.0, graph="horovod"), run(1.0, graph="caramel", planned=True)])) == "GGP"
+
+
+def test_report_of_an_earlier_run_uses_its_strategies(tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--report prints the strategies the run measured (one from before the backends too: its
+    Caramel runs on Horovod's collectives, bounded with Horovod's M) and draws its plot."""
+    drawn = []
+    monkeypatch.setattr(zoo_bench, "plot", lambda results, strategies, path: drawn.append((strategies, path)))
+    point = Point(1000.0, 1.0, {"horovod-tape": Cell([run(1.0)]), "caramel-function": Cell([run(0.9)]), "compute-only": Cell([run(0.6)]),
+                                "comm-only": Cell([run(0.6)])})  # fmt: skip
+    results = tmp_path / "results.json"
+    zoo_bench.save_results(results, {"densenet121@1000": point})
+    assert zoo_bench.main(["--report", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert "caramel-function: geometric mean 0.900x horovod-tape over 1 points" in out
+    assert next(line for line in out.splitlines() if line.startswith("densenet121")).split("|")[-1].strip() != "nan"  # best/bnd
+    assert drawn == [(("horovod-tape", "caramel-function"), results.with_name("zoo.png"))]
