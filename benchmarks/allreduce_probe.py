@@ -1,5 +1,8 @@
 """The trivial benchmark worker: Horovod allreduce bus bandwidth over the emulated links.
 
+Horovod is plain Horovod over Gloo, imported past Caramel's own `horovod` package
+(plain_horovod.py).
+
 Started by the harness through Caramel's entrypoint; rank 0 prints one JSON line per timed
 allreduce: {"event": "allreduce", "megabytes", "seconds", "bus_mbit_per_s"}. Bus bandwidth
 is what each link carried: a ring allreduce of B bytes over n ranks sends 2 (n - 1) / n x B
@@ -12,8 +15,9 @@ import argparse
 import json
 import time
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
+
+from benchmarks.plain_horovod import horovod_tensorflow
 
 
 def main() -> None:
@@ -21,6 +25,7 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
+    hvd = horovod_tensorflow()
     hvd.init()
     # Random values: a constant tensor could be folded away instead of communicated.
     tensor = tf.random.uniform([args.megabytes * 2**20 // 4], seed=hvd.rank())

@@ -2,7 +2,11 @@
 
 Each worker is started as `caramel run` and the operator start one: `worker_env` and
 `worker_command` of a CaramelJob built with `parse_job`, with the namespaces' addresses as
-peers and the job's worker names as hostnames. Worker 0's entrypoint serves the rendezvous.
+peers and the job's worker names as hostnames. Worker 0's entrypoint serves the rendezvous; every
+training process's TensorFlow server (Caramel's tensorflow backend, or MultiWorkerMirroredStrategy
+in a baseline: mwms.py) listens on the contract's collective port, the rendezvous port plus one,
+at its worker's address. The training processes get Caramel's `horovod` package first on their
+path, as under `caramel run`; the plain-Horovod baselines bypass it (plain_horovod.py).
 The workers' output lines (`rank N | ...` from the entrypoint) go to a log file; the JSON
 lines among them are the benchmark's events.
 """

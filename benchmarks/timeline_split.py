@@ -3,7 +3,10 @@
     python -m benchmarks.timeline_split TIMELINE.json [--match caramel_transfer] [--last-seconds 15]
 
 Run a benchmark with `--worker-env HOROVOD_TIMELINE=<file>` (rank 0, Horovod's coordinator,
-writes it: every tensor a "process" of a Chrome trace, `horovod/common/timeline.cc`). Each time a
+writes it: every tensor a "process" of a Chrome trace, `horovod/common/timeline.cc`). Only the
+strategies whose gradients travel by Horovod's collectives write one: plain Horovod's
+(horovod-tape, autotune-tape) and Caramel's on its horovod backend (caramel@hvd and the other
+@hvd paths, the anchors); TensorFlow's collectives (mwms-*, the @tf paths) keep no timeline. Each time a
 tensor is reduced, the timeline holds its negotiation (from the moment rank 0 had it to the moment
 every rank had it; a tick per rank the first time, none where the response cache answers) and its
 processing (from the moment Horovod's background thread started it, through copies into and out

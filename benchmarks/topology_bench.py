@@ -26,9 +26,10 @@ The table gives, per testbed and size, each algorithm's median and min-max sprea
 repeats, ring / multitree (a speedup above 1), the bound and multitree / bound.
 
 --model PROFILE (an emulated profile: resnet50, vgg16, bert_base) then trains that model end to
-end on each testbed, through Keras `fit` and the public API as `make bench` does
-(`emulated_worker.py`), once per repeat and algorithm: Horovod's defaults, and Caramel with
-spec.caramel.allreduce ring, multitree and auto. The second table gives each one's median step.
+end on each testbed through the public API as `make bench` does (`emulated_worker.py`), once per
+repeat and algorithm: plain Horovod's defaults (its tape in a tf.function per step; its Keras fit
+needs Keras 2), and Caramel through Keras fit on Horovod's collectives with spec.caramel.allreduce
+ring, multitree and auto. The second table gives each one's median step.
 On the flat testbed `auto` has to choose ring and be no slower than it.
 
 Logs and results.json go to runs/topology-bench-<time>/. Needs root; run it alone on the machine.
@@ -58,12 +59,14 @@ PREFIX = "crtp"
 SUBNET = "10.213.9.0/24"
 MEGABYTE = 2**20
 TESTBEDS = ("racks", "flat")
-# The model runs: (label, the worker's strategy, spec.caramel).
+# The model runs: (label, the worker's strategy, its API, spec.caramel). Horovod is plain Horovod's
+# tape in a tf.function per step (its Keras fit needs Keras 2); Caramel trains with Keras fit on
+# Horovod's collectives, whose ring the trees replace.
 MODEL_ALGORITHMS = (
-    ("horovod", "horovod", {}),
-    ("caramel ring", "caramel", {"allreduce": "ring"}),
-    ("caramel multitree", "caramel", {"allreduce": "multitree"}),
-    ("caramel auto", "caramel", {"allreduce": "auto"}),
+    ("horovod", "horovod", "tape", {}),
+    ("caramel ring", "caramel", "fit", {"backend": "horovod", "allreduce": "ring"}),
+    ("caramel multitree", "caramel", "fit", {"backend": "horovod", "allreduce": "multitree"}),
+    ("caramel auto", "caramel", "fit", {"backend": "horovod", "allreduce": "auto"}),
 )
 
 
@@ -132,8 +135,8 @@ def run_model(
     timeout = 300 + 10 * (warmup + args.model_steps) * step
     events = []
     for repeat in range(args.repeats):
-        for label, strategy, caramel in MODEL_ALGORITHMS:
-            command = workload.command(strategy, args.model_steps, warmup, args.steps_per_execution)
+        for label, strategy, api, caramel in MODEL_ALGORITHMS:
+            command = workload.command(strategy, api, args.model_steps, warmup, args.steps_per_execution)
             # The cluster maps the hostnames of the all-reduce job: the model jobs take its name.
             job = bench_job(f"topology-{testbed}", command, args.workers, f"{PREFIX}-eth", env, caramel)
             log = directory / f"{testbed}-{args.model}-{label.replace(' ', '-')}-{repeat}.log"
@@ -174,14 +177,14 @@ def table(events: list[dict]) -> str:
 
 def model_table(events: list[dict], model: str) -> str:
     rows = [
-        f"| testbed | {model}: step s (min-max) | " + " | ".join(label for label, _, _ in MODEL_ALGORITHMS[1:])
+        f"| testbed | {model}: step s (min-max) | " + " | ".join(label for label, _, _, _ in MODEL_ALGORITHMS[1:])
         + " | horovod / multitree | ring / auto | auto chose |",
         "| --- | --- | " + " | ".join("---" for _ in MODEL_ALGORITHMS[1:]) + " | ---: | ---: | --- |",
     ]  # fmt: skip
     runs = [e for e in events if e["event"] == "model"]
     for testbed in dict.fromkeys(e["testbed"] for e in runs):
         times = {label: [e["seconds"] for e in runs if (e["testbed"], e["algorithm"]) == (testbed, label)]
-                 for label, _, _ in MODEL_ALGORITHMS}  # fmt: skip
+                 for label, _, _, _ in MODEL_ALGORITHMS}  # fmt: skip
         median = {label: statistics.median(seconds) for label, seconds in times.items()}
         cells = [f"{median[label]:.3f} ({min(s):.3f}-{max(s):.3f})" for label, s in times.items()]
         rows.append(
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.congestion_control} (machine default {default_congestion_control()}); seconds are the slowest rank's\n")
     print(table(events))
     if args.model:
-        print(f"\n{args.model} trained end to end (Keras fit), median step over {args.model_steps} steps, "
+        print(f"\n{args.model} trained end to end (Horovod's tape, Caramel's Keras fit), median step over {args.model_steps} steps, "
               f"median (min-max) of {args.repeats} runs\n")
         print(model_table(events, args.model))
     print(f"\nlogs and results.json in {directory}")

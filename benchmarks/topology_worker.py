@@ -1,5 +1,8 @@
 """The topology benchmark's worker: Horovod's ring and Caramel's MULTITREE on the same buffers.
 
+Horovod is plain Horovod (its ops over Gloo), imported past Caramel's own `horovod` package
+(plain_horovod.py): the ring measured is Horovod's, not Caramel's.
+
 Started through Caramel's entrypoint like any worker; it reads the topology and the transport's
 addresses from the worker contract. For each size, in every repeat, both algorithms all-reduce
 the same random float32 buffer (which goes first alternates), each after a barrier; a run's
@@ -13,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from types import ModuleType
 
-import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.plain_horovod import horovod_tensorflow
 from caramel.job.contract import WorkerContract
 from caramel.topology.multitree import multitree
 from caramel.topology.transport import CONGESTION_CONTROL, PIECE_BYTES, TreeAllreduce
@@ -33,6 +37,7 @@ def main() -> None:
     parser.add_argument("--piece-bytes", type=int, default=PIECE_BYTES, help="the transport's piece size")
     parser.add_argument("--congestion-control", default=CONGESTION_CONTROL, help="the transport's; 'system': the default")
     args = parser.parse_args()
+    hvd = horovod_tensorflow()
     hvd.init()
     contract = WorkerContract.from_env()
     schedule = multitree(contract.topology)
@@ -66,10 +71,10 @@ def main() -> None:
                 started = time.perf_counter()
                 algorithms[name](buffer)
                 seconds = hvd.allgather(tf.constant([time.perf_counter() - started], tf.float64)).numpy().max()
-                report({"event": "allreduce", "algorithm": name, "megabytes": megabytes, "repeat": repeat,
-                        "seconds": float(seconds)})
+                report(hvd, {"event": "allreduce", "algorithm": name, "megabytes": megabytes, "repeat": repeat,
+                             "seconds": float(seconds)})
         difference = np.abs(ring(buffer) - tree(buffer)).max()
-        report({"event": "check", "megabytes": megabytes, "max_difference": float(difference)})
+        report(hvd, {"event": "check", "megabytes": megabytes, "max_difference": float(difference)})
     transport.close()
 
 
@@ -82,7 +87,7 @@ class Buffer:
         self.out = array.copy()
 
 
-def report(event: dict) -> None:
+def report(hvd: ModuleType, event: dict) -> None:
     if hvd.rank() == 0:
         print(json.dumps(event), flush=True)
 

@@ -67,7 +67,8 @@ def measure_tcp(rate_mbit: float) -> float:
 
 def measure_allreduce(workers: int, rate_mbit: float, set_interface: bool) -> list[dict]:
     interface = Names(DEFAULT_PREFIX).interface if set_interface else None
-    job = bench_job("probe", [sys.executable, str(HERE / "allreduce_probe.py")], workers, interface)
+    # A module of the repository (run_job starts workers there), for its import of plain_horovod.
+    job = bench_job("probe", [sys.executable, "-m", "benchmarks.allreduce_probe"], workers, interface)
     with tempfile.TemporaryDirectory() as logs, EmulatedCluster(workers, rate_mbit, hostnames=hostnames(job)) as cluster:
         result = run_job(cluster, job, timeout_seconds=300, log_path=Path(logs) / "workers.log")
     return [event for event in result.events if event.get("event") == "allreduce"]
