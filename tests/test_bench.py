@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 import benchmarks.quickstart_bench as quickstart_bench
 import benchmarks.scheduling_bench as bench
@@ -13,6 +14,7 @@ from benchmarks.jobrun import parse_event
 from benchmarks.step_bounds import ordered_bounds
 from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, make_workloads
 from caramel.job.api import CaramelJob, MemoryAllocator, Scheduling
+from caramel.job.jobfile import parse_job
 
 
 def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -142,6 +144,29 @@ def test_quickstart_bench_refuses_an_unknown_allocator(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         quickstart_bench.main(["--memory-allocator", "jemalloc"])
     assert "--memory-allocator: invalid choice: 'jemalloc'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        quickstart_bench.main(["--variants", "caramel@tf,nccl"])
+    assert "--variants: unknown nccl" in capsys.readouterr().err
+
+
+def test_quickstart_bench_runs_the_same_job_by_plain_horovod_and_on_each_backend() -> None:
+    """The baseline is the benchmark's own script with the quickstart's arguments (the examples
+    train with Caramel only); the Caramel variants are the quickstart as it is, on each backend."""
+    job = yaml.safe_load(quickstart_bench.QUICKSTART.read_text())
+    horovod = quickstart_bench.VARIANTS["horovod"](job)
+    assert "script" not in horovod["spec"] and horovod["spec"]["command"][1:] == ["-m", "benchmarks.quickstart_horovod"]
+    assert horovod["spec"]["args"] == job["spec"]["args"] and horovod["spec"]["workers"] == job["spec"]["workers"]
+    for name, backend in (("caramel@tf", "tensorflow"), ("caramel@hvd", "horovod")):
+        variant = quickstart_bench.VARIANTS[name](job)
+        assert variant["spec"]["script"] == job["spec"]["script"] and variant["spec"]["args"] == job["spec"]["args"]
+        assert parse_job(variant, source=name).spec.caramel.backend.value == backend
+    assert parse_job(horovod, source="horovod").spec.command == horovod["spec"]["command"]
+    assert "caramel" not in job["spec"]  # the variants leave the quickstart itself alone
+    steps = {"horovod": [0.010, 0.012], "caramel@tf": [0.009, 0.009]}
+    walls = {"horovod": [20.0, 22.0], "caramel@tf": [24.0, 24.0]}
+    assert quickstart_bench.summary_line("caramel@tf", steps, walls) == (
+        "quickstart caramel@tf_over_horovod=0.818 whole_run_caramel@tf_over_horovod=1.143"
+    )
 
 
 @pytest.mark.parametrize("setting", ["TF_ENABLE_ONEDNN_OPTS", "=0", "1X=0"])
