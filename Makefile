@@ -16,7 +16,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/caramel/horovod-$(HOROVOD_VERSION)-$(subst ==,,$(T
 CARAMEL_WITHOUT_HOROVOD ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast crd clean bench bench-zoo bench-topology bench-needs-root
+.PHONY: setup test test-fast crd clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
 
 # The CRD is generated from the API models; tests fail when a committed copy drifts.
 CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
@@ -70,12 +70,24 @@ bench-zoo: bench-needs-root $(VENV)/.bench-done
 bench-topology: bench-needs-root $(VENV)/.setup-done
 	$(VENV_PYTHON) -m benchmarks.topology_bench $(BENCH_ARGS)
 
+# Horovod-shaped scripts (examples/horovod) under Caramel against plain Horovod on the same scripts,
+# as local processes (no root). Arguments: make bench-horovod-scripts BENCH_ARGS="--scripts mnist --repeats 5".
+bench-horovod-scripts: $(VENV)/.bench-done
+	$(VENV_PYTHON) -m benchmarks.horovod_scripts_bench $(BENCH_ARGS)
+
 bench-needs-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make bench needs root: it creates network namespaces, veths, a bridge, tc qdiscs and an iptables rule (try: sudo make bench)" >&2; exit 1; }
 
-# matplotlib, for the benchmark's plot (the bench extra of pyproject.toml).
+# Packages the benchmarks install without their dependencies ([tool.caramel] in pyproject.toml):
+# tf-keras, whose requirement on the full `tensorflow` would install a second TensorFlow.
+BENCH_NO_DEPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['caramel']['bench-without-dependencies'])")
+
+# matplotlib, for the benchmark's plot (the bench extra of pyproject.toml); tf-keras (Keras 2), for
+# plain Horovod's Keras API in benchmarks/plain_horovod_runner.py.
 $(VENV)/.bench-done: $(VENV)/.setup-done pyproject.toml
 	$(VENV_PYTHON) -m pip install --quiet -e '.[test,bench]'
+	$(VENV_PYTHON) -m pip install --quiet --no-deps $(BENCH_NO_DEPS)
+	$(VENV_PYTHON) -m caramel.job.one_tensorflow
 	@touch $@
 
 crd: setup
