@@ -68,6 +68,7 @@ from benchmarks.scheduling_bench import (
     BASELINES,
     COMM_ONLY,
     JOB_NAME,
+    MEASURED_EXECUTIONS,
     STRATEGIES,
     Bench,
     Cell,
@@ -432,7 +433,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profiles", help=f"comma-separated profiles (default: the whole zoo, {len(NAMES)})")
     parser.add_argument("--rates", default=",".join(f"{rate:g}" for rate in DEFAULT_RATES), help="link rates in Mbit/s (default 1000,4000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and point (default 3)")
-    parser.add_argument("--steps", type=int, default=16, help="measured steps per run (default 16)")
+    parser.add_argument(
+        "--steps", type=int, default=16,
+        help=f"measured steps per run, at least {MEASURED_EXECUTIONS} executions of --steps-per-execution (default 16); every "
+        "run first runs the warm-up of make bench: until Caramel runs what its first rounds chose, 40 steps at 4 per execution",
+    )  # fmt: skip
     parser.add_argument("--steps-per-execution", type=int, default=4, help="steps per graph execution (default 4)")
     parser.add_argument(
         "--strategies",
@@ -461,6 +466,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag, value in (("--repeats", args.repeats), ("--steps", args.steps), ("--steps-per-execution", args.steps_per_execution), ("--workers", args.workers)):
         if value < 1:
             parser.error(f"{flag}: must be at least 1, got {value}")
+    if args.steps < MEASURED_EXECUTIONS * args.steps_per_execution:
+        parser.error(
+            f"--steps: {args.steps} steps are fewer than {MEASURED_EXECUTIONS} executions of --steps-per-execution "
+            f"{args.steps_per_execution}; a run's median step would then be decided by one execution"
+        )
     if args.job_steps is not None and args.job_steps < 1:
         parser.error(f"--job-steps: must be at least 1, got {args.job_steps}")
     try:

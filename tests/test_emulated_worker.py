@@ -1,7 +1,8 @@
-"""The benchmark's emulated worker runs every public path it measures to the end, with real
-Horovod ranks under `caramel run`, and prints its summary: a zoo run that breaks on one path
-loses hours of measurements, so each path is run here for a few steps (the device is made fast,
-so the steps are short; nothing is timed)."""
+"""The benchmark's emulated worker runs every public path it measures to the end, with real ranks
+under `caramel run`, and prints its summary: a zoo run that breaks on one path loses hours of
+measurements, so each path is run here for a few steps (the device is made fast, so the steps are
+short; nothing is timed): Caramel's paths on each backend, and the baselines, each library
+through its own API (plain Horovod past Caramel's horovod package, MultiWorkerMirroredStrategy)."""
 
 from __future__ import annotations
 
@@ -18,38 +19,53 @@ pytestmark = pytest.mark.e2e
 RANKS = 2
 
 
-@pytest.mark.parametrize(("strategy", "api"), [("caramel", "tape"), ("caramel", "function"), ("caramel", "fit"), ("horovod", "tape")])
-def test_every_path_runs_to_its_summary(tmp_path, strategy, api):
+def run_worker(tmp_path, strategy: str, api: str, warmup: int, caramel: dict | None = None, timeout: float = 600) -> tuple[list[dict], str]:
     command = [
         sys.executable, "-m", "benchmarks.emulated_worker", "--profile", "mobilenet_v2", "--device-tflops", "1000",
-        "--strategy", strategy, "--api", api, "--steps", "4", "--warmup", "6", "--steps-per-execution", "2",
+        "--strategy", strategy, "--api", api, "--steps", "4", "--warmup", str(warmup), "--steps-per-execution", "2",
     ]  # fmt: skip
-    manifest = job_manifest(script=None, command=command, args=[], workers={"replicas": RANKS})
-    result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=600)
+    manifest = job_manifest(script=None, command=command, args=[], workers={"replicas": RANKS}, caramel=caramel or {})
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     events = [json.loads(line[line.index("{") :]) for line in result.stderr.splitlines() if '{"event": ' in line]
+    return events, result.stderr
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "horovod"])
+@pytest.mark.parametrize("api", ["tape", "function", "fit"])
+def test_every_caramel_path_runs_to_its_summary_on_each_backend(tmp_path, api, backend):
+    events, stderr = run_worker(tmp_path, "caramel", api, 6, {"backend": backend})
     summaries = [event for event in events if event["event"] == "summary"]
-    assert len(summaries) == RANKS and all(summary["strategy"] == strategy for summary in summaries), result.stderr[-3000:]
-    assert len([event for event in events if event["event"] == "step"]) == 4, result.stderr[-3000:]  # rank 0's measured steps
+    assert len(summaries) == RANKS and all(summary["strategy"] == "caramel" for summary in summaries), stderr[-3000:]
+    assert all(summary["backend"] == backend for summary in summaries), summaries
+    assert len([event for event in events if event["event"] == "step"]) == 4, stderr[-3000:]  # rank 0's measured steps
 
 
-@pytest.mark.parametrize("api", ["function", "fit"])
-def test_caramels_graph_is_measured_against_horovods_own_and_the_faster_kept(tmp_path, api):
+@pytest.mark.parametrize(
+    ("strategy", "api"),
+    [("horovod", "tape"), ("mwms", "fit"), ("mwms", "tape"), ("compute-only", "fit"), ("comm-only", "fit"), ("comm-only-tf", "fit")],
+)
+def test_every_baseline_runs_to_its_summary(tmp_path, strategy, api):
+    events, stderr = run_worker(tmp_path, strategy, api, 2)
+    summaries = [event for event in events if event["event"] == "summary"]
+    assert len(summaries) == RANKS and all(summary["strategy"] == strategy for summary in summaries), stderr[-3000:]
+    assert "backend" not in summaries[0]  # Caramel's runtime was not started
+    assert len([event for event in events if event["event"] == "step"]) == 4, stderr[-3000:]
+    if strategy in ("horovod", "comm-only"):
+        # Plain Horovod, not Caramel's horovod package (which would check the weights at exit).
+        assert "caramel:" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize(("api", "backend"), [("function", "tensorflow"), ("fit", "horovod")])
+def test_caramels_graph_is_measured_against_the_backends_own_and_the_faster_kept(tmp_path, api, backend):
     """Past its first rounds (`settled_step`), a Caramel step function has run blocks of its graph
-    of several steps and of Horovod's own graph of one step, timed both, and runs the one chosen."""
+    of several steps and of the backend's own graph of one step, timed both, and runs the one chosen."""
     spe = 2
-    command = [
-        sys.executable, "-m", "benchmarks.emulated_worker", "--profile", "mobilenet_v2", "--device-tflops", "1000",
-        "--strategy", "caramel", "--api", api, "--steps", "4", "--warmup", str(settled_step(spe)),
-        "--steps-per-execution", str(spe),
-    ]  # fmt: skip
-    manifest = job_manifest(script=None, command=command, args=[], workers={"replicas": RANKS})
-    result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summaries = [json.loads(line[line.index("{") :]) for line in result.stderr.splitlines() if '{"event": "summary"' in line]
-    assert len(summaries) == RANKS, result.stderr[-3000:]
+    events, stderr = run_worker(tmp_path, "caramel", api, settled_step(spe), {"backend": backend}, timeout=900)
+    summaries = [event for event in events if event["event"] == "summary"]
+    assert len(summaries) == RANKS, stderr[-3000:]
     for summary in summaries:
-        assert set(summary["graph_step_seconds"]) == {"caramel", "horovod"}, summary
+        assert set(summary["graph_step_seconds"]) == {"caramel", "own"}, summary
         assert all(seconds > 0 for seconds in summary["graph_step_seconds"].values()), summary
     assert len({summary["graph"] for summary in summaries}) == 1, summaries  # every rank runs rank 0's choice
-    assert "steps run Caramel's graph of several steps" in result.stderr or "steps run Horovod's own graph of one step" in result.stderr
+    assert "steps run Caramel's graph of several steps" in stderr or "in a graph of one step" in stderr

@@ -33,6 +33,7 @@ def test_defaults_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--profiles: unknown lenet" in parse_error(capsys, "--profiles", "lenet")
     assert "--strategies: unknown nccl" in parse_error(capsys, "--strategies", "nccl")
     assert "--strategies: horovod no longer runs" in parse_error(capsys, "--strategies", "horovod")
+    assert "--steps: 8 steps are fewer than 3 executions of --steps-per-execution 4" in parse_error(capsys, "--steps", "8")
     assert "--rates: expected comma-separated Mbit/s" in parse_error(capsys, "--rates", "fast")
     assert "--repeats: must be at least 1, got 0" in parse_error(capsys, "--repeats", "0")
     assert "--job-steps: must be at least 1, got 0" in parse_error(capsys, "--job-steps", "0")
