@@ -11,10 +11,13 @@ released together at the end of its backward pass, and its forward pass reads al
 weights. At 64 layers, every model still has a forward and backward pass of many steps.
 
 The layer's compute is slept (in `tf.numpy_function`, which releases the GIL while sleeping),
-so that the machine's two cores are left to the real Horovod/Gloo traffic over the shaped links:
-the benchmark then shows the scheduling, not a fight for the CPU. The model is trained like any
-Keras model, through the public API (`model.fit`, Horovod's or Caramel's optimizer), so the
-benchmark measures the path users take.
+so that the machine's two cores are left to the real collectives' traffic over the shaped links
+(Horovod's over Gloo, TensorFlow's over gRPC): the benchmark then shows the scheduling, not a
+fight for the CPU. The model is an ordinary Keras 3 model, trained through each library's public
+API (`model.fit` with Caramel's optimizer or under MultiWorkerMirroredStrategy, or a tape in a
+tf.function: Horovod's, Caramel's, the strategy's), so the benchmark measures the path users take.
+Its layers' weights are Keras 3 variables; the gradients reach them, and the `tf.Variable`s under
+them that plain Horovod's tape is given (plain_horovod.py), through the reads recorded below.
 
 Two details keep TensorFlow from optimising the emulation away, and keep it honest:
 - the forward op reads a slice of its weight, so it runs only once that weight's last update
