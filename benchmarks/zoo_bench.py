@@ -296,7 +296,7 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
             cell = point.cells.get(path, Cell())
             of_bound = point.median(path) / bound_of_any_schedule(point, workloads[name], path)
             resources = "".join(
-                f" | {cell.peak_rss_bytes / (point.cells.get(b, Cell()).peak_rss_bytes or math.nan):7.2f} "
+                f" | {(cell.peak_rss_bytes or math.nan) / (point.cells.get(b, Cell()).peak_rss_bytes or math.nan):7.2f} "
                 f"{cell.cpu_seconds_per_step / point.cells.get(b, Cell()).cpu_seconds_per_step:7.2f}"
                 for b in baselines
             )
@@ -357,6 +357,7 @@ def plot(results: dict[str, Point], strategies: tuple[str, ...], path: Path) -> 
 
     baselines = baselines_of(strategies)
     keys = list(results)
+    colors = {name: f"C{index % 10}" for index, name in enumerate(strategies)}  # a strategy's colour in every panel
     widest = max((len(compared(strategies, baseline)) for baseline in baselines), default=1)
     figure, axes = plt.subplots(
         max(1, len(baselines)), 1, figsize=(max(8, 0.6 * len(keys) * max(1, widest)), 5 * max(1, len(baselines))), squeeze=False
@@ -366,7 +367,7 @@ def plot(results: dict[str, Point], strategies: tuple[str, ...], path: Path) -> 
         width = 0.8 / max(1, len(others))
         for index, strategy in enumerate(others):
             positions = [i + (index - (len(others) - 1) / 2) * width for i in range(len(keys))]
-            axis.bar(positions, [ratio(results[key], strategy, baseline) for key in keys], width, label=strategy)
+            axis.bar(positions, [ratio(results[key], strategy, baseline) for key in keys], width, label=strategy, color=colors[strategy])
         axis.axhline(1.0, color="black", linewidth=1)
         axis.set_xticks(range(len(keys)), [key.replace("@", "\n") + " Mbit/s" for key in keys], rotation=90, fontsize=7)
         axis.set(ylabel=f"step time / {baseline}'s", title=f"against {baseline}, each model at its operating point")
