@@ -74,6 +74,9 @@ BACKENDS = {"caramel-horovod": "horovod", "caramel-tensorflow": "tensorflow"}
 WARMUP_FRACTION = 0.25
 """The first quarter of a run's steps are not timed (tracing; Caramel's first plans)."""
 RSS_POLL_SECONDS = 0.5
+OTHERS_EVERY_POLLS = 6
+"""Every 3 s, the poller also looks for other benchmarks or training processes on the machine."""
+OTHER_PROCESS = re.compile(r"-m (benchmarks\.|caramel\.launch\.|pytest)|caramel(-worker)? run")
 RUN_TIMEOUT_SECONDS = 1800
 ITER_LINE = re.compile(r"rank 0 \| Iter #(\d+): ([\d.]+) img/sec per")
 STEP_LINE = re.compile(r"rank 0 \| Step #(\d+)\s")
@@ -94,31 +97,34 @@ class Script:
         return EXAMPLES / f"{self.name}.py"
 
 
-# Each run some tens of seconds on this 2-core machine with 2 workers (start-up included): a small
-# keras.applications model at a small image size, MNIST-sized convolutions at batch 64.
+# Each run 45 to 70 s on this 2-core machine with 2 workers, start-up included (TensorFlow's import,
+# building and tracing the model: most of a synthetic benchmark's run), 10 to 25 s of it timed: a small
+# keras.applications model at a small image size, MNIST-sized convolutions at batch 32. The synthetic
+# benchmarks get --no-cuda (this machine has no GPU): without it keras_synthetic_benchmark.py calls
+# hvd.sycl_built(), which Horovod 0.28.1 lacks (Horovod's example gained it after that release).
 SCRIPTS = {
     script.name: script
     for script in (
         Script(
             "synthetic_benchmark",
-            ("--model", "MobileNetV2", "--image-size", "64", "--batch-size", "16", "--num-warmup-batches", "5",
-             "--num-batches-per-iter", "10", "--num-iters", "12"),
-            ("--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4", "--num-warmup-batches", "1",
+            ("--no-cuda", "--model", "MobileNetV2", "--image-size", "64", "--batch-size", "16", "--num-warmup-batches", "5",
+             "--num-batches-per-iter", "5", "--num-iters", "10"),
+            ("--no-cuda", "--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4", "--num-warmup-batches", "1",
              "--num-batches-per-iter", "2", "--num-iters", "3"),
             "iterations",
         ),
         Script(
             "keras_synthetic_benchmark",
-            ("--model", "MobileNetV2", "--image-size", "64", "--batch-size", "16", "--num-batches-per-iter", "10",
-             "--num-iters", "12"),
-            ("--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4", "--num-batches-per-iter", "2",
+            ("--no-cuda", "--model", "MobileNetV2", "--image-size", "64", "--batch-size", "16", "--num-batches-per-iter", "5",
+             "--num-iters", "10"),
+            ("--no-cuda", "--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4", "--num-batches-per-iter", "2",
              "--num-iters", "3"),
             "iterations",
         ),
-        Script("mnist", ("--steps", "1200", "--batch-size", "64"), ("--steps", "80", "--batch-size", "16"), "steps"),
+        Script("mnist", ("--steps", "600", "--batch-size", "32"), ("--steps", "80", "--batch-size", "16"), "steps"),
         Script(
             "keras_mnist",
-            ("--epochs", "6", "--steps-per-epoch", "200", "--batch-size", "64"),
+            ("--epochs", "5", "--steps-per-epoch", "160", "--batch-size", "32"),
             ("--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "16"),
             "epochs",
         ),
@@ -139,6 +145,8 @@ class Run:
     """Each rank's peak RSS (VmHWM), by rank."""
     load_average: float | None = None
     """The 1-minute load average when the run started."""
+    others: list[str] = field(default_factory=list)
+    """Other benchmark or training processes seen running beside the run (their commands, cut short)."""
     log: str = ""
     error: str | None = None
 
@@ -237,6 +245,7 @@ class PeakMemory(threading.Thread):
         self.pid = pid
         self.stopped = threading.Event()
         self.peaks: dict[int, float] = {}
+        self.others: dict[int, str] = {}
         self._ranks: dict[int, int | None] = {}
 
     def run(self) -> None:
@@ -244,13 +253,19 @@ class PeakMemory(threading.Thread):
 
         try:
             root = psutil.Process(self.pid)
+            me = psutil.Process()
+            self._bench = {me.pid, *(parent.pid for parent in me.parents())}  # this driver and what started it
         except psutil.Error:
             return
+        polls = 0
         while not self.stopped.wait(RSS_POLL_SECONDS):
             try:
                 children = root.children(recursive=True)
             except psutil.Error:
                 return
+            if polls % OTHERS_EVERY_POLLS == 0:
+                self._look_for_others(psutil, {root.pid, *self._bench, *(child.pid for child in children)})
+            polls += 1
             for process in children:
                 try:
                     # Only a rank found is kept: between fork and exec a training process still
@@ -262,6 +277,18 @@ class PeakMemory(threading.Thread):
                         self.peaks[rank] = max(self.peaks.get(rank, 0.0), vm_hwm_mib(process.pid))
                 except (psutil.Error, OSError, ValueError):
                     continue
+
+    def _look_for_others(self, psutil, ours: set[int]) -> None:  # noqa: ANN001 (the module)
+        for process in psutil.process_iter(["pid", "cmdline"]):
+            command = " ".join(process.info["cmdline"] or ())
+            if process.info["pid"] in ours or not OTHER_PROCESS.search(command):
+                continue
+            try:  # one of the run's own, started since its children were listed
+                if any(parent.pid == self.pid for parent in process.parents()):
+                    continue
+            except psutil.Error:
+                continue
+            self.others.setdefault(process.info["pid"], command[:160])
 
     def stop(self) -> dict[str, float]:
         self.stopped.set()
@@ -316,6 +343,7 @@ def run_once(script: Script, variant: str, args: Sequence[str], workers: int, di
             process.wait()
     wall = time.perf_counter() - started
     run.peak_rss_mib = memory.stop()
+    run.others = sorted(set(memory.others.values()))
     with open(run.log, "w") as log:
         log.writelines(f"{stamp:9.3f} {line}\n" for stamp, line in lines)
     if returncode != 0:
@@ -450,6 +478,8 @@ def report_lines(document: dict) -> list[str]:
         lines += ["", *table(runs, SCRIPTS[name], args)]
         failures = [run for run in runs if run.script == name and run.error]
         lines += [f"  {run.variant} run {run.repeat + 1} failed: {run.error.splitlines()[0]} (log {run.log})" for run in failures]
+        crowded = [run for run in runs if run.script == name and run.others]
+        lines += [f"  {run.variant} run {run.repeat + 1}: other benchmark or training processes ran beside it ({run.others[0]})" for run in crowded]
     lines.append("")
     lines += [summary_line(runs, name) for name in document["scripts"]]
     return lines
@@ -588,6 +618,8 @@ def main(argv: list[str] | None = None, say: Callable[[str], None] = lambda text
                     step = f"{run.step_seconds * 1e3:.1f} ms over {run.timed_steps} steps" if run.step_seconds else "no steady timing"
                     rss = f", peak RSS {largest_rank_mib(run):.0f} MiB" if run.peak_rss_mib else ""
                     say(f"run {repeat + 1}/{args.repeats} {name} {variant}: step {step}, run {run.wall_seconds:.1f} s{rss} (load {run.load_average:.1f})")
+                    if run.others:
+                        say(f"  warning: {len(run.others)} other benchmark or training process(es) ran beside it, e.g. {run.others[0]}")
     except KeyboardInterrupt:
         say("interrupted: the tables of the runs that finished")
     for line in report_lines(document):

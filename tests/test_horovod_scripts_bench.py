@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import textwrap
+import time
 import tomllib
 from pathlib import Path
 
@@ -190,6 +191,33 @@ def test_a_report_from_results_json_names_the_failures(tmp_path):
     assert (tmp_path / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_poller_names_other_benchmarks_beside_a_run_but_not_the_runs_own_processes():
+    import subprocess
+
+    import psutil
+
+    sleeper = "import subprocess, sys, time; {} time.sleep(30)"
+    child = "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '-m', 'benchmarks.child']);"
+    run = subprocess.Popen([sys.executable, "-c", sleeper.format(child)])
+    other = subprocess.Popen([sys.executable, "-c", sleeper.format(""), "-m", "benchmarks.other_bench"])
+    try:
+        memory = bench.PeakMemory(run.pid)
+        memory.start()
+        deadline = time.monotonic() + 20
+        while other.pid not in memory.others and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2 * bench.RSS_POLL_SECONDS * bench.OTHERS_EVERY_POLLS)  # the run's child listed by then
+        assert memory.stop() == {}  # no training process (a child of the worker entrypoint) among them
+        assert memory.others[other.pid].endswith("-m benchmarks.other_bench")
+        children = psutil.Process(run.pid).children()
+        assert len(children) == 1 and children[0].pid not in memory.others  # the run's own
+        assert os.getpid() not in memory.others  # nor this process (the driver)
+    finally:
+        for process in (run, other):
+            process.kill()
+            process.wait()
+
+
 def test_a_run_without_steady_timing_counts_for_wall_time_only():
     runs = [bench.Run("keras_mnist", "horovod", 0, 20.0, None), bench.Run("keras_mnist", "caramel-horovod", 0, 19.0, None)]
     assert bench.ratio(runs, "caramel-horovod", "step_seconds") is None
@@ -223,6 +251,7 @@ def test_every_scripts_arguments_parse_and_leave_steps_to_time():
                 assert bench.argument(args, "--epochs", 0) >= 3  # the first epoch and the last are not timed
             if script.timing == "iterations":
                 assert bench.argument(args, "--num-iters", 0) >= 2
+                assert "--no-cuda" in args  # else keras_synthetic_benchmark calls hvd.sycl_built(), not in Horovod 0.28.1
 
 
 def test_variants_rotate_over_the_repeats_and_horovod_always_runs(capsys):
