@@ -516,7 +516,10 @@ def plot(document: dict, path: Path) -> None:
         axis.set(ylabel="over plain Horovod", title=title)
         axis.legend(fontsize=8)
         axis.grid(True, axis="y", alpha=0.3)
-    figure.suptitle(f"Horovod-shaped scripts, {document['workers']} workers, {document['repeats']} repeats (commit {document['commit']})", fontsize=10)
+    smoke = ", --smoke: tiny arguments, measuring nothing" if document.get("smoke") else ""
+    figure.suptitle(
+        f"Horovod-shaped scripts, {document['workers']} workers, {document['repeats']} repeat(s), commit {document['commit']}{smoke}", fontsize=10
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
