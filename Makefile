@@ -44,11 +44,13 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 	@touch $@
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 
-test: setup
+# The tests cover the benchmarks too, whose extras (matplotlib; tf-keras for plain Horovod's Keras
+# API in the baselines) the bench set-up installs.
+test: setup $(VENV)/.bench-done
 	$(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
 
 # Unit tests only, without the end-to-end runs of real workers.
-test-fast: setup
+test-fast: setup $(VENV)/.bench-done
 	$(VENV_PYTHON) -m pytest -m 'not e2e' $(PYTEST_ARGS)
 
 # The scheduling benchmark (benchmarks/README.md). It builds network namespaces, a bridge, tc

@@ -4,8 +4,8 @@ Caramel's worker entrypoint puts the directory of Caramel's `horovod` package (H
 Caramel serves it, `caramel.compat`) first on every training process's PYTHONPATH, so that
 `import horovod.tensorflow` in a user's script gets Caramel's implementation. A baseline that
 measures *Horovod itself* must not get it: `horovod_tensorflow()` takes that directory off
-`sys.path`, forgets any `horovod` module already imported from it, and imports the real
-`horovod.tensorflow`, refusing to go on if it still got Caramel's.
+`sys.path` as the plain-Horovod runner does (`plain_horovod_runner.drop_caramels_horovod`),
+and imports the real `horovod.tensorflow`, refusing to go on if it still got Caramel's.
 
 Horovod 0.28.1's TF2 API and Keras 3: `hvd.DistributedGradientTape` keys its gradients by
 `source.ref()`, which Keras 3 variables lack (horovod#4290); the benchmarks give the tape the
@@ -24,25 +24,15 @@ from types import ModuleType
 
 import tensorflow as tf
 
-from caramel.launch.entrypoint import HOROVOD_API_DIR
-
-
-def _inside_shim(path: str | None) -> bool:
-    shim = os.path.realpath(HOROVOD_API_DIR)
-    return path is not None and os.path.realpath(path).startswith(shim + os.sep)
+from benchmarks.plain_horovod_runner import caramel_compat_dir, drop_caramels_horovod, is_caramels
 
 
 def horovod_tensorflow() -> ModuleType:
     """The real Horovod's `horovod.tensorflow`, whatever the process's path says."""
-    shim = os.path.realpath(HOROVOD_API_DIR)
-    sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != shim]
-    if _inside_shim(getattr(sys.modules.get("horovod"), "__file__", None)):
-        for name in [name for name in sys.modules if name == "horovod" or name.startswith("horovod.")]:
-            del sys.modules[name]
-    importlib.invalidate_caches()
+    drop_caramels_horovod(sys.path, os.environ, sys.modules)
     module = importlib.import_module("horovod.tensorflow")
-    if _inside_shim(module.__file__):
-        raise RuntimeError(f"got Caramel's horovod package ({module.__file__}), not Horovod's, after taking {shim} off sys.path")
+    if is_caramels(os.path.dirname(os.path.dirname(module.__file__)), caramel_compat_dir()):
+        raise RuntimeError(f"got Caramel's horovod package ({module.__file__}), not Horovod's, after taking it off sys.path")
     return module
 
 

@@ -49,14 +49,13 @@ if hvd.rank() == 0:
     print('Batch size: %d' % args.batch_size)
     print('Number of %ss: %d' % (device, hvd.size()))
 
-# Horovod: one GPU (or XPU) per process, chosen by local rank (no-op without them).
+# Horovod: one GPU per process, chosen by local rank (no-op without them).
 if args.cuda:
-    device_name = 'XPU' if hvd.sycl_built() else 'GPU'
-    gpus = tf.config.experimental.list_physical_devices(device_name)
+    gpus = tf.config.experimental.list_physical_devices('GPU')
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
-        tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], device_name)
+        tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], 'GPU')
 else:
     os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
