@@ -63,7 +63,7 @@ from pathlib import Path
 
 import yaml
 
-from caramel.job.api import MemoryAllocator
+from caramel.contract.api import MemoryAllocator
 from testbed.ports import free_port_block
 
 REPOSITORY = Path(__file__).resolve().parent.parent

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caramel.job.api import CaramelJob, MemoryAllocator
-from caramel.job.contract import worker_command, worker_env, worker_name
-from caramel.job.jobfile import parse_job
+from caramel.contract.api import CaramelJob, MemoryAllocator
+from caramel.contract.env import worker_command, worker_env, worker_name
+from caramel.contract.jobfile import parse_job
 from caramel.launch.processes import describe_exit, pump_lines
 
 from benchmarks.netem import EmulatedCluster

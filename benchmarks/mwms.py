@@ -37,7 +37,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from caramel.job.contract import WorkerContract
+from caramel.contract.env import WorkerContract
 
 
 def tf_config(contract: WorkerContract) -> dict:

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import yaml
 
-from caramel.job.api import MemoryAllocator
-from caramel.job.jobfile import parse_job
-from caramel.job.progress import parse_report
+from caramel.contract.api import MemoryAllocator
+from caramel.contract.jobfile import parse_job
+from caramel.contract.progress import parse_report
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 QUICKSTART = REPOSITORY / "examples" / "quickstart.yaml"

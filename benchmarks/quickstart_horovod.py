@@ -24,7 +24,7 @@ import time
 import tensorflow as tf
 
 from benchmarks.plain_horovod import horovod_tensorflow, variables_of
-from caramel.job.progress import ProgressReport, format_report
+from caramel.contract.progress import ProgressReport, format_report
 
 
 def parse_args() -> argparse.Namespace:

@@ -22,9 +22,10 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.plain_horovod import horovod_tensorflow
-from caramel.job.contract import WorkerContract
+from caramel.contract.env import WorkerContract
 from caramel.topology.multitree import multitree
 from caramel.topology.transport import CONGESTION_CONTROL, PIECE_BYTES, TreeAllreduce
+from caramel.topology.wire import job_topology
 
 MEGABYTE = 2**20
 WARM_UP_BYTES = MEGABYTE
@@ -40,7 +41,7 @@ def main() -> None:
     hvd = horovod_tensorflow()
     hvd.init()
     contract = WorkerContract.from_env()
-    schedule = multitree(contract.topology)
+    schedule = multitree(job_topology(contract))
     transport = TreeAllreduce(
         schedule, hvd.rank(), contract.transport_addresses, piece_bytes=args.piece_bytes,
         congestion_control=None if args.congestion_control == "system" else args.congestion_control,

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import tensorflow as tf
 
-from caramel.job.contract import WorkerContract
+from caramel.contract.env import WorkerContract
 from caramel.tensorflow import runtime
 
 

@@ -59,7 +59,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from caramel.job.api import MemoryAllocator
+from caramel.contract.api import MemoryAllocator
 
 from benchmarks.jobrun import REPOSITORY, bench_job, hostnames
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError

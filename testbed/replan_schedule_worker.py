@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 
-from caramel.job.api import Scheduling
+from caramel.contract.api import Scheduling
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepTimes, TransferTiming
 from caramel.tensorflow.backends.tensorflow import TensorFlowBackend

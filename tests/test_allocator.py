@@ -3,7 +3,7 @@ for each choice, and what it says when it cannot give the one chosen."""
 
 from __future__ import annotations
 
-from caramel.job.api import MemoryAllocator
+from caramel.contract.api import MemoryAllocator
 from caramel.launch.allocator import allocator_setup
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from caramel.job.api import Batching, CaramelJob, CleanPodPolicy, Ordering
-from caramel.job.jobfile import JobFileError, load_job, parse_job
+from caramel.contract.api import Batching, CaramelJob, CleanPodPolicy, Ordering
+from caramel.contract.jobfile import JobFileError, load_job, parse_job
 from conftest import REPO, runtime_metrics
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caramel.job.api import Backend as BackendChoice
-from caramel.job.api import CaramelJob
-from caramel.job.contract import WorkerContract, slot_env, worker_env
+from caramel.contract.api import Backend as BackendChoice
+from caramel.contract.api import CaramelJob
+from caramel.contract.env import WorkerContract, slot_env, worker_env
 from caramel.tensorflow import backends
 from caramel.tensorflow.backends import ReduceOp, chosen
 from caramel.tensorflow.backends.tensorflow import COPY_KEY_STRIDE, MAX_COPIES, TensorFlowBackend

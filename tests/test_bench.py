@@ -13,8 +13,8 @@ import benchmarks.scheduling_bench as bench
 from benchmarks.jobrun import parse_event
 from benchmarks.step_bounds import ordered_bounds
 from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, make_workloads
-from caramel.job.api import CaramelJob, MemoryAllocator, Scheduling
-from caramel.job.jobfile import parse_job
+from caramel.contract.api import CaramelJob, MemoryAllocator, Scheduling
+from caramel.contract.jobfile import parse_job
 
 
 def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

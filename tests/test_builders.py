@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from caramel.job.jobfile import parse_job
+from caramel.contract.jobfile import parse_job
 from caramel.topology.synthetic import racks
 from caramel.topology.wire import from_json
 from caramel_operator.builders import build_service, build_worker_pod, worker_address

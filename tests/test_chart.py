@@ -36,7 +36,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from caramel.job.jobfile import load_job, parse_job
+from caramel.contract.jobfile import load_job, parse_job
 from caramel_operator.builders import OPERATOR_POD_LABELS, build_worker_pod
 from caramel_operator.cluster import CRD_READS, NAMESPACE_READS, PERMISSIONS, PLACEMENT_READS
 from caramel_operator.config import OperatorSettings

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
-from caramel.job.api import MemoryAllocator
-from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract, slot_env, worker_command, worker_env, worker_name
-from caramel.job.jobfile import parse_job
+from caramel.contract.api import MemoryAllocator
+from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract, slot_env, worker_command, worker_env, worker_name
+from caramel.contract.jobfile import parse_job
 from caramel.topology.simulate import choose_allreduce
 from caramel.topology.synthetic import racks
+from caramel.topology.wire import job_topology, to_wire
 
 
 def job(replicas=3, slots=2, min_replicas=None, **spec):
@@ -150,16 +151,16 @@ def test_a_ring_job_gets_no_transport_port_and_every_job_its_peers_and_collectiv
 
 def test_topology_round_trips_and_defaults_to_flat():
     placed = racks(2, 3, 1e9, 2.5e8)
-    env = worker_env(job(), 1, CLUSTER_PEERS, topology=placed)
-    assert WorkerContract.from_env(env).topology == placed
-    flat = WorkerContract.from_env(worker_env(job(), 1, CLUSTER_PEERS)).topology
+    env = worker_env(job(), 1, CLUSTER_PEERS, topology=to_wire(placed))
+    assert job_topology(WorkerContract.from_env(env)) == placed
+    flat = job_topology(WorkerContract.from_env(worker_env(job(), 1, CLUSTER_PEERS)))
     assert flat.size == 6 and len(set(flat.groups)) == 1
     assert choose_allreduce(flat, 256 * 2**20) == "ring"
 
 
 def test_topology_must_have_one_host_per_rank():
     with pytest.raises(ValueError, match="the topology has 4 hosts, the gang 6 ranks"):
-        worker_env(job(), 0, CLUSTER_PEERS, topology=racks(2, 2, 1e9, 1e9))
+        worker_env(job(), 0, CLUSTER_PEERS, topology=to_wire(racks(2, 2, 1e9, 1e9)))
     env = worker_env(job(), 0, CLUSTER_PEERS)
     with pytest.raises(RuntimeError, match="CARAMEL_TOPOLOGY: not a topology"):
         WorkerContract.from_env({**env, "CARAMEL_TOPOLOGY": '{"v": 2}'})

@@ -14,7 +14,7 @@ import kmock
 import pytest
 import yaml
 
-from caramel.job.jobfile import JobFileError, parse_job
+from caramel.contract.jobfile import JobFileError, parse_job
 from caramel_operator.crd import PLURAL, SHORT_NAMES, SINGULAR, custom_resource_definition, render
 from conftest import REPO
 from testbed.bad_jobs import HAND_WRITTEN, fuzzed

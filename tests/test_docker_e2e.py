@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from caramel.job.jobfile import parse_job
-from caramel.job.progress import parse_report
+from caramel.contract.jobfile import parse_job
+from caramel.contract.progress import parse_report
 from caramel_operator.builders import build_worker_pods, worker_address
 from conftest import REPO, job_manifest, require_binary, unavailable
 
@@ -151,7 +151,7 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox, tmp_path:
     assert parse_report(messages[0].read_text().strip()) == final[0]
 
     # One TensorFlow in the image: tf-keras's requirement must not have added the full one.
-    check = docker("run", "--rm", "--entrypoint", "python", image, "-m", "caramel.job.one_tensorflow", check=False)
+    check = docker("run", "--rm", "--entrypoint", "python", image, "-m", "caramel.launch.one_tensorflow", check=False)
     assert check.returncode == 0, check.stdout
     assert "cuInit" not in everything, "a second TensorFlow probes for CUDA"
 

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from caramel.job.contract import worker_command, worker_env
-from caramel.job.jobfile import parse_job
-from caramel.job.progress import parse_report
-from caramel.launch.entrypoint import TERMINATION_MESSAGE_BYTES
+from caramel.contract.env import worker_command, worker_env
+from caramel.contract.jobfile import parse_job
+from caramel.contract.progress import parse_report
+from caramel.contract.termination import TERMINATION_MESSAGE_BYTES
 from conftest import REPO, free_port
 
 REPORT = "caramel-progress step=7 total=7 loss=0.5 step_seconds=0.01 examples_per_second=100 final=1"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from caramel.job.jobfile import parse_job
+from caramel.contract.jobfile import parse_job
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import Placed, place
 from conftest import REPO

@@ -1,11 +1,11 @@
-"""Failure summaries (caramel.job.failure): the first error line, and a head with the last lines
+"""Failure summaries (caramel.contract.termination): the first error line, and a head with the last lines
 that fit a size."""
 
 from __future__ import annotations
 
 import pytest
 
-from caramel.job.failure import GAP, first_error_line, fit, is_error_line
+from caramel.contract.termination import GAP, first_error_line, fit, is_error_line
 
 PYTHON_TRACEBACK = [
     "rank 1 | Traceback (most recent call last):",

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from caramel.job.api import PlacedBy, WorkerNode
-from caramel.job.jobfile import parse_job
+from caramel.contract.api import PlacedBy, WorkerNode
+from caramel.contract.jobfile import parse_job
 from caramel.topology.labels import ClusterLinks
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import NoRoom, Placed, admits, place, placed_by, placed_topology, placement_problems

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caramel.job.contract import slot_env, worker_env
-from caramel.job.jobfile import parse_job
+from caramel.contract.env import slot_env, worker_env
+from caramel.contract.jobfile import parse_job
 from caramel.launch.entrypoint import HOROVOD_API_DIR
 from conftest import REPO, free_port, job_manifest, run_caramel, write_manifest
 from testbed.local_runs import digests
@@ -141,7 +141,7 @@ def test_the_worker_entrypoint_puts_the_package_first_on_the_training_processes_
                  "workers": {"replicas": 1}, "rendezvous": {"port": free_port()}, "metrics": {"enabled": False},
                  "env": [{"name": "PYTHONPATH", "value": str(tmp_path)}]},
     })  # fmt: skip
-    from caramel.job.contract import worker_command
+    from caramel.contract.env import worker_command
 
     env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"])}
     result = subprocess.run(worker_command(job, python=sys.executable), env=env, cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -23,7 +23,7 @@ import pytest
 
 import benchmarks.horovod_scripts_bench as bench
 import benchmarks.plain_horovod_runner as runner
-from caramel.job.jobfile import parse_job
+from caramel.contract.jobfile import parse_job
 from caramel.launch.entrypoint import HOROVOD_API_DIR
 from conftest import REPO, job_manifest, run_caramel, write_manifest
 

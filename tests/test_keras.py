@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from caramel.job.progress import parse_report
+from caramel.contract.progress import parse_report
 from conftest import REPO, job_manifest, run_caramel, write_manifest
 from testbed.local_runs import checkpoint_weights
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import SMALL_EXAMPLE, job_manifest, run_caramel, runtime_metrics, write_manifest
 from prometheus_server import PrometheusServer
-from caramel.job.progress import parse_report
+from caramel.contract.progress import parse_report
 from caramel.launch.launcher import LAST_LINES_KEPT
 from testbed.local_runs import BackgroundRun, checkpoint_weights, digests
 

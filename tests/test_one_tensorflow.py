@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tomllib
 
-from caramel.job.one_tensorflow import installed_tensorflows
+from caramel.launch.one_tensorflow import installed_tensorflows
 from conftest import REPO
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from caramel.job.api import GangPlacement
-from caramel.job.jobfile import parse_job
+from caramel.contract.api import GangPlacement
+from caramel.contract.jobfile import parse_job
 from caramel.metrics import PlanRecord, WorkerMetrics
 from caramel.planner.timing import StepTimes, TransferTiming
 from caramel.topology.labels import ClusterLinks

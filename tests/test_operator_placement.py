@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from caramel.job.api import GangPlacement
+from caramel.contract.api import GangPlacement
 from caramel.topology.labels import ClusterLinks
 from caramel.topology.wire import from_json
 from caramel_operator.gang_placement import placed_topology

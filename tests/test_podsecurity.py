@@ -13,7 +13,7 @@ import copy
 
 import pytest
 
-from caramel.job.jobfile import parse_job
+from caramel.contract.jobfile import parse_job
 from caramel_operator.builders import WORKER_UID, build_worker_pods
 from caramel_operator.podsecurity import restricted_violations
 

@@ -1,4 +1,4 @@
-from caramel.job.progress import ProgressReport, format_report, parse_report
+from caramel.contract.progress import ProgressReport, format_report, parse_report
 
 
 def test_report_round_trips_through_a_prefixed_log_line():

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from caramel.job.api import Scheduling
+from caramel.contract.api import Scheduling
 from caramel.planner.schedule import PLAN_LAG_STEPS
 from conftest import REPO
 

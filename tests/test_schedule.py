@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from caramel.job.api import Batching, Ordering, Scheduling
+from caramel.contract.api import Batching, Ordering, Scheduling
 from caramel.planner.linkmodel import OBSERVATION_WINDOW, UNOBSERVED, LinkModel, LinkObserver
 from caramel.planner.search import Search
 from caramel.planner.timing import backward_seconds_from_releases

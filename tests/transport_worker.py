@@ -16,9 +16,10 @@ import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
-from caramel.job.contract import WorkerContract
+from caramel.contract.env import WorkerContract
 from caramel.topology.multitree import multitree
 from caramel.topology.transport import TreeAllreduce
+from caramel.topology.wire import job_topology
 
 # The drop-ins' gradient dtypes, with a tolerance for sums taken in different orders.
 TOLERANCES = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3,
@@ -28,7 +29,7 @@ TOLERANCES = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(
 def main() -> int:
     hvd.init()
     contract = WorkerContract.from_env()
-    transport = TreeAllreduce(multitree(contract.topology), contract.rank, contract.transport_addresses)
+    transport = TreeAllreduce(multitree(job_topology(contract)), contract.rank, contract.transport_addresses)
     rng = np.random.default_rng(contract.rank)
     sequence, failures = 0, 0
     for dtype, tolerance in TOLERANCES.items():

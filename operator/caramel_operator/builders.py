@@ -10,9 +10,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from caramel.job.api import CaramelJob, Tuning
-from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS, worker_command, worker_env, worker_name
+from caramel.contract.api import CaramelJob, Tuning
+from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE
+from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, worker_command, worker_env, worker_name
 from caramel.topology.model import Topology
+from caramel.topology.wire import to_wire
 from caramel_operator.podsecurity import restricted_violations
 
 WORKER_CONTAINER = "worker"
@@ -111,7 +113,8 @@ def build_worker_pod(
     spec = job.spec
     replicas = spec.workers.replicas if replicas is None else replicas
     name = worker_name(job, worker_index)
-    env = worker_env(job, worker_index, peer_addresses(job, replicas), tuning, topology, rendezvous_timeout_seconds)
+    wire = to_wire(topology) if topology is not None else None
+    env = worker_env(job, worker_index, peer_addresses(job, replicas), tuning, wire, rendezvous_timeout_seconds)
     labels = {**job_labels(job), WORKER_INDEX_LABEL: str(worker_index), GANG_LABEL: str(gang)}
     annotations: dict[str, str] = {}
     if spec.run_policy.scheduling_policy:
@@ -127,7 +130,7 @@ def build_worker_pod(
         ]
     if worker_index == 0:
         ports.append({"name": "rendezvous", "containerPort": spec.rendezvous.port})
-    env["CARAMEL_TERMINATION_MESSAGE_PATH"] = TERMINATION_MESSAGE_PATH
+    env[TERMINATION_MESSAGE_PATH_VARIABLE] = TERMINATION_MESSAGE_PATH
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
         "image": spec.image or default_image,

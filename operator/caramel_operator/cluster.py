@@ -28,7 +28,7 @@ import aiohttp
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from caramel.job.api import GROUP, VERSION
+from caramel.contract.api import GROUP, VERSION
 from caramel_operator.crd import PLURAL
 
 SCRAPE_TIMEOUT_SECONDS = 2.0

@@ -1,4 +1,4 @@
-"""The CaramelJob CustomResourceDefinition, generated from the pydantic models in caramel.job.api.
+"""The CaramelJob CustomResourceDefinition, generated from the pydantic models in caramel.contract.api.
 
 `python -m caramel_operator.crd` prints it; `make crd` writes the committed copies, and a test
 fails when they drift from the models.
@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from caramel.job.api import GROUP, JOB_NAME_MAX_LENGTH, KIND, VERSION, CaramelJobSpec, CaramelJobStatus
+from caramel.contract.api import GROUP, JOB_NAME_MAX_LENGTH, KIND, VERSION, CaramelJobSpec, CaramelJobStatus
 
 PLURAL = "carameljobs"
 SINGULAR = "carameljob"
@@ -141,6 +141,8 @@ def custom_resource_definition() -> dict[str, Any]:
 
 
 def render() -> str:
+    # The header still names the models' old module: the committed copies (manifests/, helm/) change
+    # with it, by `make crd`, when their owners regenerate them.
     return "# Generated from runtime/caramel/job/api.py by `make crd`; do not edit.\n" + yaml.safe_dump(
         custom_resource_definition(), sort_keys=False, width=120
     )

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from caramel.job.api import CaramelJob, PlacedBy, PlacementPolicy, WorkerNode
+from caramel.contract.api import CaramelJob, PlacedBy, PlacementPolicy, WorkerNode
 from caramel.topology.labels import ClusterLinks, Position, gang_topology
 from caramel.topology.model import Topology
 from caramel_operator.builders import JOB_LABEL

@@ -25,8 +25,8 @@ import pydantic
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from caramel.job.api import GROUP, VERSION, CaramelJob, Phase
-from caramel.job.jobfile import describe_validation_error
+from caramel.contract.api import GROUP, VERSION, CaramelJob, Phase
+from caramel.contract.jobfile import describe_validation_error
 from caramel_operator import metrics
 from caramel_operator.builders import JOB_LABEL
 from caramel_operator.cluster import Cluster, ReadForbidden, scrape

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from caramel.job.api import (
+from caramel.contract.api import (
     CaramelJob,
     CaramelJobStatus,
     CleanPodPolicy,
@@ -48,8 +48,8 @@ from caramel.job.api import (
     WorkerCounts,
     WorkerFailure,
 )
-from caramel.job.contract import worker_name
-from caramel.job.failure import fit
+from caramel.contract.env import worker_name
+from caramel.contract.termination import fit
 from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
 from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable, placed_by, placed_topology, placement_problems

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from caramel.job.api import Phase
+from caramel.contract.api import Phase
 
 REGISTRY = CollectorRegistry()
 

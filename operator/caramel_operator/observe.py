@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from caramel.job.failure import first_error_line
-from caramel.job.progress import ProgressReport, parse_report
+from caramel.contract.progress import ProgressReport
+from caramel.contract import termination
 from caramel_operator.builders import GANG_LABEL, JOB_LABEL, WORKER_CONTAINER, WORKER_INDEX_LABEL
 
 # Container waiting reasons that mean the image cannot be had (yet: a registry may come back, a
@@ -89,11 +89,11 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
             state=WorkerState.FAILED,
             failure_reason=(terminated or {}).get("reason") or status.get("reason") or "Failed",
             exit_code=(terminated or {}).get("exitCode"),
-            failure_cause=first_error_line(message.splitlines()),
+            failure_cause=termination.failure_cause(message),
             failure_message=message,
         )
     if phase == "Succeeded":
-        report = parse_report(((terminated or {}).get("message") or "").strip())
+        report = termination.final_report((terminated or {}).get("message") or "")
         return WorkerObservation(**base, state=WorkerState.SUCCEEDED, final_report=report)
     if phase == "Running":
         return WorkerObservation(**base, state=WorkerState.RUNNING)

@@ -7,8 +7,18 @@ from datetime import datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from caramel.job.api import TrainingProgress, Tuning
-from caramel.metrics import BANDWIDTH, BUCKET_BYTES, CHECKPOINT_STEP, GLOBAL_STEP, LINK_ALPHA, LINK_BETA, LOSS, STEP_DURATION
+from caramel.contract.api import TrainingProgress, Tuning
+from caramel.contract.telemetry import (
+    BANDWIDTH,
+    BUCKET_BYTES,
+    CHECKPOINT_STEP,
+    GLOBAL_STEP,
+    LINK_ALPHA,
+    LINK_BETA,
+    LOSS,
+    RANK_LABEL,
+    STEP_DURATION,
+)
 from caramel_operator.lifecycle import timestamp
 
 
@@ -32,7 +42,7 @@ def read_progress(metrics_text: str, previous: StepTotals | None, now: datetime)
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
-            if sample.labels.get("rank", "0") == "0":
+            if sample.labels.get(RANK_LABEL, "0") == "0":
                 samples[sample.name] = sample.value
     totals = None
     step_seconds = None

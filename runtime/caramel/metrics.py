@@ -10,17 +10,19 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+# The series the operator reads from rank 0 are named in the contract.
+from caramel.contract.telemetry import (
+    BANDWIDTH,
+    BUCKET_BYTES,
+    CHECKPOINT_STEP,
+    GLOBAL_STEP,
+    LINK_ALPHA,
+    LINK_BETA,
+    LOSS,
+    RANK_LABEL,
+    STEP_DURATION,
+)
 from caramel.planner.timing import StepTimes
-
-# Series the operator reads from rank 0 to report progress and tuning in the job's status.
-STEP_DURATION = "caramel_step_duration_seconds"
-GLOBAL_STEP = "caramel_global_step"
-CHECKPOINT_STEP = "caramel_checkpoint_step"
-BANDWIDTH = "caramel_bandwidth_bytes_per_second"
-LOSS = "caramel_loss"
-BUCKET_BYTES = "caramel_batching_bucket_bytes"
-LINK_ALPHA = "caramel_link_alpha_seconds"
-LINK_BETA = "caramel_link_beta_seconds_per_byte"
 
 # Step times from a millisecond (a tiny model) to a minute (a large model on a slow link).
 STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -45,7 +47,7 @@ class WorkerMetrics:
         self.registry = registry or CollectorRegistry()
 
         def metric(kind, name, documentation, **kwargs):
-            return kind(name, documentation, ["rank"], registry=self.registry, **kwargs).labels(rank=str(rank))
+            return kind(name, documentation, [RANK_LABEL], registry=self.registry, **kwargs).labels(str(rank))
 
         self.step_duration = metric(Histogram, STEP_DURATION, "Wall time of a training step.", buckets=STEP_SECONDS_BUCKETS)
         self.compute = metric(Counter, "caramel_compute_seconds", "Step time not spent waiting for communication.")

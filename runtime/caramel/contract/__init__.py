@@ -1,4 +1,11 @@
-"""The CaramelJob API, the job file and the worker environment contract.
+"""What the two sides of a Caramel job agree on: whoever starts workers (`caramel run`, the
+operator) and the workers themselves. Nothing here imports TensorFlow; both sides import it.
 
-Shared by the operator, `caramel run` and the workers; nothing here imports TensorFlow.
+- `api`: the CaramelJob API (pydantic models; the CRD is generated from them).
+- `jobfile`: reading a CaramelJob from YAML, with errors that name the field.
+- `env`: the worker environment contract (`worker_env`, `WorkerContract`).
+- `progress`: the progress log line of rank 0.
+- `telemetry`: the Prometheus series the operator reads from rank 0.
+- `termination`: a worker's termination message (its final report, or a failure summary).
+- `topology`: the network under a job as it travels to the workers.
 """

@@ -23,10 +23,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from caramel.job.api import Allreduce, CaramelJob, Checkpoint, MemoryAllocator, Scheduling, Tuning
-from caramel.topology.model import Topology
-from caramel.topology.synthetic import racks
-from caramel.topology.wire import from_json, to_json
+from caramel.contract.api import Allreduce, CaramelJob, Checkpoint, MemoryAllocator, Scheduling, Tuning
+from caramel.contract.topology import WireTopology
 
 # How long the workers of a gang wait for each other at the rendezvous: the others for worker 0's
 # server (a slow image pull or a busy scheduler can hold it back), and worker 0's Gloo for the others
@@ -71,7 +69,7 @@ def worker_env(
     worker_index: int,
     peers: Sequence[str],
     tuning: Tuning | None = None,
-    topology: Topology | None = None,
+    topology: WireTopology | None = None,
     rendezvous_timeout_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS,
 ) -> dict[str, str]:
     """The environment of one worker.
@@ -133,7 +131,7 @@ def worker_env(
         # Only for jobs that may run the multitree transport.
         env["CARAMEL_TRANSPORT_PORT"] = str(spec.caramel.transport_port + processes_before_on_same_machine)
     if topology is not None:
-        env["CARAMEL_TOPOLOGY"] = to_json(topology)
+        env["CARAMEL_TOPOLOGY"] = topology.to_json()
     if spec.checkpoint:
         env["CARAMEL_CHECKPOINT"] = spec.checkpoint.model_dump_json(by_alias=True)
     if tuning:
@@ -209,9 +207,9 @@ class WorkerContract:
     rank: int | None
     peers: tuple[str, ...]
     """Every worker's address (CARAMEL_PEERS)."""
-    topology: Topology
-    """The network under the job, one host per rank (CARAMEL_TOPOLOGY); a flat one (every rank
-    on one switch) when the job has none."""
+    topology: WireTopology | None
+    """The network under the job, one host per rank (CARAMEL_TOPOLOGY), as sent; None when the job
+    has none. `caramel.topology.wire.job_topology` gives the network itself (a flat one for None)."""
 
     def share_of(self, global_batch: int) -> int:
         """This rank's examples of a step's `global_batch`, split over the ranks that run: a script
@@ -295,12 +293,11 @@ def _memory_allocator(text: str | None) -> MemoryAllocator:
         raise RuntimeError(f"CARAMEL_MEMORY_ALLOCATOR is {text!r}; it must be one of {choices}") from None
 
 
-def _topology(text: str | None, world_size: int) -> Topology:
+def _topology(text: str | None, world_size: int) -> WireTopology | None:
     if not text:
-        # Only its shape matters (auto's choice and the trees compare routes over equal links).
-        return racks(1, world_size, bandwidth=1.0, uplink_bandwidth=1.0)
+        return None
     try:
-        topology = from_json(text)
+        topology = WireTopology.parse(text)
     except ValueError as error:
         raise RuntimeError(f"CARAMEL_TOPOLOGY: {error}") from None
     if topology.size != world_size:

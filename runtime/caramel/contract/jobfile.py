@@ -8,7 +8,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from caramel.job.api import PATTERN_MEANINGS, CaramelJob
+from caramel.contract.api import PATTERN_MEANINGS, CaramelJob
 
 
 class JobFileError(Exception):

@@ -1,19 +1,32 @@
-"""Why a worker failed, in a few lines: the first line of its output that reads as an error, and
-its last lines.
+"""A worker's last words: its pod's termination message, which the operator reads.
 
-The last lines alone rarely say why. Gloo's abort ends with "See exception message above", a
-failed rank's peers end with their own follow-on errors, and a Python traceback's first lines
-are cut off. The first error line is the cause far more often. The worker entrypoint writes such
-a summary as its pod's termination message; the operator keeps it whole in the job's status,
-finds the cause in it (or in the kubelet's tail of the log, where the worker wrote nothing), and
-puts the cause and the last lines into the Event of each restart, so that a failed gang's logs
-outlive its deleted pods.
+The worker entrypoint writes it to the file CARAMEL_TERMINATION_MESSAGE_PATH names (the kubelet
+keeps at most TERMINATION_MESSAGE_BYTES of it):
+- a worker that succeeded leaves rank 0's last progress report (`caramel.contract.progress`),
+  from which the operator records the step the job ended at (`final_report`);
+- a worker whose rank failed leaves a failure summary: which rank, the first line of its output
+  that reads as an error, and its last lines (`failure_message`).
+
+Why a summary: the last lines alone rarely say why. Gloo's abort ends with "See exception
+message above", a failed rank's peers end with their own follow-on errors, and a Python
+traceback's first lines are cut off. The first error line is the cause far more often. The
+operator keeps the message whole in the job's status, finds the cause in it (`failure_cause`, or
+in the kubelet's tail of the log, where the worker wrote nothing), and puts the cause and the
+last lines into the Event of each restart (`fit`), so that a failed gang's logs outlive its
+deleted pods.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+
+from caramel.contract.progress import ProgressReport, format_report, parse_report
+
+TERMINATION_MESSAGE_PATH_VARIABLE = "CARAMEL_TERMINATION_MESSAGE_PATH"
+"""The environment variable naming the file a worker writes its termination message to."""
+TERMINATION_MESSAGE_BYTES = 4096
+"""The most of a termination message the kubelet keeps."""
 
 # What an error line says: an exception or error with its message ("ValueError: ...", not the
 # source line "raise ValueError(x)"), a C++ abort, a timeout, a kill.
@@ -64,3 +77,25 @@ def fit(head: Sequence[str], lines: Sequence[str], limit_bytes: int) -> str:
         budget -= cost
     gap = [GAP] if len(tail) < len(rest) else []
     return "\n".join([*kept_head, *gap, *tail])
+
+
+def success_message(report: ProgressReport) -> str:
+    """The termination message of a worker that succeeded: rank 0's last progress report."""
+    return format_report(report)
+
+
+def failure_message(headline: str, output_head: Sequence[str], last_lines: Sequence[str]) -> str:
+    """The termination message of a worker whose rank failed: `headline` (which rank, how it
+    ended), the first error line of the rank's output (`output_head`: its first lines that read as
+    an error, with the line after), and as many of its last lines as fit."""
+    return fit([headline, first_error_line(output_head)], last_lines, TERMINATION_MESSAGE_BYTES)
+
+
+def final_report(message: str) -> ProgressReport | None:
+    """The progress report a successful worker left, or None where its message holds none."""
+    return parse_report(message.strip())
+
+
+def failure_cause(message: str) -> str:
+    """The first line of a failed worker's message that reads as an error (empty when none does)."""
+    return first_error_line(message.splitlines())

@@ -16,7 +16,7 @@ import ctypes.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from caramel.job.api import MemoryAllocator
+from caramel.contract.api import MemoryAllocator
 
 TCMALLOC = "tcmalloc_minimal"
 ONEDNN_USES_MALLOC = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"

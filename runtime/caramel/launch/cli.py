@@ -10,10 +10,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from caramel import __version__
-from caramel.job.api import CaramelJob
-from caramel.job.jobfile import JobFileError, load_job, parse_job
+from caramel.contract.api import CaramelJob
+from caramel.contract.jobfile import JobFileError, load_job, parse_job
 from caramel.launch.launcher import LaunchError, LocalRun, RunOutcome
-from caramel.job.progress import ProgressReport, format_report
+from caramel.contract.progress import ProgressReport, format_report
 from caramel.topology.spec import TopologySpecError, load_topology
 
 EXIT_FAILED = 1

@@ -11,7 +11,7 @@ period.
 Its last words go to CARAMEL_TERMINATION_MESSAGE_PATH (a pod's termination message): when the
 job succeeds, worker 0 writes rank 0's last progress report, from which the operator records the
 step the job ended at; when a rank fails, the worker writes which rank, the first line of its
-output that reads as an error, and its last lines (caramel.job.failure).
+output that reads as an error, and its last lines (`caramel.contract.termination`).
 """
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ import threading
 from collections.abc import Callable
 
 import caramel
-from caramel.job.contract import WorkerContract, slot_env
-from caramel.job.failure import first_error_line, fit, is_error_line
-from caramel.job.progress import ProgressReport, format_report, parse_report
+from caramel.contract.env import WorkerContract, slot_env
+from caramel.contract.progress import ProgressReport, parse_report
+from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, failure_message, is_error_line, success_message
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
 from caramel.launch.rendezvous import RendezvousServer, wait_for_rendezvous
+from caramel.topology.wire import job_topology
 
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
 EXIT_RENDEZVOUS_TIMEOUT = 1
-# The kubelet keeps at most 4096 bytes of a termination message.
-TERMINATION_MESSAGE_BYTES = 4096
 # Lines of each rank kept for its failure summary (more than a termination message holds).
 LAST_LINES_KEPT = 100
 # The directory holding Caramel's `horovod` package (Horovod's training API served by Caramel),
@@ -71,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         contract = WorkerContract.from_env()
+        job_topology(contract)  # a CARAMEL_TOPOLOGY that is no network fails here, before any rank starts
     except RuntimeError as error:
         print(f"caramel-worker: {error}", file=sys.stderr)
         return 2
@@ -167,16 +167,15 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
         pump.join(timeout=5)
     if failure is not None:
         rank, headline = failure
-        cause = first_error_line(first_errors.get(rank, []))
-        _leave_message(fit([headline, cause], last_lines[rank], TERMINATION_MESSAGE_BYTES), say)
+        _leave_message(failure_message(headline, first_errors.get(rank, []), last_lines[rank]), say)
     elif status == 0 and reports:
-        _leave_message(format_report(reports[0]), say)
+        _leave_message(success_message(reports[0]), say)
     return status
 
 
 def _leave_message(text: str, say: Callable[[str], None]) -> None:
     """Write the worker's termination message, where the kubelet gave a file for it."""
-    path = os.environ.get("CARAMEL_TERMINATION_MESSAGE_PATH")
+    path = os.environ.get(TERMINATION_MESSAGE_PATH_VARIABLE)
     if not path:
         return
     try:

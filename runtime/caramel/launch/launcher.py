@@ -29,11 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caramel.job.api import CaramelJob
-from caramel.job.contract import ports_on_one_machine, worker_command, worker_env
+from caramel.contract.api import CaramelJob
+from caramel.contract.env import ports_on_one_machine, worker_command, worker_env
 from caramel.launch.processes import describe_exit, killed_by_the_machine, pump_lines, spawn, stop_groups
-from caramel.job.progress import ProgressReport, parse_report
+from caramel.contract.progress import ProgressReport, parse_report
 from caramel.topology.model import Topology
+from caramel.topology.wire import to_wire
 
 LOCALHOST = "127.0.0.1"
 LAST_LINES_KEPT = 20
@@ -154,6 +155,7 @@ class LocalRun:
     def _run_gang(self, started: float, replicas: int) -> RunOutcome:
         """One gang of `replicas` workers: every worker started, run until all finish or one fails."""
         peers = [LOCALHOST] * replicas
+        topology = to_wire(self.topology) if self.topology is not None else None
         lines: queue.Queue[tuple[int, str]] = queue.Queue()
         last_lines = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
         deadline = self.job.spec.run_policy.active_deadline_seconds
@@ -167,7 +169,7 @@ class LocalRun:
         }
         try:
             for index in range(replicas):
-                env = {**os.environ, **worker_env(self.job, index, peers, topology=self.topology)}
+                env = {**os.environ, **worker_env(self.job, index, peers, topology=topology)}
                 worker = spawn(worker_command(self.job, python=sys.executable), env, cwd=str(self.cwd))
                 workers.append(worker)
                 pumps.append(pump_lines(worker.stdout, lambda line, index=index: lines.put((index, line))))

@@ -1,4 +1,4 @@
-"""`python -m caramel.job.one_tensorflow`: fail unless exactly one TensorFlow distribution is
+"""`python -m caramel.launch.one_tensorflow`: fail unless exactly one TensorFlow distribution is
 installed. Two (tensorflow and tensorflow-cpu, as tf-keras's requirement brings) overwrite each
 other's files and make every worker probe for CUDA. Imports no TensorFlow."""
 

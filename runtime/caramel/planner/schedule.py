@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from caramel.job.api import Batching, Ordering, Scheduling
+from caramel.contract.api import Batching, Ordering, Scheduling
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.transfers import Piece, Transfer
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from caramel.job.api import Scheduling
+from caramel.contract.api import Scheduling
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.schedule import Batch, Plan, TensorCost, best_schedule
 from caramel.planner.transfers import decode, encode

@@ -36,8 +36,8 @@ from contextlib import contextmanager
 import numpy as np
 import tensorflow as tf
 
-from caramel.job.api import Allreduce, Collective, Tuning
-from caramel.job.contract import WorkerContract
+from caramel.contract.api import Allreduce, Collective, Tuning
+from caramel.contract.env import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.rounds import MIN_BLOCK_STEPS
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
@@ -50,6 +50,7 @@ from caramel.tensorflow.selector import OWN_WAY, PLANNED, ArmSelector
 from caramel.tensorflow.stamps import StampBook
 from caramel.topology.simulate import choose_allreduce
 from caramel.topology.transport import SUPPORTED_DTYPES
+from caramel.topology.wire import job_topology
 
 # The name of the `switch_case` of the two ways (arms) in a step's graph.
 ARMS_NAME = "caramel_arms"
@@ -192,7 +193,7 @@ class GradientCommunicator:
                 f"spec.caramel.allreduce: multitree moves gradients of {', '.join(SUPPORTED_DTYPES)} only, and this "
                 f"model has {sorted({g.dtype.name for g in gradients})}; use ring or auto"
             )
-        if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(self.contract.topology, nbytes) == "multitree"):
+        if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(job_topology(self.contract), nbytes) == "multitree"):
             self.algorithm = "multitree"
             self._trees = TreeReduce(self.contract, self.backend.rank)
             self.replanner.probe_allreduce = self._trees.allreduce_now  # the plans are for the trees' link

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from caramel.job.progress import ProgressReport, format_report
+from caramel.contract.progress import ProgressReport, format_report
 from caramel.metrics import PlanRecord
 from caramel.planner.timing import StepTimes
 from caramel.tensorflow.runtime import Runtime

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from caramel.job.contract import WorkerContract
+from caramel.contract.env import WorkerContract
 from caramel.tensorflow.fusion import joined
 from caramel.topology.multitree import multitree
 from caramel.topology.transport import TreeAllreduce
+from caramel.topology.wire import job_topology
 
 
 class TreeReduce:
@@ -52,5 +53,5 @@ class TreeReduce:
     def _connected(self) -> TreeAllreduce:
         if self._transport is None:
             contract = self._contract
-            self._transport = TreeAllreduce(multitree(contract.topology), self._rank, contract.transport_addresses)
+            self._transport = TreeAllreduce(multitree(job_topology(contract)), self._rank, contract.transport_addresses)
         return self._transport

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from caramel.job.api import Scheduling
+from caramel.contract.api import Scheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
 from caramel.planner.schedule import (
     PAYBACK_STEPS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from caramel.job.contract import WorkerContract
+from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
 from caramel.tensorflow.backends import Backend, chosen, set_up
 from caramel.tensorflow.communicator import GradientCommunicator

@@ -40,7 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from caramel.job.jobfile import describe_validation_error
+from caramel.contract.jobfile import describe_validation_error
 from caramel.topology import synthetic
 from caramel.topology.model import Link, Topology
 from caramel.topology.synthetic import GIGABIT, MICROSECOND

@@ -1,58 +1,21 @@
-"""A topology as compact JSON, to hand a job's placed topology to its workers.
-
-    {"v": 1,
-     "hosts": ["w0", "w1", "w2"],                    # rank order
-     "switches": ["node:n1", "node:n2", "rack:a/r1"],
-     "groups": [0, 0, 1], "groupNames": ["a/r1", "a/r2"],
-     "speeds": [[3125000000.0, 2e-05], [40000000000.0, 5e-06]],   # [bytes/s, seconds]
-     "links": [[0, 3, 1], [1, 3, 1], ...]}           # [node, node, speed]; nodes: hosts, then switches
-
-Nodes are numbered hosts first, then switches, and each distinct link speed is written once, so
-a cluster's topology costs about 10 bytes a link. Floats are written as Python's shortest
-round-trip text, so decoding gives back an equal Topology.
-"""
+"""A topology to and from its wire format (`caramel.contract.topology`), to hand a job's placed
+topology to its workers; and the topology a worker runs on."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import Literal
 
-import pydantic
-from pydantic import BaseModel, ConfigDict, Field
-
-from caramel.job.jobfile import describe_validation_error
+from caramel.contract.env import WorkerContract
+from caramel.contract.topology import WireTopology
 from caramel.topology.model import Link, Topology
+from caramel.topology.synthetic import racks
 
 
-class WireTopology(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    v: Literal[1]
-    hosts: list[str] = Field(min_length=1)
-    switches: list[str]
-    groups: list[int]
-    groupNames: list[str]  # noqa: N815 (the wire's own spelling)
-    speeds: list[tuple[float, float]]
-    links: list[tuple[int, int, int]]
-
-    @pydantic.model_validator(mode="after")
-    def _in_range(self) -> WireTopology:
-        nodes = len(self.hosts) + len(self.switches)
-        for number, (a, b, speed) in enumerate(self.links):
-            if not (0 <= a < nodes and 0 <= b < nodes):
-                raise ValueError(f"links[{number}]: node numbers must be within 0..{nodes - 1}")
-            if not 0 <= speed < len(self.speeds):
-                raise ValueError(f"links[{number}]: speed must be within 0..{len(self.speeds) - 1}")
-        if any(not 0 <= group < len(self.groupNames) for group in self.groups):
-            raise ValueError(f"groups: every group must be within 0..{len(self.groupNames) - 1}")
-        return self
-
-
-def to_json(topology: Topology) -> str:
-    """The compact JSON text of a topology."""
+def to_wire(topology: Topology) -> WireTopology:
+    """The wire form of a topology."""
     speeds = _numbered((link.bandwidth, link.latency) for link in topology.links)
     groups = _numbered(topology.groups)
-    wire = WireTopology(
+    return WireTopology(
         v=1,
         hosts=list(topology.hosts),
         switches=list(topology.switches),
@@ -64,7 +27,6 @@ def to_json(topology: Topology) -> str:
             for link in topology.links
         ],
     )
-    return wire.model_dump_json()
 
 
 def _numbered(values: Iterable[Hashable]) -> dict:
@@ -75,12 +37,8 @@ def _numbered(values: Iterable[Hashable]) -> dict:
     return numbers
 
 
-def from_json(text: str) -> Topology:
-    """The topology of a compact JSON text; a bad text raises ValueError naming the field."""
-    try:
-        wire = WireTopology.model_validate_json(text)
-    except pydantic.ValidationError as error:
-        raise ValueError("not a topology: " + "; ".join(describe_validation_error(error))) from None
+def from_wire(wire: WireTopology) -> Topology:
+    """The topology of its wire form; ValueError where it is no valid topology (`Topology`'s checks)."""
     names = [*wire.hosts, *wire.switches]
     return Topology(
         hosts=tuple(wire.hosts),
@@ -88,3 +46,25 @@ def from_json(text: str) -> Topology:
         links=tuple(Link(names[a], names[b], *wire.speeds[speed]) for a, b, speed in wire.links),
         groups=tuple(wire.groupNames[group] for group in wire.groups),
     )
+
+
+def to_json(topology: Topology) -> str:
+    """The compact JSON text of a topology."""
+    return to_wire(topology).to_json()
+
+
+def from_json(text: str) -> Topology:
+    """The topology of a compact JSON text; a bad text raises ValueError naming the field."""
+    return from_wire(WireTopology.parse(text))
+
+
+def job_topology(contract: WorkerContract) -> Topology:
+    """The network under a worker's job, one host per rank (CARAMEL_TOPOLOGY); a flat one (every
+    rank on one switch) when the job has none. RuntimeError where the one given is no topology."""
+    if contract.topology is None:
+        # Only its shape matters (auto's choice and the trees compare routes over equal links).
+        return racks(1, contract.world_size, bandwidth=1.0, uplink_bandwidth=1.0)
+    try:
+        return from_wire(contract.topology)
+    except ValueError as error:
+        raise RuntimeError(f"CARAMEL_TOPOLOGY: {error}") from None

@@ -23,8 +23,8 @@ from typing import ClassVar
 
 import tensorflow as tf
 
-from caramel.job.api import Backend as BackendChoice
-from caramel.job.contract import WorkerContract
+from caramel.contract.api import Backend as BackendChoice
+from caramel.contract.env import WorkerContract
 
 BACKENDS = {BackendChoice.HOROVOD: "caramel.tensorflow.backends.horovod", BackendChoice.TENSORFLOW: "caramel.tensorflow.backends.tensorflow"}
 

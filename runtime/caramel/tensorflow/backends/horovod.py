@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 from horovod.tensorflow import mpi_ops
 
-from caramel.job.contract import WorkerContract
+from caramel.contract.env import WorkerContract
 from caramel.tensorflow.backends import Backend, ReduceOp
 from caramel.tensorflow.fusion import per_dtype
 

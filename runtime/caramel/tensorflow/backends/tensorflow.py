@@ -25,7 +25,7 @@ from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.core.protobuf import cluster_pb2, config_pb2, tensorflow_server_pb2
 from tensorflow.python.eager import context
 
-from caramel.job.contract import WorkerContract
+from caramel.contract.env import WorkerContract
 from caramel.tensorflow.backends import Backend, ReduceOp
 from caramel.tensorflow.fusion import joined
 

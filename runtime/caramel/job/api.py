@@ -1,0 +1,3 @@
+"""Transitional: now `caramel.contract.api` (see `caramel.job`)."""
+
+from caramel.contract.api import *  # noqa: F403
