@@ -8,6 +8,8 @@ from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from caramel.contract.api import MemoryAllocator
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract, slot_env, worker_command, worker_env, worker_name
 from caramel.contract.jobfile import parse_job
+from caramel.contract.ports import PortMap
+from caramel.contract.restart import RestartPolicy
 from caramel.topology.simulate import choose_allreduce
 from caramel.topology.synthetic import racks
 from caramel.topology.wire import job_topology, to_wire
@@ -210,3 +212,27 @@ def test_a_global_batch_is_shared_among_the_ranks_that_run():
         WorkerContract.from_env(envs[0]).share_of(2)
     with pytest.raises(RuntimeError, match="HOROVOD_RANK is unset"):
         WorkerContract.from_env(worker_env(job(), 0, CLUSTER_PEERS)).share_of(256)
+
+
+def test_a_gang_on_one_machine_binds_each_port_once_and_says_where_each_comes_from():
+    ports = PortMap.of(job(replicas=2, slots=1, rendezvous={"port": 29500}, metrics={"port": 29502}, caramel={"allreduce": "multitree", "transportPort": 29600}))
+    assert ports.on_one_machine(2) == {
+        29500: "spec.rendezvous.port",
+        29501: "spec.rendezvous.port + 1, the collective port (+0 for rank 0)",
+        29502: "spec.rendezvous.port + 1, the collective port (+1 for rank 1)",  # the collective port's claim comes first
+        29503: "spec.metrics.port (+1 for rank 1)",
+        29600: "spec.caramel.transportPort (+0 for rank 0)",
+        29601: "spec.caramel.transportPort (+1 for rank 1)",
+    }
+    ring = PortMap.of(job(metrics={"enabled": False}, caramel={"allreduce": "ring"}))
+    assert (ring.metrics, ring.transport, ring.collective) == (None, None, ring.rendezvous + 1)
+    assert list(ring.of_one_worker(9000)) == [9000, 9001]
+
+
+def test_the_restart_policy_doubles_its_backoff_up_to_its_longest_and_stops_at_the_limit():
+    policy = RestartPolicy.of(job(runPolicy={"backoffLimit": 2, "activeDeadlineSeconds": 60}))
+    assert [policy.backoff(restarts) for restarts in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert [policy.may_restart(restarts) for restarts in range(3)] == [True, True, False]
+    assert not policy.deadline_passed(59.9) and policy.deadline_passed(60)
+    operator = RestartPolicy.of(job(), first_backoff_seconds=10, max_backoff_seconds=60)
+    assert [operator.backoff(restarts) for restarts in range(4)] == [10, 20, 40, 60] and not operator.deadline_passed(1e9)

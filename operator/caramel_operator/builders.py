@@ -13,6 +13,7 @@ from typing import Any
 from caramel.contract.api import CaramelJob, Tuning
 from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, worker_command, worker_env, worker_name
+from caramel.contract.ports import PortMap
 from caramel.topology.model import Topology
 from caramel.topology.wire import to_wire
 from caramel_operator.podsecurity import restricted_violations
@@ -74,6 +75,7 @@ def peer_addresses(job: CaramelJob, replicas: int) -> list[str]:
 
 def build_service(job: CaramelJob) -> dict[str, Any]:
     """The headless Service that gives every worker pod a DNS name."""
+    rendezvous = PortMap.of(job).rendezvous
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -84,7 +86,7 @@ def build_service(job: CaramelJob) -> dict[str, Any]:
             # Workers must resolve each other before they are ready: that is how they meet.
             "publishNotReadyAddresses": True,
             "ports": [
-                {"name": "rendezvous", "port": job.spec.rendezvous.port, "targetPort": job.spec.rendezvous.port},
+                {"name": "rendezvous", "port": rendezvous, "targetPort": rendezvous},
                 {"name": "metrics", "port": job.spec.metrics.port, "targetPort": job.spec.metrics.port},
             ],
         },
@@ -122,14 +124,15 @@ def build_worker_pod(
         labels[KUEUE_GROUP_LABEL] = f"{job.name}-gang-{gang}"
         annotations[KUEUE_GROUP_COUNT_ANNOTATION] = str(replicas)
         annotations[KUEUE_POD_INDEX_LABEL_ANNOTATION] = WORKER_INDEX_LABEL
+    port_map = PortMap.of(job)
     ports = []
-    if spec.metrics.enabled:
+    if port_map.metrics is not None:
         ports += [
-            {"name": f"metrics-{slot}", "containerPort": spec.metrics.port + slot}
-            for slot in range(spec.workers.slots_per_worker)
+            {"name": f"metrics-{slot}", "containerPort": port}
+            for slot, port in enumerate(port_map.of_one_worker(port_map.metrics))
         ]
     if worker_index == 0:
-        ports.append({"name": "rendezvous", "containerPort": spec.rendezvous.port})
+        ports.append({"name": "rendezvous", "containerPort": port_map.rendezvous})
     env[TERMINATION_MESSAGE_PATH_VARIABLE] = TERMINATION_MESSAGE_PATH
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
@@ -197,10 +200,10 @@ def worker_pod_problems(job: CaramelJob, *, default_image: str) -> list[str]:
 def build_network_policy(job: CaramelJob, *, monitoring_namespace: str, operator_namespace: str) -> dict[str, Any]:
     """Ingress to the job's workers: from each other on every port (Gloo picks its ports at run
     time), and to the metrics ports from the monitoring namespace and the operator."""
-    spec = job.spec
+    port_map = PortMap.of(job)
     own_pods = {"podSelector": {"matchLabels": {JOB_LABEL: job.name}}}
     ingress: list[dict[str, Any]] = [{"from": [own_pods]}]
-    if spec.metrics.enabled:
+    if port_map.metrics is not None:
         operator_peer: dict[str, Any] = {"podSelector": {"matchLabels": OPERATOR_POD_LABELS}}
         operator_peer["namespaceSelector"] = (
             {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}} if operator_namespace else {}
@@ -208,9 +211,10 @@ def build_network_policy(job: CaramelJob, *, monitoring_namespace: str, operator
         peers = [operator_peer]
         if monitoring_namespace:
             peers.append({"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: monitoring_namespace}}})
-        port: dict[str, Any] = {"protocol": "TCP", "port": spec.metrics.port}
-        if spec.workers.slots_per_worker > 1:
-            port["endPort"] = spec.metrics.port + spec.workers.slots_per_worker - 1
+        metrics = port_map.of_one_worker(port_map.metrics)
+        port: dict[str, Any] = {"protocol": "TCP", "port": metrics[0]}
+        if len(metrics) > 1:
+            port["endPort"] = metrics[-1]
         ingress.append({"from": peers, "ports": [port]})
     return {
         "apiVersion": "networking.k8s.io/v1",

@@ -49,6 +49,7 @@ from caramel.contract.api import (
     WorkerFailure,
 )
 from caramel.contract.env import worker_name
+from caramel.contract.restart import RestartPolicy
 from caramel.contract.termination import fit
 from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
@@ -118,6 +119,11 @@ class Decision:
     events: list[Event] = field(default_factory=list)
     transitions: list[Phase] = field(default_factory=list)
     """Phases entered, for the operator's counters."""
+
+
+def restart_policy(job: CaramelJob, settings: OperatorSettings) -> RestartPolicy:
+    """The job's restart policy, with the operator's backoff."""
+    return RestartPolicy.of(job, settings.restart_backoff_seconds, settings.restart_backoff_max_seconds)
 
 
 def timestamp(moment: datetime) -> str:
@@ -225,7 +231,7 @@ def record_placement(decision: Decision, job: CaramelJob, outcome: Outcome, now:
     previous = status.placement if status.placement and status.placement.gang == status.gang else None
     attempts = (previous.attempts if previous else 0) + 1
     waiting_since = previous.waiting_since if previous and previous.waiting_since else timestamp(now)
-    backoff = settings.restart_backoff(attempts - 1)
+    backoff = restart_policy(job, settings).backoff(attempts - 1)
     if isinstance(outcome, NoRoom):
         why = outcome.message
     else:
@@ -291,6 +297,7 @@ class _Reconciliation:
         self.existing: frozenset[str] = existing
         self.now: datetime = now
         self.settings: OperatorSettings = settings
+        self.policy = restart_policy(job, settings)
         self.decision = Decision(status)
 
     @property
@@ -407,11 +414,11 @@ class _Reconciliation:
         self.look_for_room()
 
     def deadline_passed(self) -> bool:
-        deadline = self.job.spec.run_policy.active_deadline_seconds
-        if deadline:
-            if self.now >= parse_timestamp(self.status.start_time) + timedelta(seconds=deadline):
-                self.fail("DeadlineExceeded", f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline} s)")
-                return True
+        running = (self.now - parse_timestamp(self.status.start_time)).total_seconds()
+        if self.policy.deadline_passed(running):
+            deadline = self.policy.active_deadline_seconds
+            self.fail("DeadlineExceeded", f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline} s)")
+            return True
         return False
 
     def own_objects(self) -> list[dict[str, Any]]:
@@ -539,14 +546,14 @@ class _Reconciliation:
         changes, and the new gang resumes from the latest checkpoint at once."""
         current = [w for w in self.workers if w.gang == self.status.gang]
         shrinking = least < self.expected
-        limit = self.job.spec.run_policy.backoff_limit
+        limit = self.policy.backoff_limit
         restarts, backoff = self.status.restarts, 0.0
         if failure is not None:
             self.update(last_failure=failure)
-            if restarts >= limit:
+            if not self.policy.may_restart(restarts):
                 self.fail("BackoffLimitExceeded", f"{what}; spec.runPolicy.backoffLimit ({limit}) reached")
                 return
-            backoff = self.settings.restart_backoff(restarts)
+            backoff = self.policy.backoff(restarts)
             restarts += 1
         self.enter(Phase.RESTARTING)
         self.update(restarts=restarts, gang=self.status.gang + 1, restart_after=timestamp(self.now + timedelta(seconds=backoff)))

@@ -8,22 +8,26 @@ else passes information to a worker, so both modes run exactly the same way.
 A worker is a Horovod *host*: it runs `slotsPerWorker` training processes (slots). Rank r of
 the job lives on worker r // slots as slot r % slots.
 
-Processes that share a machine (workers with the same address) take consecutive ports: worker
-w's first process takes the spec's port plus the processes of workers before it on the same
-address (`machine_offsets`), each next slot the port after. Metrics ports, the multitree
-transport's ports and the collective ports (TensorFlow's servers: the rendezvous port plus one
-onwards) follow this rule.
+Every port a worker is told of follows the rules of `caramel.contract.ports`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from caramel.contract.api import Allreduce, CaramelJob, Checkpoint, MemoryAllocator, Scheduling, Tuning
+from caramel.contract.api import CaramelJob, Checkpoint, MemoryAllocator, Scheduling, Tuning
+from caramel.contract.ports import (
+    COLLECTIVE_PORT,
+    METRICS_PORT,
+    TRANSPORT_PORT,
+    PortMap,
+    collective_port,
+    rank_addresses,
+    slot_ports,
+)
 from caramel.contract.topology import WireTopology
 
 # How long the workers of a gang wait for each other at the rendezvous: the others for worker 0's
@@ -42,26 +46,6 @@ TENSORFLOW_ENV = {
 def worker_name(job: CaramelJob, worker_index: int) -> str:
     """Stable name of a worker: its pod name in a cluster and its Horovod hostname everywhere."""
     return f"{job.name}-worker-{worker_index}"
-
-
-def machine_offsets(peers: Sequence[str], slots: int) -> list[int]:
-    """For each worker, the training processes of the workers before it at the same address:
-    how far past a spec's port its own ports start."""
-    seen: Counter[str] = Counter()
-    offsets = []
-    for peer in peers:
-        offsets.append(slots * seen[peer])
-        seen[peer] += 1
-    return offsets
-
-
-def rank_addresses(peers: Sequence[str], slots: int, first_port: int) -> list[tuple[str, int]]:
-    """Where each rank listens on a per-process port whose first is `first_port`, in rank order."""
-    return [
-        (peer, first_port + offset + slot)
-        for peer, offset in zip(peers, machine_offsets(peers, slots))
-        for slot in range(slots)
-    ]
 
 
 def worker_env(
@@ -101,7 +85,7 @@ def worker_env(
             f"the topology has {topology.size} hosts, the gang {world_size} ranks "
             "(its workers x spec.workers.slotsPerWorker): it needs one host per rank"
         )
-    processes_before_on_same_machine = machine_offsets(peers, slots)[worker_index]
+    ports = PortMap.of(job).worker_ports(peers, worker_index)
     env = {
         **TENSORFLOW_ENV,
         "HOROVOD_CONTROLLER": "gloo",
@@ -121,15 +105,14 @@ def worker_env(
         "CARAMEL_HOSTS": ",".join(f"{worker_name(job, i)}:{slots}" for i in range(replicas)),
         "CARAMEL_SCHEDULING": spec.caramel.model_dump_json(by_alias=True),
         "CARAMEL_MEMORY_ALLOCATOR": spec.workers.memory_allocator.value,
-        "CARAMEL_METRICS_PORT": str(spec.metrics.port + processes_before_on_same_machine) if spec.metrics.enabled else "",
+        METRICS_PORT: str(ports[METRICS_PORT]) if METRICS_PORT in ports else "",
         "CARAMEL_PEERS": ",".join(peers),
-        "CARAMEL_COLLECTIVE_PORT": str(collective_port(spec.rendezvous.port) + processes_before_on_same_machine),
+        COLLECTIVE_PORT: str(ports[COLLECTIVE_PORT]),
     }
     if spec.rendezvous.network_interface:
         env["HOROVOD_GLOO_IFACE"] = spec.rendezvous.network_interface
-    if spec.caramel.allreduce != Allreduce.RING:
-        # Only for jobs that may run the multitree transport.
-        env["CARAMEL_TRANSPORT_PORT"] = str(spec.caramel.transport_port + processes_before_on_same_machine)
+    if TRANSPORT_PORT in ports:  # only for jobs that may run the multitree transport
+        env[TRANSPORT_PORT] = str(ports[TRANSPORT_PORT])
     if topology is not None:
         env["CARAMEL_TOPOLOGY"] = topology.to_json()
     if spec.checkpoint:
@@ -138,28 +121,6 @@ def worker_env(
         env["CARAMEL_TUNING"] = tuning.model_dump_json(by_alias=True)
     env.update({var.name: var.value for var in spec.env})
     return env
-
-
-def collective_port(rendezvous_port: int) -> int:
-    """The collective port (TensorFlow's server) of a machine's first training process: the one
-    after worker 0's rendezvous port."""
-    return rendezvous_port + 1
-
-
-def ports_on_one_machine(job: CaramelJob) -> dict[int, str]:
-    """Every port the whole gang binds when all its workers share one machine (`caramel run`), with
-    the field it comes from, for people."""
-    spec = job.spec
-    ports = {spec.rendezvous.port: "spec.rendezvous.port"}
-    per_rank = [(collective_port(spec.rendezvous.port), "spec.rendezvous.port + 1, the collective port")]
-    if spec.metrics.enabled:
-        per_rank.append((spec.metrics.port, "spec.metrics.port"))
-    if spec.caramel.allreduce != Allreduce.RING:
-        per_rank.append((spec.caramel.transport_port, "spec.caramel.transportPort"))
-    for first, field in per_rank:
-        for rank in range(job.world_size):
-            ports.setdefault(first + rank, f"{field} (+{rank} for rank {rank})")
-    return ports
 
 
 def worker_command(job: CaramelJob, python: str = "python") -> list[str]:
@@ -174,11 +135,7 @@ def slot_env(worker: Mapping[str, str], slot: int) -> dict[str, str]:
     port and transport port."""
     local_size = int(worker["HOROVOD_LOCAL_SIZE"])
     rank = int(worker["CARAMEL_WORKER_INDEX"]) * local_size + slot
-    env = {"HOROVOD_RANK": str(rank), "HOROVOD_LOCAL_RANK": str(slot)}
-    for port in ("CARAMEL_METRICS_PORT", "CARAMEL_TRANSPORT_PORT", "CARAMEL_COLLECTIVE_PORT"):
-        if worker.get(port):
-            env[port] = str(int(worker[port]) + slot)
-    return env
+    return {"HOROVOD_RANK": str(rank), "HOROVOD_LOCAL_RANK": str(slot), **slot_ports(worker, slot)}
 
 
 @dataclass(frozen=True)
@@ -276,7 +233,7 @@ class WorkerContract:
             memory_allocator=_memory_allocator(environ.get("CARAMEL_MEMORY_ALLOCATOR")),
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             tuning=Tuning.model_validate_json(tuning) if tuning else None,
-            metrics_port=int(environ["CARAMEL_METRICS_PORT"]) if environ.get("CARAMEL_METRICS_PORT") else None,
+            metrics_port=int(environ[METRICS_PORT]) if environ.get(METRICS_PORT) else None,
             rank=int(environ["HOROVOD_RANK"]) if "HOROVOD_RANK" in environ else None,
             peers=tuple(environ["CARAMEL_PEERS"].split(",")) if environ.get("CARAMEL_PEERS") else (),
             topology=_topology(environ.get("CARAMEL_TOPOLOGY"), world_size),

@@ -4,8 +4,8 @@ Each worker is started exactly as a pod would be, through `worker_env` and `work
 with 127.0.0.1 as every peer's address. The launcher relays their output, stops the whole gang
 as soon as one worker fails, and never leaves a process behind. Like the operator, it then
 restarts the whole gang, up to spec.runPolicy.backoffLimit times, after a backoff (shorter than
-the operator's: 1 s, doubling up to 30 s); a job with spec.checkpoint resumes from its latest
-checkpoint.
+the operator's: 1 s, doubling up to 30 s; `caramel.contract.restart`); a job with spec.checkpoint
+resumes from its latest checkpoint.
 
 This machine is the run's only node, and what it can take away from a gang is a worker: one it
 kills (SIGKILL, what the kernel's out-of-memory killer sends) is lost, as a worker whose node
@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caramel.contract.api import CaramelJob
-from caramel.contract.env import ports_on_one_machine, worker_command, worker_env
+from caramel.contract.env import worker_command, worker_env
+from caramel.contract.ports import PortMap
+from caramel.contract.restart import RestartPolicy
 from caramel.launch.processes import describe_exit, killed_by_the_machine, pump_lines, spawn, stop_groups
 from caramel.contract.progress import ProgressReport, parse_report
 from caramel.topology.model import Topology
@@ -38,8 +40,6 @@ from caramel.topology.wire import to_wire
 
 LOCALHOST = "127.0.0.1"
 LAST_LINES_KEPT = 20
-RESTART_BACKOFF_SECONDS = 1.0
-RESTART_BACKOFF_MAX_SECONDS = 30.0
 
 
 class LaunchError(Exception):
@@ -78,7 +78,7 @@ def check_can_start(job: CaramelJob, cwd: Path) -> None:
         raise LaunchError(f"spec.script: {spec.script!r} is not a file (looked in {cwd})")
     if not cwd.is_dir():
         raise LaunchError(f"spec.workingDir: {str(cwd)!r} is not a directory")
-    for port, name in ports_on_one_machine(job).items():
+    for port, name in PortMap.of(job).on_one_machine(job.world_size).items():
         with socket.socket() as probe:
             # As the rendezvous and metrics servers do: connections of an earlier run lingering
             # in TIME_WAIT do not make a port busy, a listening socket does.
@@ -110,16 +110,17 @@ class LocalRun:
     def run(self) -> RunOutcome:
         check_can_start(self.job, self.cwd)
         started = time.monotonic()
-        limit = self.job.spec.run_policy.backoff_limit
+        policy = RestartPolicy.of(self.job)
+        limit = policy.backoff_limit
         restarts = 0
         size = self.job.spec.workers.replicas
         while True:
-            outcome = self._run_gang(started, size)
+            outcome = self._run_gang(started, size, policy)
             outcome.restarts = restarts
-            if outcome.succeeded or outcome.failed_worker is None or restarts >= limit:
+            if outcome.succeeded or outcome.failed_worker is None or not policy.may_restart(restarts):
                 break
+            backoff = policy.backoff(restarts)
             restarts += 1
-            backoff = min(RESTART_BACKOFF_MAX_SECONDS, RESTART_BACKOFF_SECONDS * 2 ** (restarts - 1))
             size, sizing = self._next_size(outcome)
             tail = "".join(f"\n  | {line}" for line in outcome.last_lines)
             self.on_notice(
@@ -152,13 +153,12 @@ class LocalRun:
             return spec.replicas, f" with all {spec.replicas} workers again"
         return spec.replicas, ""
 
-    def _run_gang(self, started: float, replicas: int) -> RunOutcome:
+    def _run_gang(self, started: float, replicas: int, policy: RestartPolicy) -> RunOutcome:
         """One gang of `replicas` workers: every worker started, run until all finish or one fails."""
         peers = [LOCALHOST] * replicas
         topology = to_wire(self.topology) if self.topology is not None else None
         lines: queue.Queue[tuple[int, str]] = queue.Queue()
         last_lines = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
-        deadline = self.job.spec.run_policy.active_deadline_seconds
         outcome = RunOutcome(False, "", 0.0, workers=replicas)
         workers: list[subprocess.Popen[bytes]] = []
         pumps = []
@@ -187,8 +187,8 @@ class LocalRun:
                         outcome.lost = killed_by_the_machine(returncode)
                         running.clear()
                         break
-                if deadline and running and time.monotonic() - started > deadline:
-                    outcome.reason = f"spec.runPolicy.activeDeadlineSeconds ({deadline} s) exceeded"
+                if running and policy.deadline_passed(time.monotonic() - started):
+                    outcome.reason = f"spec.runPolicy.activeDeadlineSeconds ({policy.active_deadline_seconds} s) exceeded"
                     break
             if stops:  # a stop wins over a failure seen at the same time: no restart follows
                 outcome.reason, outcome.failed_worker = stops[0], None
