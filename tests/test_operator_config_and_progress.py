@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -51,6 +52,45 @@ def test_settings_from_env():
     assert OperatorSettings.from_env({}).watch_namespaces == ()
 
 
+def test_settings_defaults():
+    settings = OperatorSettings.from_env({})
+    assert (settings.runtime_image, settings.metrics_port, settings.health_port) == ("caramel:0.1.0", 8000, 8080)
+    assert (settings.api_request_timeout_seconds, settings.api_connect_timeout_seconds, settings.watch_stall_seconds) == (10, 5, 60)
+    assert (settings.reconcile_interval_seconds, settings.restart_backoff_seconds, settings.restart_backoff_max_seconds) == (2, 10, 300)
+    assert settings.gang_scheduling_timeout_seconds == 300 and settings.network_policy is True
+    assert (settings.monitoring_namespace, settings.operator_namespace) == ("monitoring", "")
+
+
+def test_empty_settings_keep_their_defaults_but_an_empty_namespace_means_none():
+    names = [field.validation_alias for field in OperatorSettings.model_fields.values()]
+    settings = OperatorSettings.from_env({name: "" for name in names if name != "CARAMEL_NETWORK_POLICY"})
+    assert settings.monitoring_namespace == "" and settings.operator_namespace == ""
+    assert settings.model_copy(update={"monitoring_namespace": "monitoring"}) == OperatorSettings.from_env({})
+    spaced = OperatorSettings.from_env({"CARAMEL_NETWORK_POLICY": " False ", "CARAMEL_MONITORING_NAMESPACE": " obs ", "CARAMEL_WATCH_NAMESPACES": " a,, b ,"})
+    assert (spaced.network_policy, spaced.monitoring_namespace, spaced.watch_namespaces) == (False, "obs", ("a", "b"))
+
+
+def test_settings_from_the_process_environment_and_only_from_a_given_one(monkeypatch):
+    monkeypatch.setenv("CARAMEL_WATCH_NAMESPACES", "team-a,team-b")
+    monkeypatch.setenv("CARAMEL_TOPOLOGY_LINKS", '{"zone": {"gbps": 10}}')
+    monkeypatch.setenv("caramel_runtime_image", "not/read:lowercase")  # variables are read by their exact names
+    settings = OperatorSettings.from_env()
+    assert settings.watch_namespaces == ("team-a", "team-b") and settings.links.zone.gbps == 10
+    assert settings.runtime_image == "caramel:0.1.0"
+    assert OperatorSettings(network_policy=False).watch_namespaces == ("team-a", "team-b")
+    assert OperatorSettings.from_env({}) == OperatorSettings.from_env({"CARAMEL_RUNTIME_IMAGE": ""}) != settings
+    monkeypatch.setenv("CARAMEL_OPERATOR_METRICS_PORT", "0")
+    with pytest.raises(SettingsError, match="CARAMEL_OPERATOR_METRICS_PORT: Input should be greater than 0"):
+        OperatorSettings.from_env()
+
+
+def test_the_settings_class_documents_every_variable_and_the_readme_lists_them():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for name, field in OperatorSettings.model_fields.items():
+        assert field.validation_alias.startswith("CARAMEL_") and field.description, name
+        assert f"`{field.validation_alias}`" in readme, field.validation_alias
+
+
 def test_topology_settings_from_env():
     default = OperatorSettings.from_env({})
     assert default.rack_label == "topology.caramel.dev/rack" and default.links == ClusterLinks()
@@ -65,9 +105,11 @@ def test_topology_settings_from_env():
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"CARAMEL_OPERATOR_METRICS_PORT": "http"}, "CARAMEL_OPERATOR_METRICS_PORT: expected a whole number, got 'http'"),
-        ({"CARAMEL_RESTART_BACKOFF_SECONDS": "-1"}, "CARAMEL_RESTART_BACKOFF_SECONDS: must be positive"),
-        ({"CARAMEL_TOPOLOGY_RACK_LABEL": "my rack"}, "CARAMEL_TOPOLOGY_RACK_LABEL: expected a Kubernetes label key such as topology.caramel.dev/rack, got 'my rack'"),
+        ({"CARAMEL_OPERATOR_METRICS_PORT": "http"}, r"CARAMEL_OPERATOR_METRICS_PORT: Input should be a valid integer, unable to parse string as an integer \(got 'http'\)"),
+        ({"CARAMEL_WATCH_STALL_SECONDS": "1m"}, r"CARAMEL_WATCH_STALL_SECONDS: Input should be a valid number, unable to parse string as a number \(got '1m'\)"),
+        ({"CARAMEL_RESTART_BACKOFF_SECONDS": "-1"}, r"CARAMEL_RESTART_BACKOFF_SECONDS: Input should be greater than 0 \(got '-1'\)"),
+        ({"CARAMEL_NETWORK_POLICY": "yes"}, r"CARAMEL_NETWORK_POLICY: expected true or false \(got 'yes'\)"),
+        ({"CARAMEL_TOPOLOGY_RACK_LABEL": "my rack"}, r"CARAMEL_TOPOLOGY_RACK_LABEL: expected a Kubernetes label key such as topology.caramel.dev/rack \(got 'my rack'\)"),
         ({"CARAMEL_TOPOLOGY_RACK_LABEL": "Example.com/rack"}, "CARAMEL_TOPOLOGY_RACK_LABEL: expected a Kubernetes label key"),
         ({"CARAMEL_TOPOLOGY_LINKS": "rack=25"}, "CARAMEL_TOPOLOGY_LINKS: expected JSON such as"),
         ({"CARAMEL_TOPOLOGY_LINKS": "[25]"}, "CARAMEL_TOPOLOGY_LINKS: expected a JSON object of levels"),
@@ -78,3 +120,13 @@ def test_topology_settings_from_env():
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(SettingsError, match=message):
         OperatorSettings.from_env(env)
+
+
+def test_every_bad_setting_is_named():
+    with pytest.raises(SettingsError) as raised:
+        OperatorSettings.from_env({"CARAMEL_OPERATOR_HEALTH_PORT": "x", "CARAMEL_NETWORK_POLICY": "on", "CARAMEL_TOPOLOGY_LINKS": "[]"})
+    assert [problem.split(":")[0] for problem in str(raised.value).split("; ")] == [
+        "CARAMEL_OPERATOR_HEALTH_PORT",
+        "CARAMEL_NETWORK_POLICY",
+        "CARAMEL_TOPOLOGY_LINKS",
+    ]

@@ -1,4 +1,8 @@
-"""The operator's own settings, read once from its environment."""
+"""The operator's own settings, read once from its environment (CARAMEL_* variables) by
+pydantic-settings. `OperatorSettings` is their reference: each field names its variable, and
+its docstring says what it means and how it is written. A variable left unset, empty or blank
+keeps the field's default, except CARAMEL_MONITORING_NAMESPACE and CARAMEL_OPERATOR_NAMESPACE,
+where empty means none, and CARAMEL_NETWORK_POLICY, which must say true or false."""
 
 from __future__ import annotations
 
@@ -6,12 +10,15 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from typing import Annotated, Any
 
 import pydantic
+from pydantic import Field, StringConstraints, field_validator
+from pydantic_core import PydanticCustomError, PydanticUseDefault
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS
-from caramel.job.jobfile import describe_validation_error
 from caramel.topology.labels import DEFAULT_RACK_LABEL, ClusterLinks
 
 # A Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of at most 63
@@ -21,112 +28,174 @@ LABEL_KEY_PATTERN = re.compile(
     r"(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 
+Stripped = Annotated[str, StringConstraints(strip_whitespace=True)]
+
+# The variables `OperatorSettings.from_env` was given, while it reads them.
+_ENVIRON: ContextVar[Mapping[str, str]] = ContextVar("caramel_operator_environ")
+
 
 class SettingsError(ValueError):
-    """An operator environment variable with a bad value; the message names it."""
+    """Operator environment variables with bad values; the message names each and says what is wrong."""
 
 
-@dataclass(frozen=True)
-class OperatorSettings:
-    runtime_image: str = "caramel:0.1.0"
-    """Image of jobs that name no spec.image (CARAMEL_RUNTIME_IMAGE)."""
+class OperatorSettings(BaseSettings):
+    """The operator's settings: `OperatorSettings.from_env()` reads them from the environment,
+    as does `OperatorSettings()`, whose keyword arguments (fields' names) override it."""
 
-    watch_namespaces: tuple[str, ...] = ()
-    """Namespaces to watch; empty watches the whole cluster (CARAMEL_WATCH_NAMESPACES, comma-separated)."""
+    model_config = SettingsConfigDict(
+        frozen=True,
+        # Variables are read by their exact names only.
+        case_sensitive=True,
+        # Fields are set by their names in code and by their variables' names from the environment.
+        validate_by_name=True,
+        validate_by_alias=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
 
-    metrics_port: int = 8000
-    """Port of the operator's own /metrics (CARAMEL_OPERATOR_METRICS_PORT)."""
+    runtime_image: str = Field("caramel:0.1.0", validation_alias="CARAMEL_RUNTIME_IMAGE")
+    """Image of jobs that name no spec.image."""
 
-    health_port: int = 8080
-    """Port of the liveness endpoint /healthz (CARAMEL_OPERATOR_HEALTH_PORT). The readiness
-    endpoint /readyz is on the metrics port."""
+    watch_namespaces: Annotated[tuple[str, ...], NoDecode] = Field((), validation_alias="CARAMEL_WATCH_NAMESPACES")
+    """Namespaces to watch, comma-separated (`team-a,team-b`); empty watches the whole cluster."""
 
-    api_request_timeout_seconds: float = 10.0
+    metrics_port: int = Field(8000, gt=0, validation_alias="CARAMEL_OPERATOR_METRICS_PORT")
+    """Port of the operator's own /metrics, and of its readiness endpoint /readyz."""
+
+    health_port: int = Field(8080, gt=0, validation_alias="CARAMEL_OPERATOR_HEALTH_PORT")
+    """Port of the liveness endpoint /healthz."""
+
+    api_request_timeout_seconds: float = Field(10.0, gt=0, validation_alias="CARAMEL_API_REQUEST_TIMEOUT_SECONDS")
     """Longest wait for the answer to one Kubernetes API request of the operator's, its own and
-    kopf's (CARAMEL_API_REQUEST_TIMEOUT_SECONDS); watches have their own, longer timeouts."""
+    kopf's; watches have their own, longer timeouts."""
 
-    api_connect_timeout_seconds: float = 5.0
-    """Longest wait for a connection to the Kubernetes API server (CARAMEL_API_CONNECT_TIMEOUT_SECONDS)."""
+    api_connect_timeout_seconds: float = Field(5.0, gt=0, validation_alias="CARAMEL_API_CONNECT_TIMEOUT_SECONDS")
+    """Longest wait for a connection to the Kubernetes API server."""
 
-    watch_stall_seconds: float = 60.0
+    watch_stall_seconds: float = Field(60.0, gt=0, validation_alias="CARAMEL_WATCH_STALL_SECONDS")
     """How long a change to a CaramelJob may go undelivered by the operator's watch before its
-    liveness probe fails and the kubelet restarts it (CARAMEL_WATCH_STALL_SECONDS)."""
+    liveness probe fails and the kubelet restarts it."""
 
-    reconcile_interval_seconds: float = 2.0
-    """Seconds between two reconciliations of a job (CARAMEL_RECONCILE_INTERVAL_SECONDS)."""
+    reconcile_interval_seconds: float = Field(2.0, gt=0, validation_alias="CARAMEL_RECONCILE_INTERVAL_SECONDS")
+    """Seconds between two reconciliations of a job."""
 
-    restart_backoff_seconds: float = 10.0
-    """Wait before the first gang restart, doubled at each further one (CARAMEL_RESTART_BACKOFF_SECONDS)."""
+    restart_backoff_seconds: float = Field(10.0, gt=0, validation_alias="CARAMEL_RESTART_BACKOFF_SECONDS")
+    """Wait before the first gang restart, doubled at each further one."""
 
-    restart_backoff_max_seconds: float = 300.0
-    """Longest wait before a gang restart (CARAMEL_RESTART_BACKOFF_MAX_SECONDS)."""
+    restart_backoff_max_seconds: float = Field(300.0, gt=0, validation_alias="CARAMEL_RESTART_BACKOFF_MAX_SECONDS")
+    """Longest wait before a gang restart."""
 
-    gang_scheduling_timeout_seconds: float = 300.0
+    gang_scheduling_timeout_seconds: float = Field(300.0, gt=0, validation_alias="CARAMEL_GANG_SCHEDULING_TIMEOUT_SECONDS")
     """How long part of a gang may hold its nodes while the rest is unschedulable before the whole
     gang is released and retried with backoff, or runs with the scheduled part where
-    spec.workers.minReplicas allows it (CARAMEL_GANG_SCHEDULING_TIMEOUT_SECONDS). Also how long a
-    gang R-Storm cannot place whole waits before fewer workers are placed, and how often a gang
-    running short looks for room to grow: one patience for room, whichever way it goes."""
+    spec.workers.minReplicas allows it. Also how long a gang R-Storm cannot place whole waits
+    before fewer workers are placed, and how often a gang running short looks for room to grow:
+    one patience for room, whichever way it goes."""
 
-    network_policy: bool = True
+    network_policy: bool = Field(True, validation_alias="CARAMEL_NETWORK_POLICY")
     """Give every job a NetworkPolicy that admits only its own pods, the operator and the
-    monitoring namespace (CARAMEL_NETWORK_POLICY: true or false)."""
+    monitoring namespace: `true` or `false` (any case)."""
 
-    monitoring_namespace: str = "monitoring"
-    """Namespace whose pods may scrape the workers' metrics; empty for none (CARAMEL_MONITORING_NAMESPACE)."""
+    monitoring_namespace: Stripped = Field("monitoring", validation_alias="CARAMEL_MONITORING_NAMESPACE")
+    """Namespace whose pods may scrape the workers' metrics; empty for none."""
 
-    operator_namespace: str = ""
+    operator_namespace: Stripped = Field("", validation_alias="CARAMEL_OPERATOR_NAMESPACE")
     """The operator's own namespace, from the downward API; empty admits operator pods of any
-    namespace to the workers' metrics (CARAMEL_OPERATOR_NAMESPACE)."""
+    namespace to the workers' metrics."""
 
-    rack_label: str = DEFAULT_RACK_LABEL
-    """The node label that names a node's rack, for placement and the placed topology
-    (CARAMEL_TOPOLOGY_RACK_LABEL)."""
+    rack_label: Stripped = Field(DEFAULT_RACK_LABEL, validation_alias="CARAMEL_TOPOLOGY_RACK_LABEL")
+    """The node label that names a node's rack, for placement and the placed topology: a
+    Kubernetes label key."""
 
-    links: ClusterLinks = field(default_factory=ClusterLinks)
-    """Speed of each level of the cluster's network, for the placed topology
-    (CARAMEL_TOPOLOGY_LINKS: JSON such as {"rack": {"gbps": 25, "latencyUs": 10}}; levels local,
-    node, rack and zone, each left out keeps its default)."""
+    links: Annotated[ClusterLinks, NoDecode] = Field(default_factory=ClusterLinks, validation_alias="CARAMEL_TOPOLOGY_LINKS")
+    """Speed of each level of the cluster's network, for the placed topology: JSON such as
+    `{"rack": {"gbps": 25, "latencyUs": 10}}`; levels local, node, rack and zone, each left out
+    keeps its default."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> OperatorSettings:
-        def number(name: str, default: float, kind: type = float) -> float:
-            text = environ.get(name)
-            if not text:
-                return default
-            try:
-                value = kind(text)
-            except ValueError:
-                expected = "a whole number" if kind is int else "a number"
-                raise SettingsError(f"{name}: expected {expected}, got {text!r}") from None
-            if value <= 0:
-                raise SettingsError(f"{name}: must be positive, got {text!r}")
-            return value
+        """The settings in environ and nowhere else; SettingsError names every variable with a
+        bad value."""
+        given = _ENVIRON.set(environ)
+        try:
+            return cls()
+        except pydantic.ValidationError as error:
+            raise SettingsError("; ".join(_describe(problem) for problem in error.errors(include_url=False))) from None
+        finally:
+            _ENVIRON.reset(given)
 
-        namespaces = tuple(ns.strip() for ns in environ.get("CARAMEL_WATCH_NAMESPACES", "").split(",") if ns.strip())
-        policy = environ.get("CARAMEL_NETWORK_POLICY", "true").strip().lower()
-        if policy not in ("true", "false"):
-            raise SettingsError(f"CARAMEL_NETWORK_POLICY: expected true or false, got {policy!r}")
-        return cls(
-            runtime_image=environ.get("CARAMEL_RUNTIME_IMAGE") or cls.runtime_image,
-            watch_namespaces=namespaces,
-            metrics_port=int(number("CARAMEL_OPERATOR_METRICS_PORT", cls.metrics_port, int)),
-            health_port=int(number("CARAMEL_OPERATOR_HEALTH_PORT", cls.health_port, int)),
-            api_request_timeout_seconds=number("CARAMEL_API_REQUEST_TIMEOUT_SECONDS", cls.api_request_timeout_seconds),
-            api_connect_timeout_seconds=number("CARAMEL_API_CONNECT_TIMEOUT_SECONDS", cls.api_connect_timeout_seconds),
-            watch_stall_seconds=number("CARAMEL_WATCH_STALL_SECONDS", cls.watch_stall_seconds),
-            reconcile_interval_seconds=number("CARAMEL_RECONCILE_INTERVAL_SECONDS", cls.reconcile_interval_seconds),
-            restart_backoff_seconds=number("CARAMEL_RESTART_BACKOFF_SECONDS", cls.restart_backoff_seconds),
-            restart_backoff_max_seconds=number("CARAMEL_RESTART_BACKOFF_MAX_SECONDS", cls.restart_backoff_max_seconds),
-            gang_scheduling_timeout_seconds=number(
-                "CARAMEL_GANG_SCHEDULING_TIMEOUT_SECONDS", cls.gang_scheduling_timeout_seconds
-            ),
-            network_policy=policy == "true",
-            monitoring_namespace=environ.get("CARAMEL_MONITORING_NAMESPACE", cls.monitoring_namespace).strip(),
-            operator_namespace=environ.get("CARAMEL_OPERATOR_NAMESPACE", "").strip(),
-            rack_label=_rack_label(environ.get("CARAMEL_TOPOLOGY_RACK_LABEL", "").strip()),
-            links=_links(environ.get("CARAMEL_TOPOLOGY_LINKS", "").strip()),
-        )
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments, then the variables from_env was given, else os.environ; no .env
+        file and no secrets directory."""
+        environ = _ENVIRON.get(None)
+        return init_settings, env_settings if environ is None else _Variables(settings_cls, environ)
+
+    @field_validator(
+        "runtime_image",
+        "metrics_port",
+        "health_port",
+        "api_request_timeout_seconds",
+        "api_connect_timeout_seconds",
+        "watch_stall_seconds",
+        "reconcile_interval_seconds",
+        "restart_backoff_seconds",
+        "restart_backoff_max_seconds",
+        "gang_scheduling_timeout_seconds",
+        "rack_label",
+        mode="before",
+    )
+    @classmethod
+    def _empty_keeps_the_default(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise PydanticUseDefault()
+        return value
+
+    @field_validator("watch_namespaces", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(namespace.strip() for namespace in value.split(",") if namespace.strip())
+        return value
+
+    @field_validator("network_policy", mode="before")
+    @classmethod
+    def _true_or_false(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word not in ("true", "false"):
+                raise PydanticCustomError("true_or_false", "expected true or false")
+            return word == "true"
+        return value
+
+    @field_validator("rack_label")
+    @classmethod
+    def _label_key(cls, value: str) -> str:
+        if not LABEL_KEY_PATTERN.match(value):
+            raise PydanticCustomError("label_key", f"expected a Kubernetes label key such as {DEFAULT_RACK_LABEL}")
+        return value
+
+    @field_validator("links", mode="before")
+    @classmethod
+    def _json_levels(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if not value.strip():
+            raise PydanticUseDefault()
+        try:
+            document = json.loads(value)
+        except ValueError as error:
+            raise PydanticCustomError("links_json", f'expected JSON such as {{"rack": {{"gbps": 25}}}}: {error}') from None
+        if not isinstance(document, dict):
+            raise PydanticCustomError("links_object", "expected a JSON object of levels (local, node, rack, zone)")
+        return document
 
     @property
     def rendezvous_timeout_seconds(self) -> float:
@@ -140,27 +209,20 @@ class OperatorSettings:
         return min(self.restart_backoff_max_seconds, self.restart_backoff_seconds * 2**restarts_so_far)
 
 
-def _rack_label(text: str) -> str:
-    if not text:
-        return DEFAULT_RACK_LABEL
-    if not LABEL_KEY_PATTERN.match(text):
-        raise SettingsError(
-            f"CARAMEL_TOPOLOGY_RACK_LABEL: expected a Kubernetes label key such as {DEFAULT_RACK_LABEL}, got {text!r}"
-        )
-    return text
+class _Variables(EnvSettingsSource):
+    """pydantic-settings' reading of environment variables, from a given mapping of them."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.env_vars = dict(environ)  # read as os.environ is: case_sensitive, empty values kept
 
 
-def _links(text: str) -> ClusterLinks:
-    if not text:
-        return ClusterLinks()
-    try:
-        document = json.loads(text)
-    except ValueError as error:
-        raise SettingsError(f"CARAMEL_TOPOLOGY_LINKS: expected JSON such as {{\"rack\": {{\"gbps\": 25}}}}: {error}") from None
-    if not isinstance(document, dict):
-        raise SettingsError(f"CARAMEL_TOPOLOGY_LINKS: expected a JSON object of levels (local, node, rack, zone), got {text!r}")
-    try:
-        return ClusterLinks.model_validate(document)
-    except pydantic.ValidationError as error:
-        problems = describe_validation_error(error)
-        raise SettingsError(f"CARAMEL_TOPOLOGY_LINKS: {'; '.join(problems)}") from None
+def _describe(problem: Mapping[str, Any]) -> str:
+    """One problem as `VARIABLE: what is wrong (got value)`, with the path inside a JSON value
+    (`CARAMEL_TOPOLOGY_LINKS: rack.gbps: ...`)."""
+    variable, *path = problem["loc"]
+    inside = ".".join(str(part) for part in path)
+    message = "unknown field (check its spelling)" if problem["type"] == "extra_forbidden" else problem["msg"]
+    given = problem.get("input")
+    shown = "" if problem["type"] == "extra_forbidden" or isinstance(given, dict) else f" (got {given!r})"
+    return f"{variable}: {inside + ': ' if inside else ''}{message.removeprefix('Value error, ')}{shown}"
