@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from caramel.job.api import CaramelJobStatus, Phase, Tuning, WorkerNode
-from caramel.job.jobfile import parse_job
+from caramel.contract.api import CaramelJobStatus, Phase, Tuning, WorkerNode
+from caramel.contract.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
-from caramel.job.progress import ProgressReport
-from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract
-from caramel.topology.wire import to_json
+from caramel.contract.progress import ProgressReport
+from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract
+from caramel.topology.wire import job_topology, to_json
 from caramel_operator.gang_placement import NoRoom, Placed, Unreadable, placed_topology
 from caramel_operator.lifecycle import (
     EVENT_MESSAGE_BYTES,
@@ -413,8 +413,8 @@ def test_ranks_follow_the_placement_and_every_worker_gets_the_placed_topology():
     assert [pinned_node(pod) for pod in pods] == ["n1", "n1", "n2"]
     topology = placed_topology([ON_N1, ON_N1, ON_N2], 2, SETTINGS.links)
     assert {env(pod)["CARAMEL_TOPOLOGY"] for pod in pods} == {to_json(topology)}
-    contract = WorkerContract.from_env(env(pods[2]))
-    assert contract.topology.size == 6 and contract.topology.groups[-2:] == ("z/r2", "z/r2")
+    received = job_topology(WorkerContract.from_env(env(pods[2])))
+    assert received.size == 6 and received.groups[-2:] == ("z/r2", "z/r2")
 
 
 def test_a_missing_worker_of_a_placed_gang_keeps_its_node_and_the_gangs_topology():
