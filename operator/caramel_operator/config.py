@@ -18,7 +18,7 @@ from pydantic import Field, StringConstraints, field_validator
 from pydantic_core import PydanticCustomError, PydanticUseDefault
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from caramel.job.contract import RENDEZVOUS_TIMEOUT_SECONDS
+from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS
 from caramel.topology.labels import DEFAULT_RACK_LABEL, ClusterLinks
 
 # A Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of at most 63
