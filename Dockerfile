@@ -1,12 +1,20 @@
-# Caramel's one image: the operator (the default command) and the worker runtime.
+# Caramel's two images, two targets of this one file:
+#   operator  caramel-operator:0.1.0  the operator (python -m caramel_operator): no TensorFlow, no Horovod
+#   runtime   caramel-runtime:0.1.0   the workers: TensorFlow, Keras 3, Horovod and Caramel's runtime
 #
-#   scripts/build-image.sh      # here: no image can be pulled, so the base is made locally with
-#                               # debootstrap (scripts/build-base-image.sh) and passed as BASE_IMAGE
-#   docker build --build-arg BASE_IMAGE=python:3.11-slim-bookworm -t caramel:0.1.0 .   # elsewhere
+#   scripts/build-image.sh    # here: both; no image can be pulled, so the base is made locally
+#                             # with debootstrap (scripts/build-base-image.sh) and passed as BASE_IMAGE
+#   docker build --build-arg BASE_IMAGE=python:3.11-slim-bookworm --target operator -t caramel-operator:0.1.0 .
+#   docker build --build-arg BASE_IMAGE=python:3.11-slim-bookworm --target runtime -t caramel-runtime:0.1.0 .
 #
+# One file rather than two: both images share the base, the pins and Caramel's wheel, built once.
 # Any Debian bookworm based image works as the base: it needs Python 3.11 (bookworm's python3),
-# which is installed with apt when the base has none. No BuildKit-only syntax: the legacy builder,
-# all that Debian's docker.io has, builds it too.
+# which is installed with apt when the base has none (then apt-get clean: a base made with
+# debootstrap, unlike Debian's published images, keeps the packages apt downloads). No
+# BuildKit-only syntax: the legacy builder, all that Debian's docker.io has, builds it too. That
+# builder builds every stage above the target, used or not, so the stages the operator needs come
+# first and Horovod's build after them: `--target operator` compiles nothing. Without --target
+# the last stage, the runtime, is built.
 
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
@@ -14,17 +22,53 @@ FROM ${BASE_IMAGE} AS base
 ENV DEBIAN_FRONTEND=noninteractive
 RUN if ! command -v python3 >/dev/null || ! python3 -c "import ensurepip, venv" 2>/dev/null; then \
         apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
-        && rm -rf /var/lib/apt/lists/*; \
+        && apt-get clean && rm -rf /var/lib/apt/lists/*; \
     fi \
     && python3 -c "import sys; assert sys.version_info[:2] == (3, 11), 'Caramel needs Python 3.11, the base has ' + sys.version"
 
-# Every version pin is read from pyproject.toml, the one place they are written, into a pip
-# constraints file. Only its dependency list is copied onward, so editing other parts of
+# Every version pin is read from pyproject.toml, the one place they are written: its dependencies
+# into a pip constraints file, the names of its `operator` extra into the operator's requirements
+# (scripts/image_pins.py). Only those files are copied onward, so editing other parts of
 # pyproject.toml keeps the cached Horovod build.
 FROM base AS pins
-COPY pyproject.toml /tmp/
-RUN python3 -c "import tomllib; print(*tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
-    > /constraints.txt
+COPY pyproject.toml scripts/image_pins.py /tmp/
+RUN python3 /tmp/image_pins.py /tmp/pyproject.toml /pins
+
+# Caramel itself, as a wheel, so that each image holds the installed package only and no second
+# copy of the source.
+FROM base AS wheel
+RUN python3 -m venv /opt/build && /opt/build/bin/pip install --no-cache-dir --upgrade pip
+COPY pyproject.toml README.md /src/
+COPY runtime /src/runtime
+COPY operator /src/operator
+RUN /opt/build/bin/pip wheel --no-deps --no-cache-dir --wheel-dir /wheels /src
+
+# What both images share: the user, and a virtual environment whose `python` is the one on PATH
+# (the operator runs `python -m caramel_operator`, workers `python -m caramel.launch.entrypoint ...`).
+FROM base AS app
+RUN useradd --uid 10001 --create-home --home-dir /home/caramel caramel
+ENV VIRTUAL_ENV=/opt/caramel/venv
+ENV PATH=$VIRTUAL_ENV/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+RUN python3 -m venv $VIRTUAL_ENV && pip install --no-cache-dir --upgrade pip
+COPY --from=pins /pins/constraints.txt /opt/caramel/
+
+# The operator's image: Caramel's wheel without its dependencies (TensorFlow and Keras among them)
+# and exactly the operator's own (the `operator` extra, at the pins of the dependencies). The check
+# imports the operator's entry point and its handlers, and fails if TensorFlow, Keras or Horovod
+# is installed or was imported.
+FROM app AS operator
+COPY --from=pins /pins/operator.txt /opt/caramel/
+RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt -r /opt/caramel/operator.txt
+COPY --from=wheel /wheels/caramel-*.whl /opt/caramel/wheels/
+RUN pip install --no-cache-dir --no-deps /opt/caramel/wheels/caramel-*.whl \
+    && python -c "import importlib.util, sys; import caramel_operator.__main__, caramel_operator.handlers; \
+found = [name for name in ('tensorflow', 'keras', 'horovod') if name in sys.modules or importlib.util.find_spec(name)]; \
+sys.exit(f'the operator image holds {found}' if found else 0)"
+# A numeric UID, so that Kubernetes' runAsNonRoot can check it.
+USER 10001
+CMD ["python", "-m", "caramel_operator"]
 
 # Horovod ships only as source and compiles against one TensorFlow ABI, so its wheel is built here
 # against the pinned TensorFlow, with the patch that lets it build against TensorFlow 2.19+, by the
@@ -34,42 +78,30 @@ RUN python3 -c "import tomllib; print(*tomllib.load(open('/tmp/pyproject.toml', 
 FROM base AS builder
 RUN apt-get update \
     && apt-get install -y --no-install-recommends cmake g++ make patch python3-dev \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/build
 ENV PATH=/opt/build/bin:$PATH
-COPY --from=pins /constraints.txt /tmp/
+COPY --from=pins /pins/constraints.txt /tmp/
 RUN pip install --no-cache-dir --upgrade pip setuptools wheel \
     && pip install --no-cache-dir -c /tmp/constraints.txt tensorflow-cpu
 COPY scripts/horovod /src/scripts/horovod
 RUN bash /src/scripts/horovod/build-wheel.sh python3 /wheels
-# Caramel itself, as a wheel, so that the runtime stage holds the installed package only and
-# no second copy of the source.
-COPY pyproject.toml README.md /src/
-COPY runtime /src/runtime
-COPY operator /src/operator
-RUN pip wheel --no-deps --no-cache-dir --wheel-dir /wheels /src
 
-FROM base AS runtime
+# The workers' image.
+FROM app AS runtime
 # tcmalloc, which the entrypoint preloads into training processes (spec.workers.memoryAllocator).
 RUN apt-get update && apt-get install -y --no-install-recommends libtcmalloc-minimal4 \
-    && rm -rf /var/lib/apt/lists/*
-RUN useradd --uid 10001 --create-home --home-dir /home/caramel caramel
-ENV VIRTUAL_ENV=/opt/caramel/venv
-# `python` is the venv's python: worker commands are `python -m caramel.launch.entrypoint ...`.
-ENV PATH=$VIRTUAL_ENV/bin:$PATH \
-    PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
-RUN python3 -m venv $VIRTUAL_ENV && pip install --no-cache-dir --upgrade pip
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 # TensorFlow and Horovod first, in their own layer: code changes do not download them again.
-COPY --from=pins /constraints.txt /opt/caramel/
 COPY --from=builder /wheels/horovod-*.whl /opt/caramel/wheels/
 RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt tensorflow-cpu keras /opt/caramel/wheels/horovod-*.whl
-COPY --from=builder /wheels/caramel-*.whl /opt/caramel/wheels/
+COPY --from=wheel /wheels/caramel-*.whl /opt/caramel/wheels/
 RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt /opt/caramel/wheels/caramel-*.whl \
-    && TF_CPP_MIN_LOG_LEVEL=3 python -c "from horovod.tensorflow import mpi_ops; import caramel.tensorflow, caramel_operator.builders" \
-    && python -m caramel.job.one_tensorflow
+    && TF_CPP_MIN_LOG_LEVEL=3 python -c "from horovod.tensorflow import mpi_ops; import caramel.tensorflow" \
+    && python -m caramel.launch.one_tensorflow
 WORKDIR /app
 COPY examples examples
-# A numeric UID, so that Kubernetes' runAsNonRoot can check it.
 USER 10001
-CMD ["python", "-m", "caramel_operator"]
+# Worker pods name their command (caramel_operator.builders). Run bare, the image shows the
+# `caramel` command, with which jobs run in it as local processes (`caramel run JOB.yaml`).
+CMD ["caramel", "--help"]
