@@ -30,6 +30,11 @@ Grafana dashboard. The repository's README.md says how the operator runs jobs.
 ```sh
 helm install caramel helm/caramel -n caramel-system --create-namespace
 ```
+
+Two images, both built by the repository's `scripts/build-image.sh` and both to be pullable by the
+cluster's nodes: the operator runs in `caramel-operator` (value `image`), which holds no
+TensorFlow; the workers of jobs that set no `spec.image` run in `caramel-runtime` (value
+`runtimeImage`), with TensorFlow, Keras and Horovod.
 """
 
 

@@ -55,6 +55,10 @@ USER_ROLES = {"caramel-edit": "edit", "caramel-view": "view"}
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the kubectl shipped here.
 KUBERNETES_VERSIONS = ("1.30", "1.35")
 OPERATOR_UID = 10001
+# The images scripts/build-image.sh builds (Dockerfile targets operator and runtime), tagged with
+# the chart's appVersion: the operator's Deployment runs the first, jobs without spec.image the second.
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+OPERATOR_IMAGE, RUNTIME_IMAGE = f"caramel-operator:{APP_VERSION}", f"caramel-runtime:{APP_VERSION}"
 
 RUNTIME_METRICS = list(runtime_metrics())
 
@@ -62,7 +66,7 @@ RUNTIME_METRICS = list(runtime_metrics())
 FULL_VALUES: dict[str, Any] = {
     "image": {"repository": "team/caramel", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "pull-secret"}],
-    "runtimeImage": "team/caramel-runtime:0.1.0",
+    "runtimeImage": {"repository": "team/caramel-runtime", "tag": "0.1.0-rc2"},
     "crds": {"install": True, "keep": False},
     "serviceAccount": {"create": True, "name": "trainer", "annotations": {"example.com/role": "training"}},
     "rbac": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]},
@@ -246,8 +250,11 @@ def test_chart_refuses_kubernetes_older_than_1_30() -> None:
         (["--set", "topology.rackLabel=my rack"], "/topology/rackLabel"),
         (["--set-json", 'topology.links={"rack": {"gbps": 0}}'], "/topology/links/rack/gbps"),
         (["--set-json", 'topology.links={"spine": {"gbps": 10}}'], "'spine'"),
+        # runtimeImage was a string before the runtime had an image of its own.
+        (["--set", "runtimeImage=caramel:0.1.0"], "/runtimeImage"),
     ],
-    ids=["enum", "typo", "type", "range", "quantity", "duration", "namespace", "label-key", "link-speed", "link-level"],
+    ids=["enum", "typo", "type", "range", "quantity", "duration", "namespace", "label-key", "link-speed", "link-level",
+         "runtime-image-string"],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(args: list[str], named: str) -> None:
     result = helm("template", RELEASE, str(CHART), *args)
@@ -311,7 +318,7 @@ def test_example_job_is_a_valid_caramel_job() -> None:
     assert (REPO / job.spec.script).is_file()
     assert job.spec.args == ["--steps", "200"]
     assert job.spec.workers.replicas == 2
-    assert job.spec.image == "caramel:0.1.0"
+    assert job.spec.image == RUNTIME_IMAGE
     assert job.spec.workers.resources.requests and job.spec.workers.resources.limits
 
 
@@ -370,6 +377,23 @@ def test_operator_deployment_is_hardened(source: str) -> None:
     assert "emptyDir" in volume
 
 
+@pytest.mark.parametrize("source", ["manifests", "chart"])
+def test_the_operator_runs_in_its_image_and_jobs_in_the_runtime_image(source: str) -> None:
+    """The operator's image holds no TensorFlow: the Deployment runs it, and sends jobs that set no
+    spec.image to the workers' image. Both are the images scripts/build-image.sh builds."""
+    deployment = OPERATOR_DEPLOYMENTS[source]()
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == OPERATOR_IMAGE
+    assert env_of(deployment)["CARAMEL_RUNTIME_IMAGE"] == RUNTIME_IMAGE
+    build_script = (REPO / "scripts" / "build-image.sh").read_text()
+    assert f'OPERATOR_IMAGE="{OPERATOR_IMAGE}"' in build_script and f'RUNTIME_IMAGE="{RUNTIME_IMAGE}"' in build_script
+
+
+def test_runtime_image_tag_defaults_to_the_app_version() -> None:
+    deployment = only(render("--set", "runtimeImage.repository=registry.example.com/caramel-runtime"), "Deployment")
+    assert env_of(deployment)["CARAMEL_RUNTIME_IMAGE"] == f"registry.example.com/caramel-runtime:{APP_VERSION}"
+
+
 def test_chart_defaults_match_the_manifests() -> None:
     """With default values the chart deploys what manifests/ does."""
     chart = only(render(), "Deployment")["spec"]["template"]["spec"]
@@ -391,7 +415,7 @@ def test_full_values_reach_the_deployment() -> None:
     assert container["imagePullPolicy"] == "Always"
     assert container["resources"] == FULL_VALUES["resources"]
     env = env_of(deployment)
-    assert env["CARAMEL_RUNTIME_IMAGE"] == FULL_VALUES["runtimeImage"]
+    assert env["CARAMEL_RUNTIME_IMAGE"] == "team/caramel-runtime:0.1.0-rc2"
     assert env["CARAMEL_WATCH_NAMESPACES"] == "team-a,team-b"
     assert env["CARAMEL_RECONCILE_INTERVAL_SECONDS"] == "5"
     settings = OperatorSettings.from_env({k: v for k, v in env.items() if v is not None})
@@ -484,7 +508,7 @@ def worker_pod() -> dict[str, Any]:
     job = parse_job({"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob",
                      "metadata": {"name": RELEASE, "namespace": "team-a"},
                      "spec": {"script": "examples/train_small.py", "workers": {"replicas": 2, "slotsPerWorker": 2}}})
-    return build_worker_pod(job, 0, default_image="caramel:0.1.0")
+    return build_worker_pod(job, 0, default_image=RUNTIME_IMAGE)
 
 
 def test_operator_selectors_keep_worker_pods_out(worker_pod: dict[str, Any]) -> None:

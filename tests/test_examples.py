@@ -49,6 +49,6 @@ def test_the_example_fits_a_two_cpu_node_beside_the_operator(path):
     pods = [bound_pod(name, {"cpu": cpu, "memory": memory}) for name, (cpu, memory) in SYSTEM_REQUESTS.items()]
     pods.append(bound_pod("caramel-operator", CHART_VALUES["resources"]["requests"]))
     replicas = job.spec.workers.replicas
-    outcome = place(job, build_worker_pod(job, 0, default_image="caramel:0.1.0"), [SMALL_NODE], pods, RACK_LABEL, replicas, replicas)
+    outcome = place(job, build_worker_pod(job, 0, default_image="caramel-runtime:0.1.0"), [SMALL_NODE], pods, RACK_LABEL, replicas, replicas)
     assert isinstance(outcome, Placed), outcome
     assert outcome.cpu_short == (), f"{path.name}: its workers would wait for CPU on a 2-CPU node"

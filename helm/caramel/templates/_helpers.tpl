@@ -59,8 +59,14 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end }}
 
+{{/* The operator's image. */}}
 {{- define "caramel.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end }}
+
+{{/* The workers' image: that of the jobs that set no spec.image (CARAMEL_RUNTIME_IMAGE). */}}
+{{- define "caramel.runtimeImage" -}}
+{{- printf "%s:%s" .Values.runtimeImage.repository (default .Chart.AppVersion .Values.runtimeImage.tag) -}}
 {{- end }}
 
 {{/*
