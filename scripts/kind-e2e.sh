@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# End to end on a throwaway kind cluster: builds the image, loads it into the nodes and runs the
-# portable cluster suite (tests/cluster: the chart, jobs, restarts, refusals, Pod Security,
-# network policies, RBAC) against it. The cluster is deleted on exit, whatever happens.
+# End to end on a throwaway kind cluster: builds both images (the operator's and the workers'),
+# loads them into the nodes and runs the portable cluster suite (tests/cluster: the chart, jobs,
+# restarts, refusals, Pod Security, network policies, RBAC) against it. The cluster is deleted on
+# exit, whatever happens.
 #
 #   scripts/kind-e2e.sh [PYTEST ARGS...]
 #
@@ -13,7 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLUSTER=${KIND_CLUSTER:-caramel-e2e}
-IMAGE=caramel:0.1.0
+OPERATOR_IMAGE=caramel-operator:0.1.0
+RUNTIME_IMAGE=caramel-runtime:0.1.0
 RELEASE=caramel-suite  # the release tests/cluster installs
 OPERATOR_NAMESPACE=$RELEASE-system
 export PATH="$PWD/.venv/bin:$PATH"
@@ -43,13 +45,14 @@ trap cleanup EXIT
 echo "--- creating kind cluster $CLUSTER"
 kind create cluster --name "$CLUSTER" --wait 180s ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"}
 
-echo "--- building $IMAGE and loading it into the cluster's nodes"
+echo "--- building $OPERATOR_IMAGE and $RUNTIME_IMAGE and loading them into the cluster's nodes"
 scripts/build-image.sh
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+kind load docker-image "$OPERATOR_IMAGE" "$RUNTIME_IMAGE" --name "$CLUSTER"
 
 echo "--- the cluster suite (tests/cluster)"
 KUBECONFIG="$(mktemp)"
 export KUBECONFIG
 kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG"
-CARAMEL_IMAGE="$IMAGE" .venv/bin/python -m pytest -m cluster tests/cluster -ra "$@"
+CARAMEL_OPERATOR_IMAGE="$OPERATOR_IMAGE" CARAMEL_RUNTIME_IMAGE="$RUNTIME_IMAGE" \
+    .venv/bin/python -m pytest -m cluster tests/cluster -ra "$@"
 echo "--- end-to-end suite passed"

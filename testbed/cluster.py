@@ -16,9 +16,25 @@ from testbed.operator_harness import eventually
 
 
 REPO = Path(__file__).resolve().parent.parent
-IMAGE = os.environ.get("CARAMEL_IMAGE", "caramel:0.1.0")
+# The two images scripts/build-image.sh builds: the operator's, which the chart installs, and the
+# workers', the operator's runtime image (the chart's runtimeImage), which the suite's jobs name.
+OPERATOR_IMAGE = os.environ.get("CARAMEL_OPERATOR_IMAGE", "caramel-operator:0.1.0")
+RUNTIME_IMAGE = os.environ.get("CARAMEL_RUNTIME_IMAGE", "caramel-runtime:0.1.0")
+if "CARAMEL_IMAGE" in os.environ:
+    raise RuntimeError(
+        "CARAMEL_IMAGE named the one image there was; the operator and the workers now have one each: "
+        "set CARAMEL_OPERATOR_IMAGE and CARAMEL_RUNTIME_IMAGE instead (defaults caramel-operator:0.1.0 and caramel-runtime:0.1.0)"
+    )
 RELEASE = "caramel-suite"
 TOOLS = REPO / ".venv" / "bin"
+
+
+def repository_and_tag(image: str) -> tuple[str, str]:
+    """`registry:5000/team/caramel-runtime:1` as ("registry:5000/team/caramel-runtime", "1"), as the chart's values take it."""
+    repository, colon, tag = image.rpartition(":")
+    if not colon or "/" in tag:
+        raise ValueError(f"{image!r}: the suite needs an image with a tag")
+    return repository, tag
 
 
 def tool(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The whole stack on a kind cluster: scripts/kind-e2e.sh builds the image, installs the chart and
+"""The whole stack on a kind cluster: scripts/kind-e2e.sh builds both images, installs the chart and
 runs the portable cluster suite (tests/cluster) on it. These machines have no kind (nor any node image for it),
 so here the test skips; it runs wherever kind and docker are installed."""
 

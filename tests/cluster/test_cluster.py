@@ -3,8 +3,10 @@ points at, with kubectl and helm from .venv/bin. Skips, saying why, where no clu
 
     KUBECONFIG=~/.kube/config .venv/bin/python -m pytest -m cluster tests/cluster
 
-The cluster's nodes must be able to pull CARAMEL_IMAGE (default caramel:0.1.0: with kind,
-`kind load docker-image caramel:0.1.0`; scripts/kind-e2e.sh does all of it), it needs a default
+The cluster's nodes must be able to pull both images: CARAMEL_OPERATOR_IMAGE, the operator's
+(default caramel-operator:0.1.0), and CARAMEL_RUNTIME_IMAGE, the workers' (default
+caramel-runtime:0.1.0); scripts/build-image.sh builds them, and with kind `kind load docker-image
+caramel-operator:0.1.0 caramel-runtime:0.1.0` loads them (scripts/kind-e2e.sh does all of it). It needs a default
 StorageClass for the checkpoint volume, and a CNI that enforces NetworkPolicy for that to mean
 anything (the suite checks the objects, not the packets).
 
@@ -32,7 +34,9 @@ import yaml
 from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
 from caramel_operator.node_resources import free_resources
 from testbed.bad_jobs import HAND_WRITTEN
-from testbed.cluster import IMAGE, RELEASE, REPO, Namespace, cluster_unavailable, kubectl, run, tool
+from testbed.cluster import (
+    OPERATOR_IMAGE, RELEASE, REPO, RUNTIME_IMAGE, Namespace, cluster_unavailable, kubectl, repository_and_tag, run, tool,
+)
 from testbed.crd_validation import validate_object
 from testbed.local_runs import digests
 from testbed.operator_harness import eventually
@@ -50,10 +54,13 @@ CRD = "customresourcedefinition/carameljobs.caramel.dev"
 def operator_release() -> Iterator[str]:
     """The chart installed with its CRD, in its own namespace; uninstalled at the end."""
     namespace = f"{RELEASE}-system"
-    repository, _, tag = IMAGE.rpartition(":")
+    repository, tag = repository_and_tag(OPERATOR_IMAGE)
+    runtime_repository, runtime_tag = repository_and_tag(RUNTIME_IMAGE)
     extra_env = [{"name": "CARAMEL_API_REQUEST_TIMEOUT_SECONDS", "value": str(API_REQUEST_TIMEOUT_SECONDS)}]
     run(tool("helm"), "install", RELEASE, str(REPO / "helm" / "caramel"), "--namespace", namespace, "--create-namespace",
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--set-json", f"extraEnv={json.dumps(extra_env)}",
+        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+        "--set", f"runtimeImage.repository={runtime_repository}", "--set", f"runtimeImage.tag={runtime_tag}",
+        "--set-json", f"extraEnv={json.dumps(extra_env)}",
         "--set", "crds.keep=false", "--wait", "--timeout", "5m", timeout=600)
     kubectl("wait", "--for=condition=Established", "crd/carameljobs.caramel.dev", "--timeout=60s")
     try:
@@ -79,7 +86,7 @@ def checkpointed_job(name: str, steps: int = 120) -> list[dict]:
     claim, job = copy.deepcopy(PVC_EXAMPLE)
     claim["metadata"]["name"] = f"{name}-ckpt"
     job["metadata"]["name"] = name
-    job["spec"]["image"] = IMAGE
+    job["spec"]["image"] = RUNTIME_IMAGE
     job["spec"]["args"] = ["--steps", str(steps)]
     job["spec"]["checkpoint"]["intervalSteps"] = 10
     job["spec"]["workers"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] = f"{name}-ckpt"
@@ -220,7 +227,7 @@ def test_the_chart_rbac_answers_can_i_as_documented(operator_release):
 def small_job(name: str, **spec) -> dict:
     """A short training job without volumes, so that any node may run it."""
     return {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": name},
-            "spec": {"image": IMAGE, "script": "examples/train_small.py", "args": ["--steps", "20"],
+            "spec": {"image": RUNTIME_IMAGE, "script": "examples/train_small.py", "args": ["--steps", "20"],
                      "workers": {"replicas": 2, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}},
                      **spec}}
 
@@ -422,7 +429,7 @@ def blocker_pod(name: str, node: str, memory: int) -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 1,
                      "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-                     "containers": [{"name": "hold", "image": IMAGE, "command": ["python", "-c", "import time; time.sleep(3600)"],
+                     "containers": [{"name": "hold", "image": RUNTIME_IMAGE, "command": ["python", "-c", "import time; time.sleep(3600)"],
                                      "resources": {"requests": {"cpu": "10m", "memory": str(memory)}}, "securityContext": security}]}}
 
 
