@@ -28,7 +28,7 @@ build() {  # TARGET IMAGE NOTE
 size() {
     local bytes
     bytes=$(docker image inspect --format '{{.Size}}' "$1")
-    echo "$1: $bytes bytes ($((bytes / 1000000)) MB)"
+    echo "$1: $bytes bytes ($(((bytes + 500000) / 1000000)) MB)"
 }
 
 # The operator first: the legacy builder builds every stage above a target, and the operator's

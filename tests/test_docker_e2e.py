@@ -1,13 +1,16 @@
-"""The image end to end: the operator's worker pods, run as docker containers.
+"""The images end to end: the operator's worker pods, run as docker containers of the runtime
+image, and the operator's own image, which must run the operator and hold no TensorFlow.
 
-Every container gets exactly what `caramel_operator.builders` puts in its pod: image, command,
-environment, working directory and hostname. Its network alias is the DNS name the job's
+Every worker container gets exactly what `caramel_operator.builders` puts in its pod: image,
+command, environment, working directory and hostname. Its network alias is the DNS name the job's
 headless Service would give the pod, so the workers find each other as they would in a
-cluster, only without Kubernetes.
+cluster, only without Kubernetes. Both images are built once, by scripts/build-image.sh, and
+their sizes printed.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -20,14 +23,18 @@ import pytest
 
 from caramel.contract.jobfile import parse_job
 from caramel.contract.progress import parse_report
+from caramel.launch import one_tensorflow
 from caramel_operator.builders import build_worker_pods, worker_address
 from conftest import REPO, job_manifest, require_binary, unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
-IMAGE = "caramel:0.1.0"
+OPERATOR_IMAGE = "caramel-operator:0.1.0"
+RUNTIME_IMAGE = "caramel-runtime:0.1.0"
 BUILD_TIMEOUT = 2700  # a cold build downloads TensorFlow twice and compiles Horovod
 RUN_TIMEOUT = 600
+# How long the operator may take to start, with no cluster, as far as reading its cluster's config.
+OPERATOR_START_TIMEOUT = 90
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -48,20 +55,29 @@ def require_dockerd() -> None:
         unavailable(f"dockerd does not answer (.ci/run starts it): {server.stdout.strip()}")
 
 
-@pytest.fixture
-def image() -> str:
-    """caramel:0.1.0, as the working tree builds it.
+@pytest.fixture(scope="module")
+def images() -> dict[str, str]:
+    """Both images, as the working tree builds them, once for the module: {"operator": ..., "runtime": ...}.
 
-    The build runs even when the image exists: docker's layer cache makes an unchanged tree
+    The build runs even when the images exist: docker's layer cache makes an unchanged tree
     cost seconds, and an image left from an older tree would test old code.
     """
     require_dockerd()
-    print(f"\n--- scripts/build-image.sh: {IMAGE}", flush=True)
+    print(f"\n--- scripts/build-image.sh: {OPERATOR_IMAGE} and {RUNTIME_IMAGE}", flush=True)
     started = time.monotonic()
     build = subprocess.run(["bash", str(REPO / "scripts" / "build-image.sh")], cwd=REPO, timeout=BUILD_TIMEOUT)
     assert build.returncode == 0, "scripts/build-image.sh failed: its output is above"
     print(f"--- image build: {time.monotonic() - started:.1f} s", flush=True)
-    return IMAGE
+    for name in (OPERATOR_IMAGE, RUNTIME_IMAGE):
+        size = int(docker("image", "inspect", "--format", "{{.Size}}", name).stdout)
+        print(f"--- {name}: {size} bytes ({size / 1e6:.0f} MB)", flush=True)
+    return {"operator": OPERATOR_IMAGE, "runtime": RUNTIME_IMAGE}
+
+
+@pytest.fixture
+def image(images: dict[str, str]) -> str:
+    """The workers' image."""
+    return images["runtime"]
 
 
 class Sandbox:
@@ -151,7 +167,7 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox, tmp_path:
     assert parse_report(messages[0].read_text().strip()) == final[0]
 
     # One TensorFlow in the image: tf-keras's requirement must not have added the full one.
-    check = docker("run", "--rm", "--entrypoint", "python", image, "-m", "caramel.launch.one_tensorflow", check=False)
+    check = docker("run", "--rm", "--entrypoint", "python", image, "-m", one_tensorflow.__name__, check=False)
     assert check.returncode == 0, check.stdout
     assert "cuInit" not in everything, "a second TensorFlow probes for CUDA"
 
@@ -164,3 +180,56 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox, tmp_path:
 
     print(f"--- {len(names)} workers, start to all exited: {elapsed:.1f} s")
     print(f"--- rank 0 final step time (median): {final[0].step_seconds * 1000:.1f} ms")
+
+
+# The distributions the operator's image must not hold: TensorFlow under any of its names, Keras
+# (2 or 3) and Horovod.
+WORKER_ONLY = sorted(one_tensorflow.TENSORFLOW_DISTRIBUTIONS | {"keras", "tf-keras", "horovod"})
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + 300)
+def test_operator_image_runs_the_operator_and_holds_no_tensorflow(images: dict[str, str]) -> None:
+    image = images["operator"]
+    # Its entry point and handlers import, and leave TensorFlow, Keras and Horovod unimported.
+    code = "import json, sys, caramel_operator.__main__, caramel_operator.handlers; print(json.dumps(sorted(sys.modules)))"
+    imported = docker("run", "--rm", "--entrypoint", "python", image, "-c", code)
+    modules = {name.split(".")[0] for name in json.loads(imported.stdout.splitlines()[-1])}
+    assert "caramel_operator" in modules and not modules & {"tensorflow", "keras", "horovod"}, sorted(modules)
+
+    # None of them is installed: the runtime's own check finds no TensorFlow at all.
+    check = docker("run", "--rm", "--entrypoint", "python", image, "-m", one_tensorflow.__name__, check=False)
+    assert check.returncode == 1 and "found none" in check.stdout, check.stdout
+    probe = (
+        "import json; from importlib.metadata import distributions; "
+        "names = {(d.metadata['Name'] or '').lower().replace('_', '-') for d in distributions()}; "
+        f"print(json.dumps(sorted(names & set({WORKER_ONLY!r}))))"
+    )
+    installed = docker("run", "--rm", "--entrypoint", "python", image, "-c", probe)
+    assert json.loads(installed.stdout.splitlines()[-1]) == [], installed.stdout
+
+    # The image's own command is the Deployment's, run as a numeric non-root user.
+    config = json.loads(docker("image", "inspect", "--format", "{{json .Config}}", image).stdout)
+    assert config["Cmd"] == ["python", "-m", "caramel_operator"]
+    assert config["User"].isdigit() and int(config["User"]) > 0, config["User"]
+
+    # Started as the Deployment starts it (read-only root, /tmp its only writable place, no
+    # capabilities), the operator registers its handlers and kopf runs its start-up, which gets
+    # as far as looking for a cluster: there is none, so kopf retries, and the operator keeps running.
+    name = f"caramel-operator-e2e-{uuid.uuid4().hex[:8]}"
+    docker("run", "--detach", "--name", name, "--read-only", "--tmpfs", "/tmp", "--cap-drop=ALL",
+           "--security-opt", "no-new-privileges", image)
+    try:
+        deadline = time.monotonic() + OPERATOR_START_TIMEOUT
+        output = ""
+        while time.monotonic() < deadline:
+            output = logs(name)
+            if "No configuration found" in output or "Service host/port is not set" in output:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"the operator did not reach its cluster's configuration in {OPERATOR_START_TIMEOUT} s:\n{output}")
+        assert "ModuleNotFoundError" not in output and "ImportError" not in output, output
+        state = docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
+        assert state == "true", f"the operator exited:\n{output}"
+    finally:
+        docker("rm", "--force", name, check=False)
