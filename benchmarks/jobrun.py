@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +26,8 @@ from pathlib import Path
 from caramel.contract.api import CaramelJob, MemoryAllocator
 from caramel.contract.env import worker_command, worker_env, worker_name
 from caramel.contract.jobfile import parse_job
-from caramel.launch.processes import describe_exit, pump_lines
+from caramel.launch.gang import run_gang
+from caramel.launch.processes import describe_exit
 
 from benchmarks.netem import EmulatedCluster
 
@@ -107,50 +108,43 @@ def run_job(
 ) -> RunResult:
     """Run every worker of job to completion; RunFailed if one fails or the timeout passes.
 
-    Whatever happens, no process of the run is left when this returns or raises.
+    The workers are a gang (`caramel.launch.gang`), stopped by the cluster, which also clears
+    their namespaces: whatever happens, no process of the run is left when this returns or raises.
     """
     peers = [cluster.address(index) for index in range(job.spec.workers.replicas)]
-    lines: queue.Queue[tuple[int, str]] = queue.Queue()
     started = time.monotonic()
-    try:
-        workers = []
-        for index in range(len(peers)):
-            env = {**os.environ, **worker_env(job, index, peers)}
-            argv = worker_command(job, python=sys.executable)
-            process = cluster.spawn(index, argv, env, hostname=worker_name(job, index), cwd=REPOSITORY)
-            pump = pump_lines(process.stdout, lambda line, index=index: lines.put((index, line)))
-            workers.append((process, pump))
-        with open(log_path, "w") as log:
-            events = _follow(workers, lines, log, started + timeout_seconds, on_event)
-    finally:
-        cluster.stop_processes()
-    return RunResult(events=events, seconds=time.monotonic() - started)
-
-
-def _follow(workers, lines, log, deadline: float, on_event: Callable[[dict], None]) -> list[dict]:
-    """Log lines and collect events until every worker has exited and its output is drained."""
+    deadline = started + timeout_seconds
     events: list[dict] = []
-    last_lines: dict[int, list[str]] = {index: [] for index in range(len(workers))}
-    while True:
-        try:
-            index, line = lines.get(timeout=0.2)
-        except queue.Empty:
-            if all(process.poll() is not None and not pump.is_alive() for process, pump in workers):
-                break
-        else:
+    last_lines: dict[int, list[str]] = {index: [] for index in range(len(peers))}
+
+    def start_worker(index: int) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **worker_env(job, index, peers)}
+        argv = worker_command(job, python=sys.executable)
+        return cluster.spawn(index, argv, env, hostname=worker_name(job, index), cwd=REPOSITORY)
+
+    with open(log_path, "w") as log:
+
+        def follow(index: int, line: str) -> None:
+            """Log the line and collect the event it may be."""
             log.write(f"worker {index} | {line}\n")
             last_lines[index] = (last_lines[index] + [line])[-LAST_LINES_KEPT:]
             event = parse_event(line)
             if event:
                 events.append(event)
                 on_event(event)
-        for index, (process, pump) in enumerate(workers):
-            if process.poll() not in (None, 0) and not pump.is_alive():
-                log.flush()
-                raise RunFailed(
-                    f"worker {index} {describe_exit(process.returncode)}; its last lines:\n"
-                    + "\n".join(f"    {line}" for line in last_lines[index])
-                )
-        if time.monotonic() > deadline:
-            raise RunFailed("timed out; last lines of worker 0:\n" + "\n".join(f"    {line}" for line in last_lines[0]))
-    return events
+
+        end = run_gang(
+            len(peers),
+            start_worker,
+            follow,
+            stop_reason=lambda: "timed out" if time.monotonic() > deadline else None,
+            stop=lambda members: cluster.stop_processes(),
+        )
+    if end.failed is not None and end.returncode is not None:
+        raise RunFailed(
+            f"worker {end.failed} {describe_exit(end.returncode)}; its last lines:\n"
+            + "\n".join(f"    {line}" for line in last_lines[end.failed])
+        )
+    if end.stopped:
+        raise RunFailed("timed out; last lines of worker 0:\n" + "\n".join(f"    {line}" for line in last_lines[0]))
+    return RunResult(events=events, seconds=time.monotonic() - started)

@@ -28,9 +28,10 @@ from caramel.contract.env import WorkerContract, slot_env
 from caramel.contract.progress import ProgressReport, parse_report
 from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, failure_message, is_error_line, success_message
 from caramel.launch.allocator import allocator_setup
-from caramel.launch.processes import describe_exit, exit_code, pump_lines, spawn, stop_groups
+from caramel.launch.gang import CannotStart, run_gang
+from caramel.launch.processes import describe_exit, exit_code, spawn
 from caramel.launch.rendezvous import RendezvousServer, wait_for_rendezvous
-from caramel.topology.wire import job_topology
+from caramel.network.wire import job_topology
 
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
 EXIT_RENDEZVOUS_TIMEOUT = 1
@@ -111,15 +112,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop) -> int:
-    processes = {}
-    pumps = []
     reports: list[ProgressReport] = []
     # Per rank, for a failure summary: its first error line and the line after it (a C++
     # exception's what()), and its last lines.
     first_errors: dict[int, list[str]] = {}
     last_lines: dict[int, collections.deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=LAST_LINES_KEPT))
 
-    def relay(rank: int, line: str) -> None:
+    allocator = allocator_setup(contract.memory_allocator, os.environ)
+    say(f"training processes: {allocator.description}")
+    envs = []
+    for slot in range(contract.slots_per_worker):
+        env = {**os.environ, **slot_env(os.environ, slot), **allocator.env}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, env.get("PYTHONPATH")]))
+        envs.append(env)
+    ranks = [int(env["HOROVOD_RANK"]) for env in envs]
+
+    def relay(slot: int, line: str) -> None:
+        rank = ranks[slot]
         prefixed = f"rank {rank} | {line}"
         print(prefixed, flush=True)
         report = parse_report(line) if rank == 0 else None
@@ -131,46 +140,30 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
             first_errors[rank].append(prefixed)
         last_lines[rank].append(prefixed)
 
-    allocator = allocator_setup(contract.memory_allocator, os.environ)
-    say(f"training processes: {allocator.description}")
-    for slot in range(contract.slots_per_worker):
-        env = {**os.environ, **slot_env(os.environ, slot), **allocator.env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, env.get("PYTHONPATH")]))
-        rank = int(env["HOROVOD_RANK"])
-        try:
-            process = spawn(argv, env)
-        except OSError as error:
-            say(f"cannot start {argv[0]!r}: {error.strerror} (check spec.script or spec.command)")
-            stop_groups(list(processes.values()))
-            return EXIT_CANNOT_START
-        processes[rank] = process
-        pumps.append(pump_lines(process.stdout, lambda line, rank=rank: relay(rank, line)))
+    def headline(slot: int, returncode: int) -> str:
+        return f"rank {ranks[slot]} {describe_exit(returncode)}"
 
-    status = 0
-    failure = None
-    while processes and failure is None and not stop.event.is_set():
-        for rank, process in list(processes.items()):
-            returncode = process.poll()
-            if returncode is None:
-                continue
-            del processes[rank]
-            if returncode != 0:
-                failure = (rank, f"rank {rank} {describe_exit(returncode)}")
-                say(f"{failure[1]}; stopping the other ranks")
-                status = exit_code(returncode)
-                break
-        stop.event.wait(0.1)
-    if processes:
-        stop_groups(list(processes.values()))
-        status = status or stop.exit_status or exit_code(-signal.SIGTERM)
-    for pump in pumps:
-        pump.join(timeout=5)
-    if failure is not None:
-        rank, headline = failure
-        _leave_message(failure_message(headline, first_errors.get(rank, []), last_lines[rank]), say)
-    elif status == 0 and reports:
+    try:
+        end = run_gang(
+            len(envs),
+            lambda slot: spawn(argv, envs[slot]),
+            relay,
+            stop_reason=lambda: "stopped" if stop.event.is_set() else None,
+            on_failure=lambda slot, returncode: say(f"{headline(slot, returncode)}; stopping the other ranks"),
+            poll_seconds=0.1,
+        )
+    except CannotStart as cannot:
+        say(f"cannot start {argv[0]!r}: {cannot.error.strerror} (check spec.script or spec.command)")
+        return EXIT_CANNOT_START
+    if end.failed is not None and end.returncode is not None:
+        rank = ranks[end.failed]
+        _leave_message(failure_message(headline(end.failed, end.returncode), first_errors.get(rank, []), last_lines[rank]), say)
+        return exit_code(end.returncode)
+    if end.stopped:
+        return stop.exit_status or exit_code(-signal.SIGTERM)
+    if reports:
         _leave_message(success_message(reports[0]), say)
-    return status
+    return 0
 
 
 def _leave_message(text: str, say: Callable[[str], None]) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -33,10 +32,11 @@ from caramel.contract.api import CaramelJob
 from caramel.contract.env import worker_command, worker_env
 from caramel.contract.ports import PortMap
 from caramel.contract.restart import RestartPolicy
-from caramel.launch.processes import describe_exit, killed_by_the_machine, pump_lines, spawn, stop_groups
+from caramel.launch.gang import run_gang
+from caramel.launch.processes import describe_exit, killed_by_the_machine, spawn
 from caramel.contract.progress import ProgressReport, parse_report
-from caramel.topology.model import Topology
-from caramel.topology.wire import to_wire
+from caramel.network.model import Topology
+from caramel.network.wire import to_wire
 
 LOCALHOST = "127.0.0.1"
 LAST_LINES_KEPT = 20
@@ -65,8 +65,8 @@ class RunOutcome:
     """The failed worker was killed by SIGKILL, as the machine kills what it cannot hold."""
 
 
-# Why a signal stops a gang, by signal: the handlers only note it, and the loop that watches the
-# workers acts on it. An exception raised by the handler could land inside the queue the output
+# Why a signal stops a gang, by signal: the handlers only note it, and the gang's loop acts on it
+# (`stop_reason`). An exception raised by the handler could land inside the queue the output
 # pumps share (its lock taken and never released) and hang the clean-up that drains it.
 STOP_REASONS = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}
 
@@ -157,69 +157,50 @@ class LocalRun:
         """One gang of `replicas` workers: every worker started, run until all finish or one fails."""
         peers = [LOCALHOST] * replicas
         topology = to_wire(self.topology) if self.topology is not None else None
-        lines: queue.Queue[tuple[int, str]] = queue.Queue()
-        last_lines = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
+        last_lines: list[collections.deque[str]] = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
         outcome = RunOutcome(False, "", 0.0, workers=replicas)
-        workers: list[subprocess.Popen[bytes]] = []
-        pumps = []
+
+        def start_worker(index: int) -> subprocess.Popen[bytes]:
+            env = {**os.environ, **worker_env(self.job, index, peers, topology=topology)}
+            return spawn(worker_command(self.job, python=sys.executable), env, cwd=str(self.cwd))
+
+        def relay(index: int, line: str) -> None:
+            report = parse_report(line)
+            if report:
+                outcome.first_report = outcome.first_report or report
+                outcome.last_report = report
+                self.on_progress(report)
+            else:
+                last_lines[index].append(line)
+                self.on_log(index, line)
 
         stops: list[str] = []
+
+        def stop_reason() -> str | None:
+            if stops:
+                return stops[0]
+            if policy.deadline_passed(time.monotonic() - started):
+                return f"spec.runPolicy.activeDeadlineSeconds ({policy.active_deadline_seconds} s) exceeded"
+            return None
+
         previous_handlers = {
             signum: signal.signal(signum, lambda signum, _: stops.append(STOP_REASONS[signum])) for signum in STOP_REASONS
         }
         try:
-            for index in range(replicas):
-                env = {**os.environ, **worker_env(self.job, index, peers, topology=topology)}
-                worker = spawn(worker_command(self.job, python=sys.executable), env, cwd=str(self.cwd))
-                workers.append(worker)
-                pumps.append(pump_lines(worker.stdout, lambda line, index=index: lines.put((index, line))))
-            running = set(range(replicas))
-            while running and not stops:
-                self._relay(lines, last_lines, outcome, timeout=0.2)
-                for index in sorted(running):
-                    returncode = workers[index].poll()
-                    if returncode is None:
-                        continue
-                    running.discard(index)
-                    if returncode != 0:
-                        outcome.failed_worker = index
-                        outcome.reason = f"worker {index} {describe_exit(returncode)}"
-                        outcome.lost = killed_by_the_machine(returncode)
-                        running.clear()
-                        break
-                if running and policy.deadline_passed(time.monotonic() - started):
-                    outcome.reason = f"spec.runPolicy.activeDeadlineSeconds ({policy.active_deadline_seconds} s) exceeded"
-                    break
-            if stops:  # a stop wins over a failure seen at the same time: no restart follows
-                outcome.reason, outcome.failed_worker = stops[0], None
-            elif not running:
-                outcome.succeeded = outcome.failed_worker is None
+            end = run_gang(replicas, start_worker, relay, stop_reason=stop_reason)
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
-            stop_groups(workers)
-            for pump in pumps:
-                pump.join(timeout=5)
-            self._relay(lines, last_lines, outcome, timeout=0)
-        if outcome.failed_worker is not None:
-            outcome.last_lines = list(last_lines[outcome.failed_worker])
-        if outcome.succeeded:
+        if stops:  # a stop wins over a failure seen at the same time: no restart follows
+            outcome.reason = stops[0]
+        elif end.failed is not None and end.returncode is not None:
+            outcome.failed_worker = end.failed
+            outcome.reason = f"worker {end.failed} {describe_exit(end.returncode)}"
+            outcome.lost = killed_by_the_machine(end.returncode)
+            outcome.last_lines = list(last_lines[end.failed])
+        elif end.stopped:
+            outcome.reason = end.stopped
+        else:
+            outcome.succeeded = True
             outcome.reason = "all workers finished"
         return outcome
-
-    def _relay(self, lines, last_lines, outcome: RunOutcome, timeout: float) -> None:
-        """Pass on every queued line, waiting up to timeout for the first."""
-        try:
-            index, line = lines.get(timeout=timeout) if timeout else lines.get_nowait()
-            while True:
-                report = parse_report(line)
-                if report:
-                    outcome.first_report = outcome.first_report or report
-                    outcome.last_report = report
-                    self.on_progress(report)
-                else:
-                    last_lines[index].append(line)
-                    self.on_log(index, line)
-                index, line = lines.get_nowait()
-        except queue.Empty:
-            pass

@@ -1,0 +1,165 @@
+"""The gang supervisor (caramel.launch.gang) that `caramel run`, the worker entrypoint and the
+benchmarks share: members started together, their lines relayed, the gang ended by the first
+failure or by its caller, and no member left behind. And `caramel run`'s gang of workers with a
+training command that needs no TensorFlow."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import psutil
+import pytest
+
+from caramel.contract.jobfile import parse_job
+from caramel.launch.gang import CannotStart, GangEnd, run_gang
+from caramel.launch.launcher import LocalRun
+from caramel.launch.processes import spawn, stop_groups
+from conftest import REPO, free_port
+import benchmarks.jobrun as jobrun
+from benchmarks.jobrun import RunFailed, run_job
+
+
+def python(code: str):
+    return spawn([sys.executable, "-c", code], {"PYTHONUNBUFFERED": "1"})
+
+
+def run(codes: list[str], started: list[psutil.Process] | None = None, **options):
+    """Run a gang of Python processes; `started` collects them as they start."""
+    lines: list[tuple[int, str]] = []
+    started = [] if started is None else started
+
+    def start(member: int):
+        process = python(codes[member])
+        started.append(psutil.Process(process.pid))
+        return process
+
+    end = run_gang(len(codes), start, lambda member, line: lines.append((member, line)), **options)
+    return end, lines, started
+
+
+def assert_all_gone(processes: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    assert not alive, [process.cmdline() for process in alive]
+
+
+def test_a_gang_whose_members_all_exit_0_succeeds_with_every_line_relayed():
+    end, lines, started = run(["print('a'); print('b')", "import time; time.sleep(0.3); print('c')"])
+    assert end == GangEnd() and end.succeeded
+    assert sorted(lines) == [(0, "a"), (0, "b"), (1, "c")]
+    assert_all_gone(started)
+
+
+def test_the_first_failure_ends_the_gang_is_told_at_once_and_keeps_its_last_lines():
+    told, started = [], []
+    end, lines, _ = run(
+        ["import time; print('waiting', flush=True); time.sleep(60)", "print('about to fail'); raise SystemExit(3)"],
+        started,
+        on_failure=lambda member, returncode: told.append((member, returncode, any(p.is_running() for p in started))),
+    )
+    assert (end.failed, end.returncode, end.stopped, end.succeeded) == (1, 3, "", False)
+    assert told == [(1, 3, True)]  # before its peers were stopped
+    assert (1, "about to fail") in lines
+    assert_all_gone(started)
+
+
+def test_the_caller_stops_the_gang_and_nothing_is_left():
+    deadline = time.monotonic() + 0.5
+    end, _, started = run(
+        ["import time; time.sleep(60)"] * 2, stop_reason=lambda: "deadline" if time.monotonic() > deadline else None
+    )
+    assert end == GangEnd(stopped="deadline") and not end.succeeded
+    assert_all_gone(started)
+
+
+def test_a_member_that_cannot_start_stops_the_ones_started_before_it():
+    started: list[psutil.Process] = []
+
+    def start(member: int):
+        if member == 1:
+            return spawn(["/no/such/trainer"], {})
+        process = python("import time; time.sleep(60)")
+        started.append(psutil.Process(process.pid))
+        return process
+
+    with pytest.raises(CannotStart) as raised:
+        run_gang(2, start, lambda member, line: None)
+    assert raised.value.member == 1 and isinstance(raised.value.error, FileNotFoundError)
+    assert_all_gone(started)
+
+
+def local_job(code: str, **spec):
+    return parse_job({
+        "apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "gang"},
+        "spec": {"command": [sys.executable, "-c", code], "workers": {"replicas": 2}, "workingDir": str(REPO),
+                 "rendezvous": {"port": free_port()}, "metrics": {"enabled": False}, **spec},
+    })  # fmt: skip
+
+
+def local_run(job):
+    logs, notices = [], []
+    outcome = LocalRun(job, lambda worker, line: logs.append((worker, line)), lambda report: None, notices.append).run()
+    return outcome, logs, notices
+
+
+def test_caramel_run_relays_every_workers_lines_and_succeeds():
+    outcome, logs, _ = local_run(local_job("import os; print('hello from', os.environ['HOROVOD_RANK'])"))
+    assert outcome.succeeded and outcome.reason == "all workers finished" and outcome.restarts == 0, (outcome, logs)
+    assert {(0, "rank 0 | hello from 0"), (1, "rank 1 | hello from 1")} <= set(logs), logs
+
+
+def test_caramel_run_restarts_a_failed_gang_up_to_the_backoff_limit_and_keeps_the_failed_workers_lines():
+    code = "import os, sys; print('rank', os.environ['HOROVOD_RANK'], 'fails' if os.environ['HOROVOD_RANK'] == '1' else 'waits', flush=True); import time; time.sleep(0 if os.environ['HOROVOD_RANK'] == '1' else 60); sys.exit(5)"
+    outcome, _, notices = local_run(local_job(code, runPolicy={"backoffLimit": 1}))
+    assert not outcome.succeeded and outcome.failed_worker == 1 and outcome.restarts == 1
+    assert outcome.reason == "worker 1 exited with code 5 (after 1 restarts: spec.runPolicy.backoffLimit reached)"
+    assert "rank 1 | rank 1 fails" in outcome.last_lines
+    [notice] = notices
+    assert notice.startswith("worker 1 exited with code 5; restarting the whole gang (1 of 1, spec.runPolicy.backoffLimit) in 1 s")
+
+
+def test_caramel_run_stops_a_gang_past_its_deadline_without_a_restart():
+    outcome, _, notices = local_run(local_job("import time; time.sleep(60)", runPolicy={"activeDeadlineSeconds": 1}))
+    assert not outcome.succeeded and outcome.failed_worker is None and outcome.restarts == 0 and not notices
+    assert outcome.reason == "spec.runPolicy.activeDeadlineSeconds (1 s) exceeded"
+
+
+class LocalCluster:
+    """What run_job asks of an EmulatedCluster, with every worker on this machine."""
+
+    def __init__(self) -> None:
+        self.processes: list = []
+
+    def address(self, index: int) -> str:
+        return "127.0.0.1"
+
+    def spawn(self, index, argv, env, hostname=None, cwd=None):
+        process = spawn(argv, env, cwd=str(cwd))
+        self.processes.append(process)
+        return process
+
+    def stop_processes(self) -> None:
+        stop_groups([process for process in self.processes if process.poll() is None])
+
+
+@pytest.fixture
+def benchmark_job(monkeypatch):
+    """A benchmark's job of two workers running Python code, its rendezvous on a free port."""
+    monkeypatch.setattr(jobrun, "RENDEZVOUS_PORT", free_port())
+    return lambda code: jobrun.bench_job("bench", [sys.executable, "-c", code], workers=2, interface=None)
+
+
+def test_a_benchmarks_workers_run_as_a_gang_and_their_json_lines_are_its_events(tmp_path, benchmark_job):
+    code = "import json, os; print(json.dumps({'event': 'hello', 'from': os.environ['HOROVOD_RANK']}))"
+    seen = []
+    result = run_job(LocalCluster(), benchmark_job(code), 60, tmp_path / "workers.log", on_event=seen.append)
+    assert sorted((event["from"], event["rank"]) for event in result.events) == [("0", 0), ("1", 1)] and seen == result.events
+    assert "worker 1 | rank 1 | {" in (tmp_path / "workers.log").read_text()
+
+
+def test_a_benchmark_fails_with_the_failed_workers_last_lines_or_times_out(tmp_path, benchmark_job):
+    code = "import os, sys, time; print('rank', os.environ['HOROVOD_RANK'], flush=True); time.sleep(60 if os.environ['HOROVOD_RANK'] == '0' else 0); sys.exit(2)"
+    with pytest.raises(RunFailed, match="worker 1 exited with code 2; its last lines:\n(.|\n)*rank 1 \\| rank 1"):
+        run_job(LocalCluster(), benchmark_job(code), 60, tmp_path / "workers.log")
+    with pytest.raises(RunFailed, match="timed out; last lines of worker 0:"):
+        run_job(LocalCluster(), benchmark_job("import time; time.sleep(60)"), 1, tmp_path / "workers.log")
