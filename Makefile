@@ -39,8 +39,8 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 		bash scripts/horovod/build-wheel.sh $(VENV_PYTHON) $(WHEEL_CACHE); \
 	fi
 	@if [ -z "$(CARAMEL_WITHOUT_HOROVOD)" ]; then $(VENV_PYTHON) -m pip install --quiet $(WHEEL_CACHE)/horovod-*.whl; fi
-	TF_CPP_MIN_LOG_LEVEL=3 $(VENV_PYTHON) -c "import caramel.tensorflow, caramel.job.api"
-	$(VENV_PYTHON) -m caramel.job.one_tensorflow
+	TF_CPP_MIN_LOG_LEVEL=3 $(VENV_PYTHON) -c "import caramel.tensorflow, caramel.contract.api"
+	$(VENV_PYTHON) -m caramel.launch.one_tensorflow
 	@touch $@
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 
@@ -89,7 +89,7 @@ BENCH_NO_DEPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('
 $(VENV)/.bench-done: $(VENV)/.setup-done pyproject.toml
 	$(VENV_PYTHON) -m pip install --quiet -e '.[test,bench]'
 	$(VENV_PYTHON) -m pip install --quiet --no-deps $(BENCH_NO_DEPS)
-	$(VENV_PYTHON) -m caramel.job.one_tensorflow
+	$(VENV_PYTHON) -m caramel.launch.one_tensorflow
 	@touch $@
 
 crd: setup

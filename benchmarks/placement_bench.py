@@ -17,8 +17,8 @@ Placements (`caramel_operator.placement`):
     random          each worker on a random feasible node, ranks in pod order
 
 For each: the predicted time of a ring all-reduce of GRADIENT_BYTES (Horovod's algorithm) on the
-gang's topology (`caramel.topology.labels.gang_topology`: 25 Gbit/s node links, a 100 Gbit/s
-uplink per rack, 200 Gbit/s per zone; `caramel.topology.simulate`), the bytes that all-reduce
+gang's topology (`caramel.network.labels.gang_topology`: 25 Gbit/s node links, a 100 Gbit/s
+uplink per rack, 200 Gbit/s per zone; `caramel.allreduce.simulate`), the bytes that all-reduce
 sends between racks, the nodes and racks used, and the time placement took.
 
 Targets (issue 10): R-Storm sends at most half the cross-rack bytes of spread on the loaded
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from caramel.topology.labels import ClusterLinks, Position, gang_topology
-from caramel.topology.simulate import ALGORITHMS, bytes_between_groups, predict_seconds
-from caramel.topology.spec import LinkSpec
+from caramel.allreduce.simulate import ALGORITHMS, bytes_between_groups, predict_seconds
+from caramel.network.labels import ClusterLinks, Position, gang_topology
+from caramel.network.spec import LinkSpec
 from caramel_operator.placement import Gang, NodeFree, Placement, random_placement, ranked_by_topology, rstorm, spread
 
 GiB = 1024**3

@@ -44,10 +44,10 @@ import sys
 import time
 from pathlib import Path
 
-from caramel.topology.model import Link, Topology
-from caramel.topology.simulate import choose_allreduce
-from caramel.topology.transport import CONGESTION_CONTROL, PIECE_BYTES
-from caramel.topology.wire import to_json
+from caramel.allreduce.simulate import choose_allreduce
+from caramel.network.model import Link, Topology
+from caramel.network.wire import to_json
+from caramel.transport.tree_allreduce import CONGESTION_CONTROL, PIECE_BYTES
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import EmulatedCluster, HarnessError, rack_of

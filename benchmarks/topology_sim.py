@@ -3,10 +3,10 @@
     python -m benchmarks.topology_sim                       # table, plot, shape check
     python -m benchmarks.topology_sim --sizes 1,64 --plot runs/sim.png
 
-On every standard topology of `caramel.topology.synthetic.STANDARD` (2D torus 4x4 and 8x8, a
+On every standard topology of `caramel.network.synthetic.STANDARD` (2D torus 4x4 and 8x8, a
 4x4 mesh, a k=4 fat-tree, two and four racks of 8 hosts behind uplinks at 1/4 of a host link;
 100 Gbit/s links, 1 microsecond a hop) and for each all-reduce size, the link-level simulator
-(`caramel.topology.simulate`: alpha-beta per link, flows sharing a link share its bandwidth)
+(`caramel.allreduce.simulate`: alpha-beta per link, flows sharing a link share its bandwidth)
 predicts each algorithm's time. The table gives the times and each algorithm's speedup over the
 ring (ring time / its time), the time steps of each phase, and what `auto` would choose.
 
@@ -21,8 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from caramel.topology.simulate import ALGORITHMS, choose_allreduce, predict_seconds
-from caramel.topology.synthetic import STANDARD
+from caramel.allreduce.simulate import ALGORITHMS, choose_allreduce, predict_seconds
+from caramel.network.synthetic import STANDARD
 
 MiB = 2**20
 TARGET_SPEEDUP = 2.0

@@ -22,10 +22,10 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.plain_horovod import horovod_tensorflow
+from caramel.allreduce.multitree_schedule import multitree
 from caramel.contract.env import WorkerContract
-from caramel.topology.multitree import multitree
-from caramel.topology.transport import CONGESTION_CONTROL, PIECE_BYTES, TreeAllreduce
-from caramel.topology.wire import job_topology
+from caramel.network.wire import job_topology
+from caramel.transport.tree_allreduce import CONGESTION_CONTROL, PIECE_BYTES, TreeAllreduce
 
 MEGABYTE = 2**20
 WARM_UP_BYTES = MEGABYTE

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from caramel.contract.jobfile import parse_job
-from caramel.topology.synthetic import racks
-from caramel.topology.wire import from_json
+from caramel.network.synthetic import racks
+from caramel.network.wire import from_json
 from caramel_operator.builders import build_service, build_worker_pod, worker_address
 from caramel_operator.observe import WorkerState, observe_pod
 

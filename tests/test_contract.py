@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
+from caramel.allreduce.simulate import choose_allreduce
 from caramel.contract.api import MemoryAllocator
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract, slot_env, worker_command, worker_env, worker_name
 from caramel.contract.jobfile import parse_job
 from caramel.contract.ports import PortMap
 from caramel.contract.restart import RestartPolicy
-from caramel.topology.simulate import choose_allreduce
-from caramel.topology.synthetic import racks
-from caramel.topology.wire import job_topology, to_wire
+from caramel.network.synthetic import racks
+from caramel.network.wire import job_topology, to_wire
 
 
 def job(replicas=3, slots=2, min_replicas=None, **spec):

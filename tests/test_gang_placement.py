@@ -9,7 +9,7 @@ import pytest
 
 from caramel.contract.api import PlacedBy, WorkerNode
 from caramel.contract.jobfile import parse_job
-from caramel.topology.labels import ClusterLinks
+from caramel.network.labels import ClusterLinks
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import NoRoom, Placed, admits, place, placed_by, placed_topology, placement_problems
 

@@ -12,7 +12,7 @@ from caramel.contract.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
 from caramel.contract.progress import ProgressReport
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract
-from caramel.topology.wire import job_topology, to_json
+from caramel.network.wire import job_topology, to_json
 from caramel_operator.gang_placement import NoRoom, Placed, Unreadable, placed_topology
 from caramel_operator.lifecycle import (
     EVENT_MESSAGE_BYTES,

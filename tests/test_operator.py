@@ -12,8 +12,8 @@ import pytest
 from caramel.contract.api import GangPlacement
 from caramel.contract.jobfile import parse_job
 from caramel.metrics import PlanRecord, WorkerMetrics
+from caramel.network.labels import ClusterLinks
 from caramel.planner.timing import StepTimes, TransferTiming
-from caramel.topology.labels import ClusterLinks
 from conftest import free_port
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import placed_topology

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from caramel.metrics import PlanRecord, WorkerMetrics
+from caramel.network.labels import ClusterLinks
 from caramel.planner.timing import StepTimes, TransferTiming
-from caramel.topology.labels import ClusterLinks
 from caramel_operator.config import OperatorSettings, SettingsError
 from caramel_operator.progress import human_bandwidth, read_progress
 

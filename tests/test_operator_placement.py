@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from caramel.contract.api import GangPlacement
-from caramel.topology.labels import ClusterLinks
-from caramel.topology.wire import from_json
+from caramel.network.labels import ClusterLinks
+from caramel.network.wire import from_json
 from caramel_operator.gang_placement import placed_topology
 from testbed.operator_harness import NODES, Emulator, Operator, eventually, node, terminated
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from caramel.topology.labels import Position
+from caramel.network.labels import Position
 from caramel_operator.node_resources import free_resources, pod_requests
 from caramel_operator.placement import Gang, NodeFree, Unplaceable, random_placement, ranked_by_topology, rstorm, spread
 

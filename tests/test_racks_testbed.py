@@ -11,7 +11,7 @@ import pytest
 
 import benchmarks.topology_bench as topology_bench
 from benchmarks.netem import EmulatedCluster, HarnessError, Names, rack_of
-from caramel.topology.simulate import choose_allreduce
+from caramel.allreduce.simulate import choose_allreduce
 from conftest import unavailable
 
 PREFIX, SUBNET = "crtt", "10.213.10.0/24"  # neither the benchmarks' nor the scheduling bench's

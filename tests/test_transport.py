@@ -14,13 +14,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from caramel.topology.collectives import halving_doubling, hierarchical, ring
-from caramel.topology.model import Link, Topology
-from caramel.topology.multitree import multitree
-from caramel.topology.replay import replay
-from caramel.topology.schedule import Schedule, Transfer
-from caramel.topology.synthetic import racks, torus
-from caramel.topology.transport import SUPPORTED_DTYPES, TransportError, TreeAllreduce
+from caramel.allreduce.baseline_schedules import halving_doubling, hierarchical, ring
+from caramel.allreduce.chunk_schedule import ChunkTransfer, Schedule
+from caramel.allreduce.multitree_schedule import multitree
+from caramel.allreduce.replay import replay
+from caramel.network.model import Link, Topology
+from caramel.network.synthetic import racks, torus
+from caramel.transport.tree_allreduce import SUPPORTED_DTYPES, TransportError, TreeAllreduce
 from conftest import REPO, free_port_block
 
 DTYPES = {name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for name in SUPPORTED_DTYPES}
@@ -266,8 +266,8 @@ def test_a_schedule_the_executor_cannot_run_by_dependencies_is_refused():
     # Rank 1 would send chunk 0 up before the partial sum from rank 2 has arrived.
     late = Schedule(
         "late", 3, 1,
-        reduce_scatter=(Transfer(0, 1, 0, 0), Transfer(0, 2, 1, 0, steps=2)),
-        all_gather=(Transfer(0, 0, 1, 0), Transfer(1, 1, 2, 0)),
+        reduce_scatter=(ChunkTransfer(0, 1, 0, 0), ChunkTransfer(0, 2, 1, 0, steps=2)),
+        all_gather=(ChunkTransfer(0, 0, 1, 0), ChunkTransfer(1, 1, 2, 0)),
     )  # fmt: skip
     with pytest.raises(ValueError, match="rank 1, chunk 0: a partial sum arrives after the rank has sent its own"):
         TreeAllreduce(late, 1, addresses(3))
@@ -301,9 +301,9 @@ def test_a_peer_that_left_fails_the_next_call_by_name():
 
 DYING_RANK = """
 import sys, time
-from caramel.topology.multitree import multitree
-from caramel.topology.synthetic import racks
-from caramel.topology.transport import TreeAllreduce
+from caramel.allreduce.multitree_schedule import multitree
+from caramel.network.synthetic import racks
+from caramel.transport.tree_allreduce import TreeAllreduce
 where = [("127.0.0.1", int(port)) for port in sys.argv[1:]]
 transport = TreeAllreduce(multitree(racks(1, len(where), 1.0, 1.0)), len(where) - 1, where)
 print("connected", flush=True)

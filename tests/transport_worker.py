@@ -16,10 +16,10 @@ import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
+from caramel.allreduce.multitree_schedule import multitree
 from caramel.contract.env import WorkerContract
-from caramel.topology.multitree import multitree
-from caramel.topology.transport import TreeAllreduce
-from caramel.topology.wire import job_topology
+from caramel.network.wire import job_topology
+from caramel.transport.tree_allreduce import TreeAllreduce
 
 # The drop-ins' gradient dtypes, with a tolerance for sums taken in different orders.
 TOLERANCES = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3,

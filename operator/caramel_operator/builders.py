@@ -14,8 +14,8 @@ from caramel.contract.api import CaramelJob, Tuning
 from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, worker_command, worker_env, worker_name
 from caramel.contract.ports import PortMap
-from caramel.topology.model import Topology
-from caramel.topology.wire import to_wire
+from caramel.network.model import Topology
+from caramel.network.wire import to_wire
 from caramel_operator.podsecurity import restricted_violations
 
 WORKER_CONTAINER = "worker"

@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError, PydanticUseDefault
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS
-from caramel.topology.labels import DEFAULT_RACK_LABEL, ClusterLinks
+from caramel.network.labels import DEFAULT_RACK_LABEL, ClusterLinks
 
 # A Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of at most 63
 # alphanumerics, '-', '_' and '.', alphanumeric at both ends.

@@ -143,7 +143,7 @@ def custom_resource_definition() -> dict[str, Any]:
 def render() -> str:
     # The header still names the models' old module: the committed copies (manifests/, helm/) change
     # with it, by `make crd`, when their owners regenerate them.
-    return "# Generated from runtime/caramel/job/api.py by `make crd`; do not edit.\n" + yaml.safe_dump(
+    return "# Generated from runtime/caramel/contract/api.py by `make crd`; do not edit.\n" + yaml.safe_dump(
         custom_resource_definition(), sort_keys=False, width=120
     )
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from caramel.contract.api import CaramelJob, PlacedBy, PlacementPolicy, WorkerNode
-from caramel.topology.labels import ClusterLinks, Position, gang_topology
-from caramel.topology.model import Topology
+from caramel.network.labels import ClusterLinks, Position, gang_topology
+from caramel.network.model import Topology
 from caramel_operator.builders import JOB_LABEL
 from caramel_operator.node_resources import free_resources, pod_requests
 from caramel_operator.placement import Gang, Unplaceable, largest_fit, rstorm

@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from caramel.topology.labels import DEFAULT_RACK_LABEL, position
+from caramel.network.labels import DEFAULT_RACK_LABEL, position
 from caramel_operator.placement import NodeFree
 
 RESOURCES = ("cpu", "memory")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from caramel.topology.labels import Position
+from caramel.network.labels import Position
 
 # netDist of each level: same node, same rack, same zone, other zone.
 LEVEL_DISTANCES = (0.0, 1 / 3, 2 / 3, 1.0)

@@ -166,7 +166,7 @@ class WorkerContract:
     """Every worker's address (CARAMEL_PEERS)."""
     topology: WireTopology | None
     """The network under the job, one host per rank (CARAMEL_TOPOLOGY), as sent; None when the job
-    has none. `caramel.topology.wire.job_topology` gives the network itself (a flat one for None)."""
+    has none. `caramel.network.wire.job_topology` gives the network itself (a flat one for None)."""
 
     def share_of(self, global_batch: int) -> int:
         """This rank's examples of a step's `global_batch`, split over the ranks that run: a script

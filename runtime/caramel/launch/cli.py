@@ -14,7 +14,7 @@ from caramel.contract.api import CaramelJob
 from caramel.contract.jobfile import JobFileError, load_job, parse_job
 from caramel.launch.launcher import LaunchError, LocalRun, RunOutcome
 from caramel.contract.progress import ProgressReport, format_report
-from caramel.topology.spec import TopologySpecError, load_topology
+from caramel.network.spec import TopologySpecError, load_topology
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--topology",
         metavar="FILE",
         help="the network the ranks run on, for spec.caramel.allreduce (a topology file: YAML or JSON, "
-        "one host per rank; see caramel.topology.spec); without it the network is flat",
+        "one host per rank; see caramel.network.spec); without it the network is flat",
     )
     return parser
 

@@ -36,21 +36,21 @@ from contextlib import contextmanager
 import numpy as np
 import tensorflow as tf
 
+from caramel.allreduce.simulate import choose_allreduce
 from caramel.contract.api import Allreduce, Collective, Tuning
 from caramel.contract.env import WorkerContract
+from caramel.network.wire import job_topology
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.rounds import MIN_BLOCK_STEPS
 from caramel.planner.timing import StepStamps, StepTimes, execution_times
 from caramel.tensorflow.backends import Backend, ReduceOp
 from caramel.tensorflow.collectives import Chain, run_split_transfers, run_transfers
 from caramel.tensorflow.graph_choice import CARAMEL, GraphChoice
-from caramel.tensorflow.multitree import TreeReduce
 from caramel.tensorflow.replanner import Replanner
 from caramel.tensorflow.selector import OWN_WAY, PLANNED, ArmSelector
 from caramel.tensorflow.stamps import StampBook
-from caramel.topology.simulate import choose_allreduce
-from caramel.topology.transport import SUPPORTED_DTYPES
-from caramel.topology.wire import job_topology
+from caramel.tensorflow.tree_reduce import TreeReduce
+from caramel.transport.tree_allreduce import SUPPORTED_DTYPES
 
 # The name of the `switch_case` of the two ways (arms) in a step's graph.
 ARMS_NAME = "caramel_arms"

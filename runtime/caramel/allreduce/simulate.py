@@ -20,11 +20,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from caramel.allreduce.baseline_schedules import halving_doubling, hierarchical, ring
+from caramel.allreduce.chunk_schedule import ChunkTransfer, Schedule, phase_steps
+from caramel.allreduce.multitree_schedule import multitree
+from caramel.network.model import Topology
 from caramel.planner.linkmodel import LinkModel
-from caramel.topology.collectives import halving_doubling, hierarchical, ring
-from caramel.topology.model import Topology
-from caramel.topology.multitree import multitree
-from caramel.topology.schedule import Schedule, Transfer, phase_steps
 
 ALGORITHMS: dict[str, Callable[[Topology], Schedule]] = {
     "ring": ring,
@@ -40,7 +40,7 @@ the prediction ignores costs an executor adds (more, smaller messages), and the 
 Horovod's own, well-tried path."""
 
 
-def phase_cost(topology: Topology, transfers: Iterable[Transfer], chunks: int) -> LinkModel:
+def phase_cost(topology: Topology, transfers: Iterable[ChunkTransfer], chunks: int) -> LinkModel:
     """Alpha (seconds) and beta (seconds per byte of the whole buffer) of one phase."""
     transfers = list(transfers)
     steps = phase_steps(transfers)

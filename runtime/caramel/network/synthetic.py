@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from caramel.topology.model import Link, Topology
+from caramel.network.model import Link, Topology
 
 GIGABIT = 1e9 / 8
 """Bytes per second in one Gbit/s."""

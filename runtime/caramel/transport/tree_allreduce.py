@@ -21,7 +21,7 @@ trees stay the schedule's, only their pipeline fill shrinks). Per piece and rank
   chunk (it roots the chunk's tree), the piece is final: it is divided by the world size and
   the all-gather starts from it;
 - all-gather: the finished piece is received into place and forwarded.
-That is the schedule's meaning (`caramel.topology.replay`) with its time steps relaxed into
+That is the schedule's meaning (`caramel.allreduce.replay`) with its time steps relaxed into
 their dependencies; `_plan` checks that the schedule has the shape for which both agree.
 Each connection has a sender thread (one queue of ready pieces) and a receiver thread (which
 adds or stores what arrives). Python does bookkeeping per piece only: the bytes move in
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from caramel.topology.schedule import Schedule, Transfer, chunk_bounds
+from caramel.allreduce.chunk_schedule import ChunkTransfer, Schedule, chunk_bounds
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 """The dtypes `allreduce` takes, by numpy name; bfloat16 is TensorFlow's (the ml_dtypes type)."""
@@ -123,8 +123,8 @@ def _plan(schedule: Schedule, rank: int) -> _Plan:
     what the schedule's time steps compute (see the module's docstring)."""
     chunks = range(schedule.chunks)
 
-    def by_chunk(transfers: Sequence[Transfer], mine) -> list[list[Transfer]]:
-        grouped: list[list[Transfer]] = [[] for _ in chunks]
+    def by_chunk(transfers: Sequence[ChunkTransfer], mine) -> list[list[ChunkTransfer]]:
+        grouped: list[list[ChunkTransfer]] = [[] for _ in chunks]
         for transfer in transfers:
             if mine(transfer):
                 grouped[transfer.chunk].append(transfer)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from caramel.topology.labels import Position, gang_topology
-from caramel.topology.model import Link, Topology
-from caramel.topology.schedule import Schedule, Transfer
-from caramel.topology.simulate import (
+from caramel.allreduce.chunk_schedule import ChunkTransfer, Schedule
+from caramel.allreduce.simulate import (
     ALGORITHMS,
     bytes_between_groups,
     choose_allreduce,
@@ -15,7 +13,9 @@ from caramel.topology.simulate import (
     phase_cost,
     predict_seconds,
 )
-from caramel.topology.synthetic import STANDARD, racks
+from caramel.network.labels import Position, gang_topology
+from caramel.network.model import Link, Topology
+from caramel.network.synthetic import STANDARD, racks
 
 # Two hosts on one switch: a -> s -> b, each link 1 GB/s and 1 ms.
 PAIR = Topology(hosts=("a", "b"), switches=("s",), links=(Link("a", "s", 1e9, 1e-3), Link("b", "s", 1e9, 1e-3)))
@@ -26,23 +26,23 @@ FAN_IN = Topology(
 
 
 def test_a_lone_transfer_costs_its_route_latency_plus_bytes_over_bandwidth():
-    line = phase_cost(PAIR, [Transfer(0, 0, 1, 0)], chunks=1)
+    line = phase_cost(PAIR, [ChunkTransfer(0, 0, 1, 0)], chunks=1)
     assert line.alpha == pytest.approx(2e-3) and line.beta == pytest.approx(1e-9)
     # A ring all-reduce of two hosts: one step a phase, half the buffer a step.
     assert predict_seconds("ring", PAIR, 10**6) == pytest.approx(2 * (2e-3 + 0.5e6 / 1e9))
 
 
 def test_flows_sharing_a_link_share_its_bandwidth():
-    alone = phase_cost(FAN_IN, [Transfer(0, 0, 2, 0)], chunks=1)
-    shared = phase_cost(FAN_IN, [Transfer(0, 0, 2, 0), Transfer(0, 1, 2, 0)], chunks=1)
-    apart = phase_cost(FAN_IN, [Transfer(0, 0, 2, 0), Transfer(0, 2, 1, 0)], chunks=1)
+    alone = phase_cost(FAN_IN, [ChunkTransfer(0, 0, 2, 0)], chunks=1)
+    shared = phase_cost(FAN_IN, [ChunkTransfer(0, 0, 2, 0), ChunkTransfer(0, 1, 2, 0)], chunks=1)
+    apart = phase_cost(FAN_IN, [ChunkTransfer(0, 0, 2, 0), ChunkTransfer(0, 2, 1, 0)], chunks=1)
     assert shared.beta == pytest.approx(2 * alone.beta)
     assert apart.beta == pytest.approx(alone.beta)  # full duplex: opposite directions do not contend
 
 
 def test_a_transfer_over_several_steps_spreads_its_bytes():
-    two_steps = phase_cost(FAN_IN, [Transfer(0, 0, 2, 0, steps=2)], chunks=1)
-    assert two_steps.beta == pytest.approx(phase_cost(FAN_IN, [Transfer(0, 0, 2, 0)], chunks=1).beta)
+    two_steps = phase_cost(FAN_IN, [ChunkTransfer(0, 0, 2, 0, steps=2)], chunks=1)
+    assert two_steps.beta == pytest.approx(phase_cost(FAN_IN, [ChunkTransfer(0, 0, 2, 0)], chunks=1).beta)
 
 
 def test_predictions_are_lines_in_the_size():

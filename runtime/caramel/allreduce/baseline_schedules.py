@@ -9,27 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from caramel.topology.model import Topology
-from caramel.topology.schedule import Schedule, Transfer, shifted
+from caramel.allreduce.chunk_schedule import ChunkTransfer, Schedule, shifted
+from caramel.network.model import Topology
 
 
-def _ring_reduce_scatter(members: Sequence[int], segments: Sequence[Sequence[int]]) -> list[Transfer]:
+def _ring_reduce_scatter(members: Sequence[int], segments: Sequence[Sequence[int]]) -> list[ChunkTransfer]:
     """Ring reduce-scatter of len(members) segments: in step k member m sends segment m - k to
     member m + 1, so that member m ends owning segment m + 1, summed over all members."""
     size = len(members)
     return [
-        Transfer(step, members[m], members[(m + 1) % size], chunk)
+        ChunkTransfer(step, members[m], members[(m + 1) % size], chunk)
         for step in range(size - 1)
         for m in range(size)
         for chunk in segments[(m - step) % size]
     ]
 
 
-def _ring_all_gather(members: Sequence[int], segments: Sequence[Sequence[int]]) -> list[Transfer]:
+def _ring_all_gather(members: Sequence[int], segments: Sequence[Sequence[int]]) -> list[ChunkTransfer]:
     """Ring all-gather from member m owning segment m + 1: in step k member m forwards segment m + 1 - k."""
     size = len(members)
     return [
-        Transfer(step, members[m], members[(m + 1) % size], chunk)
+        ChunkTransfer(step, members[m], members[(m + 1) % size], chunk)
         for step in range(size - 1)
         for m in range(size)
         for chunk in segments[(m + 1 - step) % size]
@@ -57,7 +57,7 @@ def halving_doubling(topology: Topology) -> Schedule:
     folded = size - power
     participants = [rank for rank in range(size) if not (rank < 2 * folded and rank % 2)]
     everything = range(size)
-    reduce_scatter = [Transfer(0, 2 * i + 1, 2 * i, chunk) for i in range(folded) for chunk in everything]
+    reduce_scatter = [ChunkTransfer(0, 2 * i + 1, 2 * i, chunk) for i in range(folded) for chunk in everything]
     first = 1 if folded else 0
     ranges = [(0, size)] * power
     history = []
@@ -67,7 +67,7 @@ def halving_doubling(topology: Topology) -> Schedule:
             middle = (low + high) // 2
             keep, send = ((low, middle), (middle, high)) if not virtual & bit else ((middle, high), (low, middle))
             partner = participants[virtual ^ bit]
-            reduce_scatter += [Transfer(first + level, participants[virtual], partner, c) for c in range(*send)]
+            reduce_scatter += [ChunkTransfer(first + level, participants[virtual], partner, c) for c in range(*send)]
             kept.append(keep)
         history.append(kept)
         ranges = kept
@@ -77,8 +77,8 @@ def halving_doubling(topology: Topology) -> Schedule:
         bit = 1 << level
         for virtual, (low, high) in enumerate(history[level]):
             partner = participants[virtual ^ bit]
-            all_gather += [Transfer(back, participants[virtual], partner, c) for c in range(low, high)]
-    all_gather += [Transfer(levels, 2 * i, 2 * i + 1, chunk) for i in range(folded) for chunk in everything]
+            all_gather += [ChunkTransfer(back, participants[virtual], partner, c) for c in range(low, high)]
+    all_gather += [ChunkTransfer(levels, 2 * i, 2 * i + 1, chunk) for i in range(folded) for chunk in everything]
     return Schedule("halving-doubling", size, size, tuple(reduce_scatter), tuple(all_gather))
 
 

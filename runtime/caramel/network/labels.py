@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from caramel.topology.model import Link, Topology
-from caramel.topology.spec import LinkSpec, SpecModel
+from caramel.network.model import Link, Topology
+from caramel.network.spec import LinkSpec, SpecModel
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"

@@ -7,8 +7,8 @@ from collections.abc import Hashable, Iterable
 
 from caramel.contract.env import WorkerContract
 from caramel.contract.topology import WireTopology
-from caramel.topology.model import Link, Topology
-from caramel.topology.synthetic import racks
+from caramel.network.model import Link, Topology
+from caramel.network.synthetic import racks
 
 
 def to_wire(topology: Topology) -> WireTopology:

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from caramel.topology.labels import ClusterLinks, Position, gang_topology, position
-from caramel.topology.model import Link, Topology
-from caramel.topology.spec import TopologySpecError, load_topology, parse_topology
-from caramel.topology.synthetic import GIGABIT, STANDARD, fat_tree, racks, torus
-from caramel.topology.wire import from_json, to_json
+from caramel.network.labels import ClusterLinks, Position, gang_topology, position
+from caramel.network.model import Link, Topology
+from caramel.network.spec import TopologySpecError, load_topology, parse_topology
+from caramel.network.synthetic import GIGABIT, STANDARD, fat_tree, racks, torus
+from caramel.network.wire import from_json, to_json
 
 
 def hosts_on_route(topology: Topology, src: int, dst: int) -> list[str]:

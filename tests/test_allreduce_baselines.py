@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from caramel.topology.collectives import halving_doubling, hierarchical, ring
-from caramel.topology.model import Topology
-from caramel.topology.replay import replay
-from caramel.topology.schedule import Schedule, chunk_bounds, rank_steps
-from caramel.topology.synthetic import STANDARD, racks, torus
+from caramel.allreduce.baseline_schedules import halving_doubling, hierarchical, ring
+from caramel.allreduce.chunk_schedule import Schedule, chunk_bounds, rank_steps
+from caramel.allreduce.replay import replay
+from caramel.network.model import Topology
+from caramel.network.synthetic import STANDARD, racks, torus
 
 
 def all_reduces(schedule: Schedule) -> bool:

@@ -9,7 +9,7 @@ A transfer starts at time step `step` and lasts `steps` steps (more than one onl
 is slower than the schedule's time unit). A sender sends what it holds when the transfer
 starts; a receiver has it when the transfer ends. The all-gather starts when the reduce-scatter
 has ended. `rank_steps` is one rank's part of a phase, what the executor on that rank runs;
-`caramel.topology.replay` runs every rank's part on in-memory buffers, the executable
+`caramel.allreduce.replay` runs every rank's part on in-memory buffers, the executable
 definition of these rules.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Transfer:
+class ChunkTransfer:
     """One chunk sent from one host to another (hosts by rank)."""
 
     step: int
@@ -41,8 +41,8 @@ class Schedule:
     algorithm: str
     hosts: int
     chunks: int
-    reduce_scatter: tuple[Transfer, ...]
-    all_gather: tuple[Transfer, ...]
+    reduce_scatter: tuple[ChunkTransfer, ...]
+    all_gather: tuple[ChunkTransfer, ...]
 
     @property
     def reduce_scatter_steps(self) -> int:
@@ -53,7 +53,7 @@ class Schedule:
         return phase_steps(self.all_gather)
 
 
-def phase_steps(transfers: Iterable[Transfer]) -> int:
+def phase_steps(transfers: Iterable[ChunkTransfer]) -> int:
     """Time steps a phase lasts: until its last transfer ends."""
     return max((transfer.end for transfer in transfers), default=0)
 
@@ -63,19 +63,19 @@ class RankStep:
     """What one rank does at one time step of a phase, in this order."""
 
     step: int
-    receives: tuple[Transfer, ...]
+    receives: tuple[ChunkTransfer, ...]
     """Transfers to this rank that end at this step: finish them (adding, in a reduce-scatter)
     before the sends, which may forward what they bring."""
 
-    sends: tuple[Transfer, ...]
+    sends: tuple[ChunkTransfer, ...]
     """Transfers from this rank that start at this step: send the chunk as it is now."""
 
 
-def rank_steps(transfers: Iterable[Transfer], rank: int) -> list[RankStep]:
+def rank_steps(transfers: Iterable[ChunkTransfer], rank: int) -> list[RankStep]:
     """One rank's part of a phase, step by step: what an executor on that rank runs. Receives may
     be posted as early as wanted; the plan only says when each must be complete."""
-    receives: dict[int, list[Transfer]] = {}
-    sends: dict[int, list[Transfer]] = {}
+    receives: dict[int, list[ChunkTransfer]] = {}
+    sends: dict[int, list[ChunkTransfer]] = {}
     for transfer in transfers:
         if transfer.dst == rank:
             receives.setdefault(transfer.end, []).append(transfer)
@@ -98,6 +98,6 @@ def chunk_bounds(elements: int, chunks: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def shifted(transfers: Sequence[Transfer], by: int) -> list[Transfer]:
+def shifted(transfers: Sequence[ChunkTransfer], by: int) -> list[ChunkTransfer]:
     """The transfers, `by` steps later (to run one part of a phase after another)."""
-    return [Transfer(t.step + by, t.src, t.dst, t.chunk, t.steps) for t in transfers]
+    return [ChunkTransfer(t.step + by, t.src, t.dst, t.chunk, t.steps) for t in transfers]

@@ -50,8 +50,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from caramel.topology.model import Topology
-from caramel.topology.schedule import Schedule, Transfer, phase_steps
+from caramel.allreduce.chunk_schedule import ChunkTransfer, Schedule, phase_steps
+from caramel.network.model import Topology
 
 # Shares of a link within this much of its capacity fit (sums of thirds, sevenths, ...).
 CAPACITY_SLACK = 1e-9
@@ -231,9 +231,9 @@ def _flatten(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def schedule_from_trees(size: int, trees: list[list[TreeEdge]]) -> Schedule:
     """The reduce-scatter and all-gather of a set of trees (see the module's docstring)."""
     edges = [edge for tree in trees for edge in tree]
-    all_gather = tuple(Transfer(e.step, e.parent, e.child, e.root, e.steps) for e in edges)
+    all_gather = tuple(ChunkTransfer(e.step, e.parent, e.child, e.root, e.steps) for e in edges)
     length = phase_steps(all_gather)
-    reduce_scatter = tuple(Transfer(length - e.step - e.steps, e.child, e.parent, e.root, e.steps) for e in edges)
+    reduce_scatter = tuple(ChunkTransfer(length - e.step - e.steps, e.child, e.parent, e.root, e.steps) for e in edges)
     return Schedule("multitree", size, size, reduce_scatter, all_gather)
 
 

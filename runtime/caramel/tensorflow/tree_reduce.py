@@ -1,4 +1,4 @@
-"""Planned transfers all-reduced by MULTITREE's trees (`caramel.topology.transport`), from the graph.
+"""Planned transfers all-reduced by MULTITREE's trees (`caramel.transport.tree_allreduce`), from the graph.
 
 With `spec.caramel.allreduce: multitree` (or `auto` where the job's topology makes it clearly
 faster), each planned transfer is one call of the tree transport instead of a Horovod
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from caramel.allreduce.multitree_schedule import multitree
 from caramel.contract.env import WorkerContract
+from caramel.network.wire import job_topology
 from caramel.tensorflow.fusion import joined
-from caramel.topology.multitree import multitree
-from caramel.topology.transport import TreeAllreduce
-from caramel.topology.wire import job_topology
+from caramel.transport.tree_allreduce import TreeAllreduce
 
 
 class TreeReduce:

@@ -41,9 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from caramel.contract.jobfile import describe_validation_error
-from caramel.topology import synthetic
-from caramel.topology.model import Link, Topology
-from caramel.topology.synthetic import GIGABIT, MICROSECOND
+from caramel.network import synthetic
+from caramel.network.model import Link, Topology
+from caramel.network.synthetic import GIGABIT, MICROSECOND
 
 
 class TopologySpecError(ValueError):

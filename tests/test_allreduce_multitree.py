@@ -8,11 +8,11 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from caramel.topology.labels import Position, gang_topology
-from caramel.topology.model import Link, Topology
-from caramel.topology.multitree import build_trees, multitree
-from caramel.topology.replay import replay
-from caramel.topology.synthetic import STANDARD, mesh, racks, torus
+from caramel.allreduce.multitree_schedule import build_trees, multitree
+from caramel.allreduce.replay import replay
+from caramel.network.labels import Position, gang_topology
+from caramel.network.model import Link, Topology
+from caramel.network.synthetic import STANDARD, mesh, racks, torus
 
 TOPOLOGIES = {
     **STANDARD,

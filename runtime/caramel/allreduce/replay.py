@@ -1,6 +1,6 @@
 """A reference executor: runs a schedule on in-memory buffers, exactly by its rules.
 
-It is the executable definition of what a schedule means (see `caramel.topology.schedule`):
+It is the executable definition of what a schedule means (see `caramel.allreduce.chunk_schedule`):
 every rank runs its own plan (`rank_steps`), as the executor on each process does, and an
 executor moving the same chunks between processes must compute what this computes. Tests
 run every algorithm's schedule through it, on numbers and on one-hot contributions (which show
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from caramel.topology.schedule import Schedule, Transfer, chunk_bounds, phase_steps, rank_steps
+from caramel.allreduce.chunk_schedule import ChunkTransfer, Schedule, chunk_bounds, phase_steps, rank_steps
 
 
 def replay(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -28,10 +28,10 @@ def replay(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarray
     return state
 
 
-def _run(transfers: Sequence[Transfer], state: list[np.ndarray], bounds: list[tuple[int, int]], add: bool) -> None:
+def _run(transfers: Sequence[ChunkTransfer], state: list[np.ndarray], bounds: list[tuple[int, int]], add: bool) -> None:
     """One phase, every rank running its own plan (`rank_steps`) step by step."""
     plans = [{entry.step: entry for entry in rank_steps(transfers, rank)} for rank in range(len(state))]
-    in_flight: dict[Transfer, np.ndarray] = {}
+    in_flight: dict[ChunkTransfer, np.ndarray] = {}
     for step in range(phase_steps(transfers) + 1):
         for rank, plan in enumerate(plans):
             if step not in plan:
