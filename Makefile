@@ -18,8 +18,10 @@ PYTEST_ARGS ?=
 
 .PHONY: setup test test-fast crd clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
 
-# The CRD is generated from the API models; tests fail when a committed copy drifts.
+# The CRD and the API reference (docs/api.md) are generated from the API models; tests fail when a
+# committed copy drifts.
 CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
+API_REFERENCE := docs/api.md
 
 setup: $(VENV)/.setup-done
 
@@ -94,6 +96,7 @@ $(VENV)/.bench-done: $(VENV)/.setup-done pyproject.toml
 
 crd: setup
 	@for copy in $(CRD_COPIES); do mkdir -p $$(dirname $$copy); $(VENV_PYTHON) -m caramel_operator.crd > $$copy; echo "wrote $$copy"; done
+	@mkdir -p $$(dirname $(API_REFERENCE)); $(VENV_PYTHON) -m caramel.contract.reference > $(API_REFERENCE); echo "wrote $(API_REFERENCE)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info runtime/*.egg-info

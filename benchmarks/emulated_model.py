@@ -3,9 +3,9 @@ at most `profiles.MAX_LAYERS` layers of consecutive tensors, whose forward and b
 profile's times, and whose gradients are real tensors of the parameters' true shapes.
 
 Grouping bounds what the emulation itself costs: every emulated kernel is a Python call and a
-few TensorFlow ops, and on the 2-core bench machine one layer per tensor of DenseNet-121 (364
-tensors) cost each of the 4 ranks 0.2 CPU seconds per 0.5 s step, which the real Gloo traffic
-then lacked; tracing such a model also took minutes. A group is what one layer of the real model
+few TensorFlow ops, and on the 2-core bench machine one layer per tensor of a model of hundreds
+of tensors took a large share of each rank's CPU per step, which the real collectives' traffic
+then lacked, and made tracing slow (figures: benchmarks/results/2026-11-27-figures-from-code-comments.txt). A group is what one layer of the real model
 is to its tensors (a convolution's kernel and bias, a norm's scale and shift): its gradients are
 released together at the end of its backward pass, and its forward pass reads all of its
 weights. At 64 layers, every model still has a forward and backward pass of many steps.

@@ -97,9 +97,9 @@ class Script:
         return EXAMPLES / f"{self.name}.py"
 
 
-# Each run 45 to 70 s on this 2-core machine with 2 workers, start-up included (TensorFlow's import,
-# building and tracing the model: most of a synthetic benchmark's run), 10 to 25 s of it timed: a small
-# keras.applications model at a small image size, MNIST-sized convolutions at batch 32. The synthetic
+# Sized so that each run stays short on a 2-core machine with 2 workers, start-up included
+# (TensorFlow's import, building and tracing the model: most of a synthetic benchmark's run), while
+# enough of it is timed to give a steady step: a small keras.applications model at a small image size, MNIST-sized convolutions at batch 32. The synthetic
 # benchmarks get --no-cuda (this machine has no GPU): without it keras_synthetic_benchmark.py calls
 # hvd.sycl_built(), which Horovod 0.28.1 lacks (Horovod's example gained it after that release).
 SCRIPTS = {

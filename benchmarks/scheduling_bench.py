@@ -152,7 +152,7 @@ STRATEGIES = {
     "caramel-function@hvd": Strategy("caramel", "function", HVD, "Caramel's tape in the same step, through ctf.function, on Horovod's collectives"),
     # The names before the backends: Caramel's defaults, spec.caramel.backend auto, which takes
     # TensorFlow's collectives for these workers (they do not import Horovod's API). Runs recorded
-    # before commit 1908d21 under these names ran on Horovod's.
+    # under these names before the backends existed ran on Horovod's (benchmarks/README.md).
     "caramel": Strategy("caramel", None, {}, "Caramel's defaults (backend auto: tensorflow here)", TENSORFLOW),
     "caramel-tape": Strategy("caramel", "tape", {}, "Caramel's tape in a tf.function per step (backend auto: tensorflow here)", TENSORFLOW),
     "caramel-function": Strategy("caramel", "function", {}, "Caramel's tape through ctf.function (backend auto: tensorflow here)", TENSORFLOW),

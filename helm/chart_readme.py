@@ -25,7 +25,7 @@ INTRODUCTION = """\
 The Caramel operator runs CaramelJobs (data-parallel TensorFlow training with Horovod) on
 Kubernetes; this chart installs it, with the CaramelJob CRD, its RBAC, roles for the users of
 CaramelJobs, the Service of its metrics and, optionally, prometheus-operator monitors and a
-Grafana dashboard. The repository's README.md says how the operator runs jobs.
+Grafana dashboard. The repository's docs/operator.md says how the operator runs jobs.
 
 ```sh
 helm install caramel helm/caramel -n caramel-system --create-namespace

@@ -169,7 +169,7 @@ def test_short_names_collide_with_no_built_in_resource():
 
 def test_docs_and_scripts_use_the_short_name():
     """`kubectl get cj` lists CronJobs: nothing may tell users to type it."""
-    texts = [REPO / "README.md", REPO / "manifests" / "README.md", *REPO.glob("helm/caramel/templates/*.txt"),
+    texts = [REPO / "README.md", *REPO.glob("docs/*.md"), REPO / "manifests" / "README.md", *REPO.glob("helm/caramel/templates/*.txt"),
              *REPO.glob("scripts/*.sh"), *REPO.glob("examples/*.yaml"), *REPO.glob("tests/cluster/*.py")]
     for path in texts:
         text = path.read_text()

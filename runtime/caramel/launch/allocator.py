@@ -1,13 +1,14 @@
 """The memory allocator of a worker's training processes (spec.workers.memoryAllocator).
 
 TensorFlow's CPU kernels (oneDNN) keep their buffers in a pool of their own. It grows with
-fragmentation and never hands memory back: on VGG-16 it made one Caramel rank's peak RSS 1.27x
-the largest Horovod rank's while the live tensors were even (1.01x). With
-TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1 oneDNN asks malloc instead, which glibc's malloc serves at
-0.4 CPU seconds a step more and tcmalloc at none, so the two go together or not at all.
+fragmentation and never hands memory back, so two processes holding the same live tensors can
+differ widely in peak RSS. With TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1 oneDNN asks malloc instead,
+which glibc's malloc serves at a CPU cost per step and tcmalloc without one, so the two go
+together or not at all.
 An allocator can only be preloaded before the process starts, so the entrypoint puts it into
 each training process's environment; the worker's own Python needs none.
-(benchmarks/results/2026-11-24-vgg16-4000mbit-tcmalloc.txt has the measurements.)
+(benchmarks/results/2026-11-24-vgg16-4000mbit-tcmalloc.txt has the measurements; benchmarks/results/2026-11-27-figures-from-code-comments.txt the
+figures this comment once quoted.)
 """
 
 from __future__ import annotations

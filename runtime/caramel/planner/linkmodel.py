@@ -63,8 +63,8 @@ class LinkObserver:
 
     One process's timing of a transfer also holds its wait for the last rank to get there,
     which is compute skew, not the link: a plan cannot shorten it by sending other sizes, and
-    it differs between ranks and runs (on a busy machine, alpha from 3 to 100 ms and 76 to 1890
-    MB/s on one link). So the model is fitted to the timings all ranks agreed on
+    it differs between ranks and runs, so widely on a busy machine that fits of one link
+    disagreed by an order of magnitude and more. So the model is fitted to the timings all ranks agreed on
     (`transfer_seconds`, least over ranks: the last rank to arrive did not wait).
     """
 

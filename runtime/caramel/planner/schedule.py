@@ -48,15 +48,13 @@ PAYBACK_STEPS = 500
 # Plans predicted within this share of the fastest count as equally fast, and the one with the
 # fewest transfers among them is chosen. The simulation counts a transfer's fixed cost on the
 # link (alpha) but not the CPU it costs every rank (Horovod's negotiation, Gloo's ring steps, the
-# copies): about 5 ms per transfer and rank on the emulated BERT-base bench, where a plan of 38
-# transfers took 1.13x the CPU per step of one of 4. Where the CPU binds, that stretches the step;
+# copies), which grows with the number of transfers. Where the CPU binds, that stretches the step;
 # and 2% is about the spread of repeated measurements, so a smaller predicted gain is not worth
-# more transfers.
+# more transfers (figures: benchmarks/results/2026-11-27-figures-from-code-comments.txt).
 PREDICTION_TOLERANCE = 0.02
 # A tensor sent in chunks is joined again once its last chunk arrives: a copy of the whole
-# gradient (TensorFlow's concat, one core, about 5 GB/s here: VGG-16's 392 MB fc6 gradient in
-# 76 ms, about 6% of a rank's CPU in a perf profile of the emulated bench), during which the
-# next forward pass cannot read the parameter. The simulation counts that delay; the second
+# gradient (TensorFlow's concat, on one core; the rate below is what it was measured at:
+# benchmarks/results/2026-11-27-figures-from-code-comments.txt), during which the next forward pass cannot read the parameter. The simulation counts that delay; the second
 # buffer of the tensor's size alive meanwhile is not weighed.
 JOIN_SECONDS_PER_BYTE = 2e-10
 # Re-planning may take at most this share of the training time: its probes and its decision are

@@ -160,8 +160,8 @@ def plan_record(runtime: Runtime) -> PlanRecord:
 def weights_digest(model: tf.keras.Model) -> str:
     """SHA-256 of the trainable weights (their bytes in order), equal on every rank of a correct
     synchronous run. Hashed a slice at a time: `numpy()` and `tobytes()` of a whole variable
-    were two transient copies of it, which set the run's peak RSS (784 MB more for VGG-16's fc6
-    on every rank, at the end of training)."""
+    were two transient copies of it, which for a model with one large weight set the run's peak
+    RSS on every rank, at the end of training."""
     digest = hashlib.sha256()
     for variable in model.trainable_variables:
         flat = tf.reshape(variable, [-1])  # the variable's buffer, read without a copy

@@ -1,11 +1,10 @@
 """Several training steps in one graph, from one trace of the step.
 
 Caramel's transfer boundaries need several steps in one graph (see steps.py). Tracing a step is
-Python, and slow for a large model: an emulated DenseNet-121 step (364 parameter tensors) takes
-some 17 s to trace on one core, and tracing it four times over for a four-step graph 70 s. So
-the step is traced once, into a graph of its own, and that graph is copied into the multi-step
-graph once per step (`import_graph_def`, which is C++ and a little Python per operation): 9 s
-for the four copies. Each copy is the step exactly as traced, but that the captured tensors a
+Python, and slow for a model of many tensors, and tracing it k times over for a k-step graph
+costs k times that. So the step is traced once, into a graph of its own, and that graph is
+copied into the multi-step graph once per step (`import_graph_def`, which is C++ and a little
+Python per operation), far cheaper than tracing (figures: benchmarks/results/2026-11-27-figures-from-code-comments.txt). Each copy is the step exactly as traced, but that the captured tensors a
 copy should see differently (each step's stamps go to a variable of its own) are mapped per
 copy. tf.function's automatic control dependencies then order the copies' operations on each
 variable in program order, step after step, and nothing else, exactly as they order a step

@@ -3,7 +3,7 @@
 Caramel decides which gradients travel together, in which order and how many at once; a backend
 moves them. Each backend is one module of this package, listed in `BACKENDS`, whose
 `set_up(contract)` joins the job's ranks and returns a `Backend`:
-- `horovod`: Horovod's collectives over Gloo (its C++ ops, built at set-up: README, "Versions");
+- `horovod`: Horovod's collectives over Gloo (its C++ ops, built at set-up: docs/versions.md);
 - `tensorflow`: TensorFlow's own collective ops over gRPC; nothing is compiled.
 
 A backend provides the set-up, one fused all-reduce (in a graph or eagerly), and its own way of

@@ -34,9 +34,8 @@ class HorovodBackend(Backend):
 
     def all_reduce(self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str) -> list[tf.Tensor]:
         """One grouped allreduce per dtype: Horovod copies the tensors into its fusion buffer,
-        which it allocates once, instead of a joined buffer of their size in every step (measured
-        on the emulated benches: the largest rank's peak RSS 1.09x Horovod's instead of 1.21x on
-        BERT-base, 0.95x instead of 1.31x on ResNet-50)."""
+        which it allocates once, instead of a joined buffer of their size in every step, which
+        raised the ranks' peak RSS above Horovod's own (figures: benchmarks/results/2026-11-27-figures-from-code-comments.txt)."""
 
         def grouped(group: list[tf.Tensor], group_name: str) -> list[tf.Tensor]:
             if len(group) == 1:

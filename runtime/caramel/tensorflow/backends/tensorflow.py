@@ -124,7 +124,7 @@ def _start_server(contract: WorkerContract, rank: int, size: int) -> None:
     ctx = context.context()
     # Everything is in the ServerDef, so this works after the script ran TensorFlow ops too:
     # tensors made before stay usable, variables made before do not (init first, as Horovod's
-    # hvd.init()). TensorFlow warns of both alike; the README says which.
+    # hvd.init()). TensorFlow warns of both alike; docs/training-scripts.md says which.
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
