@@ -148,7 +148,7 @@ def build_worker_pod(
     }
     if spec.working_dir:
         container["workingDir"] = spec.working_dir
-    pod = {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": job.metadata.namespace, "labels": labels, "annotations": annotations},

@@ -184,7 +184,7 @@ class Cluster:
 def _message(error: ApiException) -> str:
     """The Status message the API server sent, which says why (e.g. which Pod Security rule)."""
     try:
-        return json.loads(error.body)["message"]
+        return json.loads(error.body or "")["message"]
     except (TypeError, ValueError, KeyError):
         return f"{error.status} {error.reason}"
 

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from caramel.contract.api import GROUP, JOB_NAME_MAX_LENGTH, KIND, VERSION, CaramelJobSpec, CaramelJobStatus
 
@@ -40,7 +41,7 @@ PRINTER_COLUMNS = [
 ]
 
 
-def openapi_schema(model: type) -> dict[str, Any]:
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     """A structural OpenAPI v3 schema for Kubernetes from a pydantic model's JSON schema."""
     schema = model.model_json_schema(by_alias=True, mode="validation")
     return _structural(schema, schema.get("$defs", {}))

@@ -32,7 +32,7 @@ from caramel_operator.builders import JOB_LABEL
 from caramel_operator.cluster import Cluster, ReadForbidden, scrape
 from caramel_operator.config import OperatorSettings
 from caramel_operator.crd import PLURAL
-from caramel_operator.gang_placement import Unreadable, place
+from caramel_operator.gang_placement import Outcome, Unreadable, place
 from caramel_operator.health import Lag, WatchCheck, serve
 from caramel_operator.lifecycle import (
     FINISHED,
@@ -69,9 +69,15 @@ API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError)
 # A probe answers within the kubelet's timeout (timeoutSeconds 5 in the chart and the manifests),
 # however slowly the API server lists the jobs.
 PROBE_LOOK_SECONDS = 4.0
+# kopf's handler types (ActivityFn, IndexingFn, TimerFn, DaemonFn) list the keyword arguments kopf
+# passes every handler, a namespace among them as str | None (cluster-scoped resources have
+# none). They cannot say that kopf passes each index by its name, nor that CaramelJobs, pods,
+# services and network policies always have a namespace; so mypy rejects registering the
+# handlers below that take either, and each such registration waives arg-type alone. mypy still
+# checks the handlers' bodies.
 
 
-@kopf.on.startup()
+@kopf.on.startup()  # type: ignore[arg-type]  # kopf's handler types (above)
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, job_versions: kopf.Index, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     # Progress and diff-bases in annotations: the job's status is Caramel's alone.
@@ -104,7 +110,7 @@ async def stop_serving(memo: kopf.Memo, **_: Any) -> None:
     await memo.server.cleanup()
 
 
-@kopf.index(*JOBS)
+@kopf.index(*JOBS)  # type: ignore[arg-type]  # kopf's handler types (above)
 def job_versions(namespace: str, name: str, meta: kopf.Meta, **_: Any) -> dict[str, str]:
     """The version of each job the watch delivered last, for the probes (health.py)."""
     return {f"{namespace}/{name}": meta["resourceVersion"]}
@@ -118,7 +124,7 @@ async def _look(memo: kopf.Memo, job_versions: kopf.Index) -> Lag:
     return memo.watch.look(listed, delivered, time.monotonic())
 
 
-@kopf.on.probe(id="watch")
+@kopf.on.probe(id="watch")  # type: ignore[arg-type]  # kopf's handler types (above)
 async def watch_delivers_the_jobs(memo: kopf.Memo, job_versions: kopf.Index, **_: Any) -> dict[str, Any]:
     """Liveness: fails when the watch has not delivered a job's change for too long."""
     try:
@@ -144,18 +150,18 @@ async def _unready(memo: kopf.Memo, job_versions: kopf.Index) -> str | None:
     return None if memo.watch.caught_up else "the watch has not yet delivered every CaramelJob"
 
 
-@kopf.index("pods", labels=WORKERS)
+@kopf.index("pods", labels=WORKERS)  # type: ignore[arg-type]  # kopf's handler types (above)
 def worker_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, str], WorkerObservation]:
     observation = observe_pod(dict(body))
     return {(namespace, observation.job): observation} if observation else {}
 
 
-@kopf.index("services", labels=WORKERS)
+@kopf.index("services", labels=WORKERS)  # type: ignore[arg-type]  # kopf's handler types (above)
 def job_services(namespace: str, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], str]:
     return {(namespace, labels[JOB_LABEL]): "Service"}
 
 
-@kopf.index("networking.k8s.io", "networkpolicies", labels=WORKERS)
+@kopf.index("networking.k8s.io", "networkpolicies", labels=WORKERS)  # type: ignore[arg-type]  # kopf's handler types (above)
 def job_network_policies(namespace: str, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], str]:
     return {(namespace, labels[JOB_LABEL]): "NetworkPolicy"}
 
@@ -168,7 +174,7 @@ def finished_with_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     return not unfinished(status) and (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None
 
 
-@kopf.timer(*JOBS, interval=SETTINGS.reconcile_interval_seconds, when=unfinished)
+@kopf.timer(*JOBS, interval=SETTINGS.reconcile_interval_seconds, when=unfinished)  # type: ignore[arg-type]  # kopf's handler types (above)
 async def reconcile(
     body: kopf.Body,
     name: str,
@@ -197,7 +203,7 @@ async def reconcile(
             existing = frozenset([*job_services.get(key, []), *job_network_policies.get(key, [])])
             decision = decide(job, status, workers, existing, now, SETTINGS)
             decision = await _place_gang(decision, job, memo.cluster, now)
-            refusals = await _carry_out(decision, body, memo.cluster)
+            refusals = await _carry_out(decision, body, namespace, memo.cluster)
             decision = report_creation_failures(decision, refusals, now)
             await _read_progress(decision, job, workers, memo, now)
         for event in decision.events:
@@ -215,6 +221,7 @@ async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now
     request = next((action for action in decision.actions if isinstance(action, PlaceGang)), None)
     if request is None:
         return decision
+    outcome: Outcome
     try:
         nodes, pods = await cluster.nodes_and_pods()
     except ReadForbidden as error:
@@ -224,10 +231,10 @@ async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now
     return record_placement(decision, job, outcome, now, SETTINGS)
 
 
-async def _carry_out(decision: Decision, body: kopf.Body, cluster: Cluster) -> list[str]:
+async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluster: Cluster) -> list[str]:
     """Carry out the actions; the API server's refusals of creations."""
     creates = any(isinstance(action, CreateObject | CreatePods) for action in decision.actions)
-    if creates and await cluster.job_uid(body.metadata.namespace, body.metadata.name) != body.metadata.uid:
+    if creates and await cluster.job_uid(namespace, body.metadata.name) != body.metadata.uid:
         # The job (or its CRD) is gone, though this timer has not heard yet: creating pods now
         # would make orphans, which the garbage collector deletes and the next pass re-creates.
         return []
@@ -241,7 +248,7 @@ async def _carry_out(decision: Decision, body: kopf.Body, cluster: Cluster) -> l
                 kopf.adopt(manifests, owner=body)
                 refusals += await cluster.create_pods(manifests)
             case DeletePods(names, force):
-                await cluster.delete_pods(body.metadata.namespace, names, force=force)
+                await cluster.delete_pods(namespace, names, force=force)
     return refusals
 
 
@@ -272,7 +279,7 @@ async def _read_progress(
 EXPIRE_EXIT_SECONDS = 3.0
 
 
-@kopf.daemon(*JOBS, when=finished_with_ttl, cancellation_backoff=EXPIRE_EXIT_SECONDS, cancellation_timeout=1.0)
+@kopf.daemon(*JOBS, when=finished_with_ttl, cancellation_backoff=EXPIRE_EXIT_SECONDS, cancellation_timeout=1.0)  # type: ignore[arg-type]  # kopf's handler types (above)
 async def expire(
     body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:

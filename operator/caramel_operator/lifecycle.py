@@ -386,11 +386,13 @@ class _Reconciliation:
             self.update_size(least=self.replicas)
             self.condition(ConditionType.SUSPENDED, False, "Resumed", "spec.runPolicy.suspend is false")
             self.event("Normal", "Resumed", "creating the worker gang again")
-        if not self.status.start_time:
+        start_time = self.status.start_time
+        if not start_time:
             # The deadline counts from here, not from when every worker runs: a gang that never
             # gets there (an image that cannot be pulled, no room) must not wait forever.
-            self.update(start_time=timestamp(self.now))
-        if self.deadline_passed():
+            start_time = timestamp(self.now)
+            self.update(start_time=start_time)
+        if self.deadline_passed(start_time):
             return
         for manifest in self.own_objects():
             if manifest["kind"] not in self.existing:
@@ -398,7 +400,8 @@ class _Reconciliation:
         stale = [w for w in self.workers if w.gang != self.status.gang]
         self.delete([w for w in stale if not w.terminating])
         current = {w.index: w for w in self.workers if w.gang == self.status.gang}
-        if self.status.phase is Phase.RESTARTING and (stale or self.now < parse_timestamp(self.status.restart_after)):
+        restart_after = self.status.restart_after  # set with the phase (restart)
+        if self.status.phase is Phase.RESTARTING and (stale or (restart_after and self.now < parse_timestamp(restart_after))):
             return  # the backoff runs, or the failed gang is still going away
         if self.image_invalid(current) or self.worker_failed(current) or self.gang_stuck(current):
             return
@@ -413,8 +416,8 @@ class _Reconciliation:
         self.progress_phase(current)
         self.look_for_room()
 
-    def deadline_passed(self) -> bool:
-        running = (self.now - parse_timestamp(self.status.start_time)).total_seconds()
+    def deadline_passed(self, start_time: str) -> bool:
+        running = (self.now - parse_timestamp(start_time)).total_seconds()
         if self.policy.deadline_passed(running):
             deadline = self.policy.active_deadline_seconds
             self.fail("DeadlineExceeded", f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline} s)")

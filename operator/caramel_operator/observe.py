@@ -63,10 +63,10 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
         return None
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
-    container = next(
+    container: dict[str, Any] = next(
         (c for c in status.get("containerStatuses") or [] if c.get("name") == WORKER_CONTAINER), {}
     )
-    base = dict(
+    base: dict[str, Any] = dict(
         name=metadata["name"],
         job=labels[JOB_LABEL],
         index=int(labels[WORKER_INDEX_LABEL]),
@@ -97,16 +97,18 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
         return WorkerObservation(**base, state=WorkerState.SUCCEEDED, final_report=report)
     if phase == "Running":
         return WorkerObservation(**base, state=WorkerState.RUNNING)
-    return WorkerObservation(**base, state=WorkerState.PENDING, **_pending_cause(status, container))
+    pending_reason, pending_message = _pending_cause(status, container)
+    return WorkerObservation(**base, state=WorkerState.PENDING, pending_reason=pending_reason, pending_message=pending_message)
 
 
-def _pending_cause(status: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+def _pending_cause(status: dict[str, Any], container: dict[str, Any]) -> tuple[str, str]:
+    """Why a pod is pending, and the message saying so; empty where nothing says."""
     waiting = (container.get("state") or {}).get("waiting") or {}
     if waiting.get("reason") in PERMANENT_IMAGE_REASONS:
-        return {"pending_reason": INVALID_IMAGE, "pending_message": f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")}
+        return INVALID_IMAGE, f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")
     if waiting.get("reason") in IMAGE_PULL_REASONS:
-        return {"pending_reason": "ImagePullFailed", "pending_message": f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")}
+        return "ImagePullFailed", f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return {"pending_reason": condition.get("reason") or "Unschedulable", "pending_message": condition.get("message", "")}
-    return {}
+            return condition.get("reason") or "Unschedulable", condition.get("message", "")
+    return "", ""

@@ -10,7 +10,7 @@ its last step runs no step, and its final report has only the step (step_seconds
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 MARKER = "caramel-progress"
 _PAIR = re.compile(r"(\w+)=(\S+)")
@@ -45,14 +45,13 @@ def parse_report(line: str) -> ProgressReport | None:
         return None
     values = dict(_PAIR.findall(rest))
     try:
-        kwargs = {
-            field.name: (values[field.name] == "1") if field.type == "bool" else _number(field.type, values[field.name])
-            for field in fields(ProgressReport)
-        }
+        return ProgressReport(
+            step=int(values["step"]),
+            total=int(values["total"]),
+            loss=float(values["loss"]),
+            step_seconds=float(values["step_seconds"]),
+            examples_per_second=float(values["examples_per_second"]),
+            final=values["final"] == "1",
+        )
     except (KeyError, ValueError):
         return None
-    return ProgressReport(**kwargs)
-
-
-def _number(type_name: str, text: str) -> int | float:
-    return int(text) if type_name == "int" else float(text)

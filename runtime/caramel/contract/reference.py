@@ -147,8 +147,11 @@ def _enum(annotation: Any) -> type[Enum] | None:
 
 def _rules(model: type[BaseModel]) -> list[str]:
     extra = model.model_config.get("json_schema_extra")
-    rules = extra.get("x-kubernetes-validations", []) if isinstance(extra, dict) else []
-    return [rule["message"] for rule in rules]
+    rules = extra.get("x-kubernetes-validations") if isinstance(extra, dict) else None
+    if not isinstance(rules, list):
+        return []
+    # The CRD's CEL validations (api.py), each {"rule": ..., "message": ...}.
+    return [str(rule["message"]) for rule in rules if isinstance(rule, dict)]
 
 
 def _section(path: str, model: type[BaseModel], lines: list[str]) -> None:

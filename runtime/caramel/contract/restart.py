@@ -46,8 +46,10 @@ class RestartPolicy:
 
     def backoff(self, restarts_so_far: int) -> float:
         """Seconds to wait before restart number restarts_so_far + 1."""
-        return min(self.max_backoff_seconds, self.first_backoff_seconds * 2**restarts_so_far)
+        return min(self.max_backoff_seconds, self.first_backoff_seconds * 2.0**restarts_so_far)
 
     def deadline_passed(self, seconds_running: float) -> bool:
         """Whether a job that has run this long has run out of spec.runPolicy.activeDeadlineSeconds."""
-        return bool(self.active_deadline_seconds) and seconds_running >= self.active_deadline_seconds
+        if not self.active_deadline_seconds:
+            return False
+        return seconds_running >= self.active_deadline_seconds

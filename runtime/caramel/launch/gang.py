@@ -15,6 +15,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from caramel.launch.processes import pump_lines, stop_groups
 
@@ -79,7 +80,7 @@ def run_gang(
                 raise CannotStart(index, error) from error
             members.append(member)
             assert member.stdout is not None, "a member's stdout must be a pipe"
-            pumps.append(pump_lines(member.stdout, lambda line, index=index: lines.put((index, line))))
+            pumps.append(pump_lines(member.stdout, partial(_queue_line, lines, index)))
         running = set(range(size))
         while running:
             _relay(lines, on_line, poll_seconds)
@@ -104,6 +105,11 @@ def run_gang(
             pump.join(timeout=5)
         _relay(lines, on_line, 0)
     return end
+
+
+def _queue_line(lines: queue.Queue[tuple[int, str]], index: int, line: str) -> None:
+    """A member's line, for the caller's thread (`_relay`)."""
+    lines.put((index, line))
 
 
 def _relay(lines: queue.Queue[tuple[int, str]], on_line: Callable[[int, str], None], timeout: float) -> None:

@@ -184,7 +184,7 @@ class LocalRun:
             return None
 
         previous_handlers = {
-            signum: signal.signal(signum, lambda signum, _: stops.append(STOP_REASONS[signum])) for signum in STOP_REASONS
+            signum: signal.signal(signum, lambda signum, _: stops.append(STOP_REASONS[signal.Signals(signum)])) for signum in STOP_REASONS
         }
         try:
             end = run_gang(replicas, start_worker, relay, stop_reason=stop_reason)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import cast
 
 import networkx as nx
 import numpy as np
@@ -89,7 +90,7 @@ class Topology:
             object.__setattr__(self, "groups", self._attachment_groups())
 
     def _attachment_groups(self) -> tuple[str, ...]:
-        first_switch = {}
+        first_switch: dict[str, str] = {}
         for link in self.links:
             for host, other in ((link.a, link.b), (link.b, link.a)):
                 if other in self.switches:
@@ -112,8 +113,8 @@ class Topology:
         return {name: number for number, name in enumerate((*self.hosts, *self.switches))}
 
     @cached_property
-    def graph(self) -> nx.Graph:
-        graph = nx.Graph()
+    def graph(self) -> nx.Graph[int]:
+        graph: nx.Graph[int] = nx.Graph()
         graph.add_nodes_from(range(len(self.hosts) + len(self.switches)))
         graph.add_edges_from((self.index[link.a], self.index[link.b]) for link in self.links)
         return graph
@@ -138,7 +139,7 @@ class Topology:
         return numbers
 
     @cached_property
-    def _switch_graph(self) -> nx.Graph:
+    def _switch_graph(self) -> nx.Graph[int]:
         # A copy, not a view: paths are searched in it for many pairs.
         return nx.Graph(self.graph.subgraph(range(len(self.hosts), len(self.hosts) + len(self.switches))))
 
@@ -168,7 +169,8 @@ class Topology:
 
     @cached_property
     def _link_latencies(self) -> list[float]:
-        return self.latency.tolist()
+        latencies: list[float] = self.latency.tolist()
+        return latencies
 
     def _shortest_paths(self, src: int, dst: int) -> list[list[int]]:
         if self.graph.has_edge(src, dst):
@@ -192,7 +194,11 @@ class Topology:
         """A breadth-first search of the switches from switch `source`, done once: each switch's
         predecessors on the shortest paths from it, and its distance in hops."""
         if source not in self._searches:
-            self._searches[source] = nx.predecessor(self._switch_graph, source, return_seen=True)
+            # networkx's stubs do not narrow its result by its arguments: with return_seen and no
+            # target, it is the pair (predecessors, distances).
+            self._searches[source] = cast(
+                tuple[dict[int, list[int]], dict[int, int]], nx.predecessor(self._switch_graph, source, return_seen=True)
+            )
         return self._searches[source]
 
 

@@ -128,15 +128,15 @@ class GraphSpec(SpecModel):
         return self
 
     def build(self) -> Topology:
-        grouped = [host for host in self.hosts if host.group is not None]
-        if grouped and len(grouped) != len(self.hosts):
+        groups = [host.group for host in self.hosts if host.group is not None]
+        if groups and len(groups) != len(self.hosts):
             missing = next(i for i, host in enumerate(self.hosts) if host.group is None)
             raise ValueError(f"hosts[{missing}].group: give every host a group, or none")
         return Topology(
             hosts=tuple(host.name for host in self.hosts),
             switches=tuple(self.switches),
             links=tuple(Link(*link.between, link.bandwidth, link.latency) for link in self.links),
-            groups=tuple(host.group for host in grouped),
+            groups=tuple(groups),
         )
 
 

@@ -57,7 +57,10 @@ def fat_tree(k: int, bandwidth: float, latency: float = 0.0) -> Topology:
     if k < 2 or k % 2:
         raise ValueError(f"a fat-tree's k must be even and at least 2, got {k}")
     half = k // 2
-    hosts, groups, switches, links = [], [], [], []
+    hosts: list[str] = []
+    groups: list[str] = []
+    switches: list[str] = []
+    links: list[Link] = []
     cores = [f"core{i}-{j}" for i in range(half) for j in range(half)]
     switches += cores
     for pod in range(k):

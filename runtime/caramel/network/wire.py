@@ -4,11 +4,14 @@ topology to its workers; and the topology a worker runs on."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+from typing import TypeVar
 
 from caramel.contract.env import WorkerContract
 from caramel.contract.topology import WireTopology
 from caramel.network.model import Link, Topology
 from caramel.network.synthetic import racks
+
+Value = TypeVar("Value", bound=Hashable)
 
 
 def to_wire(topology: Topology) -> WireTopology:
@@ -29,9 +32,9 @@ def to_wire(topology: Topology) -> WireTopology:
     )
 
 
-def _numbered(values: Iterable[Hashable]) -> dict:
+def _numbered(values: Iterable[Value]) -> dict[Value, int]:
     """Each distinct value and its number, in order of first appearance."""
-    numbers: dict = {}
+    numbers: dict[Value, int] = {}
     for value in values:
         numbers.setdefault(value, len(numbers))
     return numbers

@@ -70,6 +70,7 @@ class LinkObserver:
 
     def __init__(self, window: int = OBSERVATION_WINDOW) -> None:
         self._probes: dict[int, float] = {}
+        self._window = window
         self._transfers: deque[tuple[int, float]] = deque(maxlen=window)
 
     def observe_probe(self, nbytes: int, seconds: float) -> None:
@@ -86,7 +87,7 @@ class LinkObserver:
         """The durations of the transfers remembered, oldest first, padded with UNOBSERVED to
         the window's length: the same shape on every rank, so that ranks agree on them in one
         collective."""
-        durations = np.full(self._transfers.maxlen, UNOBSERVED, dtype=np.float64)
+        durations = np.full(self._window, UNOBSERVED, dtype=np.float64)
         durations[: len(self._transfers)] = [seconds for _, seconds in self._transfers]
         return durations
 

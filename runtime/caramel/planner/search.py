@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 from caramel.contract.api import Scheduling
 from caramel.planner.linkmodel import LinkModel
@@ -45,11 +46,11 @@ def answer(text: str) -> str:
     return json.dumps(plan_document(plan))
 
 
-def plan_document(plan: Plan) -> dict:
+def plan_document(plan: Plan) -> dict[str, Any]:
     return {"transfers": encode(plan.transfers), "batch": asdict(plan.batch), "predicted": plan.predicted_step_seconds}
 
 
-def plan_from(document: dict) -> Plan:
+def plan_from(document: dict[str, Any]) -> Plan:
     return Plan(decode(document["transfers"]), Batch(**document["batch"]), document["predicted"])
 
 
@@ -60,9 +61,11 @@ class Search:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "caramel.planner.search"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
+        stdin = self._process.stdin
+        assert stdin is not None  # stdin=PIPE
         # One line: the search starts as soon as it has read it.
-        self._process.stdin.write(request(tensors, link, scheduling, steps_per_execution) + "\n")
-        self._process.stdin.flush()
+        stdin.write(request(tensors, link, scheduling, steps_per_execution) + "\n")
+        stdin.flush()
 
     def done(self) -> bool:
         """Whether the search has ended (its result is then there without waiting)."""

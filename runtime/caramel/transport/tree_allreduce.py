@@ -201,7 +201,8 @@ class _Collective:
         first use is here: a partial sum added to it (under the chunk's lock) or, where no
         partial sum comes, its sending in the reduce-scatter."""
         values = self.piece(chunk, piece)
-        if self.uncopied[chunk][piece]:
+        # A piece is uncopied only where there is a source (see __init__).
+        if self.source is not None and self.uncopied[chunk][piece]:
             start, stop = self.pieces[chunk][piece]
             np.copyto(values, self.source[start:stop])
             self.uncopied[chunk][piece] = False
@@ -393,7 +394,7 @@ class TreeAllreduce:
             while (item := connection.outbox.get()) is not None:
                 collective, phase, chunk, piece = item
                 header = HEADER.pack(collective.sequence, phase, collective.dtype_code, chunk, piece, collective.work.size)
-                _send_message(connection.sock, header, memoryview(collective.piece(chunk, piece).view(np.uint8)))
+                _send_message(connection.sock, header, collective.piece(chunk, piece).view(np.uint8).data)
                 self._count_message(collective)
         except OSError as error:
             # A peer that finished has received all it needed: a failed send is a failure.
@@ -414,11 +415,11 @@ class TreeAllreduce:
                 self._check(connection, collective, phase, dtype_code, chunk, piece, elements)
                 values = collective.piece(chunk, piece)
                 if phase == ALL_GATHER:
-                    _receive_exactly(connection.sock, memoryview(values.view(np.uint8)))
+                    _receive_exactly(connection.sock, values.view(np.uint8).data)
                     self._finished(collective, chunk, piece)
                 else:
                     incoming = scratch[: values.nbytes].view(values.dtype)
-                    _receive_exactly(connection.sock, memoryview(scratch[: values.nbytes]))
+                    _receive_exactly(connection.sock, scratch[: values.nbytes].data)
                     with collective.locks[chunk]:
                         np.add(collective.own(chunk, piece), incoming, out=values)
                         collective.missing[chunk][piece] -= 1
