@@ -8,7 +8,7 @@ rack has its own background load (a share of each node already requested, drawn 
 then per node around it), so racks differ as they do in a busy cluster. The gang's workers
 request 4 cores and 16 GiB each.
 
-Placements (`caramel_operator.placement`):
+Placements (R-Storm from `caramel_operator.placement`; the baselines are this module's own):
     rstorm          R-Storm: packs the gang near its reference node; ranks by topology
     spread          Kubernetes' default scheduler: each worker on the freest feasible node, ranks
                     in pod order
@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +39,7 @@ import numpy as np
 from caramel.allreduce.simulate import ALGORITHMS, bytes_between_groups, predict_seconds
 from caramel.network.labels import ClusterLinks, Position, gang_topology
 from caramel.network.spec import LinkSpec
-from caramel_operator.placement import Gang, NodeFree, Placement, random_placement, ranked_by_topology, rstorm, spread
+from caramel_operator.placement import Cluster, Gang, NodeFree, Placement, ranked_by_topology, rstorm
 
 GiB = 1024**3
 RACK_SIZE = 20
@@ -71,6 +71,33 @@ def synthetic_cluster(nodes: int, seed: int) -> list[NodeFree]:
             NodeFree(Position(zone, f"{zone}/rack{rack}", f"node{index:03d}"), NODE_CPU * (1 - load_cpu), NODE_MEMORY * (1 - load_memory))
         )
     return cluster
+
+
+def spread(nodes: Sequence[NodeFree], gang: Gang) -> Placement:
+    """Kubernetes' default scheduler's way: each rank, in order, on the feasible node with the
+    most free resources (CPU and memory both hard)."""
+    cluster = Cluster(nodes, gang)
+    cluster.require(cpu_hard=True)
+    chosen = []
+    for _ in range(gang.replicas):
+        feasible = cluster.fits_memory_and_pod_slot() & cluster.fits_cpu()
+        node = int(np.argmax(np.where(feasible, cluster.free_resources(), -np.inf)))
+        cluster.take(node)
+        chosen.append(node)
+    return Placement(nodes=tuple(cluster.nodes[node].name for node in chosen))
+
+
+def random_placement(nodes: Sequence[NodeFree], gang: Gang, seed: int = 0) -> Placement:
+    """Each rank, in order, on a feasible node drawn at random (CPU and memory both hard)."""
+    cluster = Cluster(nodes, gang)
+    cluster.require(cpu_hard=True)
+    generator = np.random.default_rng(seed)
+    chosen = []
+    for _ in range(gang.replicas):
+        node = int(generator.choice(np.flatnonzero(cluster.fits_memory_and_pod_slot() & cluster.fits_cpu())))
+        cluster.take(node)
+        chosen.append(node)
+    return Placement(nodes=tuple(cluster.nodes[node].name for node in chosen))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""R-Storm placement of a gang, the spread and random baselines, and nodes' free resources."""
+"""R-Storm placement of a gang, and nodes' free resources (the placement benchmark's baselines:
+test_placement_baselines.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from caramel.network.labels import Position
 from caramel_operator.node_resources import free_resources, pod_requests
-from caramel_operator.placement import Gang, NodeFree, Unplaceable, random_placement, ranked_by_topology, rstorm, spread
+from caramel_operator.placement import Gang, NodeFree, Unplaceable, ranked_by_topology, rstorm
 
 GiB = 1024**3
 
@@ -67,7 +68,6 @@ def test_placement_is_deterministic_whatever_the_order_of_the_nodes():
     random.Random(7).shuffle(shuffled)
     gang = Gang(replicas=13, cpu=3, memory=10 * GiB)
     assert rstorm(nodes, gang) == rstorm(shuffled, gang)
-    assert spread(nodes, gang) == spread(shuffled, gang)
 
 
 def test_cpu_is_soft_memory_is_hard():
@@ -85,29 +85,10 @@ def test_unplaceable_gangs_say_what_is_short():
     with pytest.raises(Unplaceable, match=r"cannot place 9 workers \(each 1 CPU, 16Gi memory\); short of memory: "
                        r"free memory holds 8 of them \(most free: 32Gi on r0-n0\)"):
         rstorm(nodes, Gang(replicas=9, cpu=1, memory=16 * GiB))
-    with pytest.raises(Unplaceable, match=r"short of cpu: free CPU holds 4 of them \(most free: 8 on r0-n0\)"):
-        spread(nodes, Gang(replicas=5, cpu=8, memory=GiB))
-    lopsided = [node("r0", "cpu-rich", cpu=8, memory_gib=1), node("r0", "memory-rich", cpu=1, memory_gib=8)]
-    with pytest.raises(Unplaceable, match="short of cpu and memory: nodes with both free hold 0 of them"):
-        random_placement(lopsided, Gang(replicas=1, cpu=2, memory=2 * GiB))
     with pytest.raises(Unplaceable, match="no schedulable node"):
         rstorm([], Gang(replicas=1, cpu=1, memory=GiB))
     with pytest.raises(ValueError, match="at least one worker"):
         rstorm(nodes, Gang(replicas=0, cpu=1, memory=GiB))
-
-
-def test_spread_puts_each_worker_on_the_freest_node():
-    nodes = cluster(racks=3, per_rack=4)
-    placement = spread(nodes, Gang(replicas=12, cpu=4, memory=16 * GiB))
-    assert len(set(placement.nodes)) == 12
-
-
-def test_random_placement_is_feasible_and_seeded():
-    nodes = cluster(racks=3, per_rack=4, cpu=8, memory_gib=32)
-    gang = Gang(replicas=20, cpu=2, memory=8 * GiB)
-    first = random_placement(nodes, gang, seed=3)
-    assert first == random_placement(nodes, gang, seed=3) != random_placement(nodes, gang, seed=4)
-    assert max(Counter(first.nodes).values()) <= 4
 
 
 def ready_node(name: str, cpu: str = "4", memory: str = "16Gi", **spec) -> dict:
@@ -170,8 +151,7 @@ def test_a_node_out_of_pod_slots_takes_no_worker():
     nodes = [NodeFree(Position("z", "z/r0", "full"), 64, 256 * GiB, pods=0), node("r0", "small", cpu=4, memory_gib=16),
              NodeFree(Position("z", "z/r0", "two-slots"), 64, 256 * GiB, pods=2)]
     gang = Gang(replicas=3, cpu=1, memory=4 * GiB)
-    for place in (rstorm, spread, random_placement):
-        assert Counter(place(nodes, gang).nodes) == {"two-slots": 2, "small": 1}
+    assert Counter(rstorm(nodes, gang).nodes) == {"two-slots": 2, "small": 1}
     with pytest.raises(Unplaceable, match="pods: the nodes have room for 2 more pods"):
         rstorm(nodes[::2], gang)
 

@@ -1,4 +1,4 @@
-"""Where the workers of a gang run: R-Storm's resource-aware placement, and two baselines.
+"""Where the workers of a gang run: R-Storm's resource-aware placement.
 
 A pure function of plain data: the nodes, each with its free resources (allocatable minus what
 the pods on it request) and its position (zone, rack), and the gang (replicas and each worker's
@@ -27,9 +27,7 @@ each other (a ring or trees over every rank):
    the order placement first used them, so ring neighbours share a node or a rack and a ring
    crosses between racks only once per rack used.
 
-Baselines, for the placement benchmark: `spread` is what Kubernetes' default scheduler does to a
-gang (each pod on the feasible node with the most free resources, CPU and memory both hard;
-ranks in pod order); `random_placement` picks a feasible node at random for each rank.
+`Cluster` is the nodes as arrays, which the placement benchmark's baselines place on as well.
 """
 
 from __future__ import annotations
@@ -101,7 +99,7 @@ class Unplaceable(Exception):
     """The gang does not fit; the message says which resource is short (why the job is pending)."""
 
 
-class _Cluster:
+class Cluster:
     """The nodes as arrays (sorted by name, so that results do not depend on the input's order)."""
 
     def __init__(self, nodes: Sequence[NodeFree], gang: Gang) -> None:
@@ -185,13 +183,13 @@ def largest_fit(nodes: Sequence[NodeFree], gang: Gang, fewest: int) -> int:
     pod slots and CPU the nodes all hold, so that a gang allowed to run smaller
     (spec.workers.minReplicas) runs with workers that all start; `fewest` where not even that many
     get their CPU, which R-Storm may still place (CPU is soft) or say what is short."""
-    room, *_ = _Cluster(nodes, gang).holds(cpu_hard=True)
+    room, *_ = Cluster(nodes, gang).holds(cpu_hard=True)
     return max(fewest, int(min(gang.replicas, room.sum(initial=0))))  # a node stating no limits holds any number
 
 
 def rstorm(nodes: Sequence[NodeFree], gang: Gang, weights: Weights = Weights()) -> Placement:
     """R-Storm's placement of the gang, ranks ordered by topology (see the module's docstring)."""
-    cluster = _Cluster(nodes, gang)
+    cluster = Cluster(nodes, gang)
     cluster.require(cpu_hard=False)
     chosen: list[int] = []
     distance_sum = np.zeros(len(cluster.nodes))
@@ -218,7 +216,7 @@ def rstorm(nodes: Sequence[NodeFree], gang: Gang, weights: Weights = Weights()) 
     return Placement(nodes=ranked_by_topology(names, positions), cpu_short=tuple(short))
 
 
-def _reference_node(cluster: _Cluster, candidates: np.ndarray) -> int:
+def _reference_node(cluster: Cluster, candidates: np.ndarray) -> int:
     """In the rack with the most free resources, the node with the most free resources."""
     free = np.where(candidates, cluster.free_resources(), 0.0)
     rack_free = np.bincount(cluster.rack, weights=free)
@@ -240,33 +238,6 @@ def ranked_by_topology(nodes: Sequence[str], positions: Mapping[str, Position]) 
         return first_use["zone", where.zone], first_use["rack", where.rack], first_use["node", name]
 
     return tuple(sorted(nodes, key=key))
-
-
-def spread(nodes: Sequence[NodeFree], gang: Gang) -> Placement:
-    """Kubernetes' default scheduler's way: each rank, in order, on the feasible node with the
-    most free resources (CPU and memory both hard)."""
-    cluster = _Cluster(nodes, gang)
-    cluster.require(cpu_hard=True)
-    chosen = []
-    for _ in range(gang.replicas):
-        feasible = cluster.fits_memory_and_pod_slot() & cluster.fits_cpu()
-        node = int(np.argmax(np.where(feasible, cluster.free_resources(), -np.inf)))
-        cluster.take(node)
-        chosen.append(node)
-    return Placement(nodes=tuple(cluster.nodes[node].name for node in chosen))
-
-
-def random_placement(nodes: Sequence[NodeFree], gang: Gang, seed: int = 0) -> Placement:
-    """Each rank, in order, on a feasible node drawn at random (CPU and memory both hard)."""
-    cluster = _Cluster(nodes, gang)
-    cluster.require(cpu_hard=True)
-    generator = np.random.default_rng(seed)
-    chosen = []
-    for _ in range(gang.replicas):
-        node = int(generator.choice(np.flatnonzero(cluster.fits_memory_and_pod_slot() & cluster.fits_cpu())))
-        cluster.take(node)
-        chosen.append(node)
-    return Placement(nodes=tuple(cluster.nodes[node].name for node in chosen))
 
 
 def _codes(values: list[str]) -> np.ndarray:
