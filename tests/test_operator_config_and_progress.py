@@ -54,7 +54,7 @@ def test_settings_from_env():
 
 def test_settings_defaults():
     settings = OperatorSettings.from_env({})
-    assert (settings.runtime_image, settings.metrics_port, settings.health_port) == ("caramel:0.1.0", 8000, 8080)
+    assert (settings.runtime_image, settings.metrics_port, settings.health_port) == ("caramel-runtime:0.1.0", 8000, 8080)
     assert (settings.api_request_timeout_seconds, settings.api_connect_timeout_seconds, settings.watch_stall_seconds) == (10, 5, 60)
     assert (settings.reconcile_interval_seconds, settings.restart_backoff_seconds, settings.restart_backoff_max_seconds) == (2, 10, 300)
     assert settings.gang_scheduling_timeout_seconds == 300 and settings.network_policy is True
@@ -76,7 +76,7 @@ def test_settings_from_the_process_environment_and_only_from_a_given_one(monkeyp
     monkeypatch.setenv("caramel_runtime_image", "not/read:lowercase")  # variables are read by their exact names
     settings = OperatorSettings.from_env()
     assert settings.watch_namespaces == ("team-a", "team-b") and settings.links.zone.gbps == 10
-    assert settings.runtime_image == "caramel:0.1.0"
+    assert settings.runtime_image == "caramel-runtime:0.1.0"
     assert OperatorSettings(network_policy=False).watch_namespaces == ("team-a", "team-b")
     assert OperatorSettings.from_env({}) == OperatorSettings.from_env({"CARAMEL_RUNTIME_IMAGE": ""}) != settings
     monkeypatch.setenv("CARAMEL_OPERATOR_METRICS_PORT", "0")

@@ -53,7 +53,7 @@ class OperatorSettings(BaseSettings):
         use_attribute_docstrings=True,
     )
 
-    runtime_image: str = Field("caramel:0.1.0", validation_alias="CARAMEL_RUNTIME_IMAGE")
+    runtime_image: str = Field("caramel-runtime:0.1.0", validation_alias="CARAMEL_RUNTIME_IMAGE")
     """Image of jobs that name no spec.image."""
 
     watch_namespaces: Annotated[tuple[str, ...], NoDecode] = Field((), validation_alias="CARAMEL_WATCH_NAMESPACES")
