@@ -92,6 +92,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from caramel.contract.api import MemoryAllocator
+from caramel.contract.lab import lab_variables
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
@@ -114,8 +115,9 @@ MiB = 1024 * 1024
 @dataclass(frozen=True)
 class Strategy:
     """What a benchmark strategy runs: the worker's strategy, the public API that trains
-    (workloads.APIS), and Caramel's settings (the job's spec.caramel, through the public API)
-    where the worker runs Caramel."""
+    (workloads.APIS), and Caramel's settings (the job's spec.caramel, through the public API, and
+    the ablations of `caramel.contract.lab`, through the job's environment) where the worker runs
+    Caramel."""
 
     worker: str
     api: str | None = None
@@ -124,6 +126,8 @@ class Strategy:
     description: str = ""
     backend: str = HOROVOD
     """Whose collectives move the gradients (HOROVOD or TENSORFLOW): the M of its bound."""
+    lab: dict = field(default_factory=dict)
+    """The lab settings (`caramel.contract.lab.LabScheduling`) of an anchor or ablation."""
 
 
 HVD, TF = {"backend": HOROVOD}, {"backend": TENSORFLOW}
@@ -156,21 +160,23 @@ STRATEGIES = {
     "caramel": Strategy("caramel", None, {}, "Caramel's defaults (backend auto: tensorflow here)", TENSORFLOW),
     "caramel-tape": Strategy("caramel", "tape", {}, "Caramel's tape in a tf.function per step (backend auto: tensorflow here)", TENSORFLOW),
     "caramel-function": Strategy("caramel", "function", {}, "Caramel's tape through ctf.function (backend auto: tensorflow here)", TENSORFLOW),
-    # The anchors and ablations, each through spec.caramel, on Horovod's collectives, as they were
-    # measured before (DeAR's split collectives exist on Horovod's only):
+    # The anchors and ablations, each Caramel with lab settings (no part of the job's API), on
+    # Horovod's collectives, as they were measured before (DeAR's split collectives exist on
+    # Horovod's only):
     "bytescheduler": Strategy(
-        "caramel", None, {**HVD, "batching": "fixed", "minBucketBytes": 4 * MiB, "maxBucketBytes": 4 * MiB},
+        "caramel", None, {**HVD, "minBucketBytes": 4 * MiB, "maxBucketBytes": 4 * MiB},
         "ByteScheduler's recipe in Caramel's graph: priority (next-forward) order, tensors cut into 4 MiB "
-        "partitions, no merging, two transfers (8 MiB) in flight",
+        "partitions, no merging, two transfers (8 MiB) in flight", lab={"batching": "fixed"},
     ),  # fmt: skip
     "dear": Strategy(
-        "caramel", None, {**HVD, "collective": "split"},
+        "caramel", None, HVD,
         "DeAR's decoupling in Caramel's graph: each planned transfer reduce-scattered as soon as its gradients "
         "exist, all-gathered after the step's last reduce-scatter in the order the next forward pass needs them",
+        lab={"collective": "split"},
     ),  # fmt: skip
     "caramel-arrival": Strategy(
-        "caramel", None, {**HVD, "ordering": "arrival"},
-        "Caramel's graph and planned batching with Horovod's order: what the order alone is worth",
+        "caramel", None, HVD, "Caramel's graph and planned batching with Horovod's order: what the order alone is worth",
+        lab={"ordering": "arrival"},
     ),  # fmt: skip
 }
 REMOVED = {
@@ -378,6 +384,8 @@ class Bench:
             warmup = self.args.autotune_warmup
             env |= {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
         chosen = STRATEGIES.get(strategy, Strategy(strategy))  # compute-only and comm-only run as they are named
+        if chosen.lab:
+            env |= lab_variables(**chosen.lab)
         api = chosen.api or default_api(self.args.compute, chosen.worker)
         command = workload.command(chosen.worker, api, steps, warmup, self.args.steps_per_execution, whole_job)
         job = bench_job(

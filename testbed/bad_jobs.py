@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 VALID_SPEC: dict[str, Any] = {
-    "image": "caramel:0.1.0",
+    "image": "caramel-runtime:0.1.0",
     "script": "examples/train_small.py",
     "args": ["--steps", "20"],
     "workingDir": "/app",
     "env": [{"name": "DATA", "value": "/data"}],
     "workers": {"replicas": 2, "slotsPerWorker": 1, "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}},
     "runPolicy": {"backoffLimit": 3, "activeDeadlineSeconds": 600, "ttlSecondsAfterFinished": 60, "cleanPodPolicy": "Running", "suspend": False},
-    "caramel": {"ordering": "auto", "batching": "auto", "minBucketBytes": 65536, "maxBucketBytes": 67108864, "replanIntervalSteps": 20},
+    "caramel": {"backend": "auto", "allreduce": "auto", "minBucketBytes": 65536, "maxBucketBytes": 67108864, "replanIntervalSteps": 20},
     "rendezvous": {"port": 29400},
     "metrics": {"enabled": True, "port": 9401},
     "checkpoint": {"path": "/ckpt", "intervalSteps": 10},
@@ -104,8 +104,10 @@ HAND_WRITTEN: list[BadJob] = [
     _mutated("suspend as a word", "spec.runPolicy.suspend", _set("spec.runPolicy.suspend", "later")),
     _mutated("empty Kueue queue", "spec.runPolicy.schedulingPolicy.queue", _set("spec.runPolicy.schedulingPolicy", {"queue": ""})),
     _mutated("unknown placement policy", "spec.placement.policy", _set("spec.placement", {"policy": "Nearby"})),
-    _mutated("unknown ordering", "spec.caramel.ordering", _set("spec.caramel.ordering", "fastest")),
-    _mutated("unknown batching", "spec.caramel.batching", _set("spec.caramel.batching", "sometimes")),
+    _mutated("unknown backend", "spec.caramel.backend", _set("spec.caramel.backend", "fastest")),
+    _mutated("unknown all-reduce", "spec.caramel.allreduce", _set("spec.caramel.allreduce", "sometimes")),
+    # The benchmarks' ablations are lab settings (caramel.contract.lab), not fields of a job.
+    _mutated("a lab setting as a field", "spec.caramel.collective", _set("spec.caramel.collective", "split")),
     _mutated("smallest bucket above the largest", "spec.caramel", _set("spec.caramel.minBucketBytes", 2**30)),
     _mutated("zero re-plan interval", "spec.caramel.replanIntervalSteps", _set("spec.caramel.replanIntervalSteps", 0)),
     _mutated("privileged rendezvous port", "spec.rendezvous.port", _set("spec.rendezvous.port", 80)),

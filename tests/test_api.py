@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from caramel.contract.api import Batching, CaramelJob, CleanPodPolicy, Ordering
+from caramel.contract.api import Allreduce, Backend, CaramelJob, CleanPodPolicy
 from caramel.contract.jobfile import JobFileError, load_job, parse_job
 from conftest import REPO, runtime_metrics
 
@@ -23,8 +23,8 @@ def test_minimal_job_gets_automatic_defaults():
     job = parse_job(manifest())
     assert job.spec.workers.replicas == 2
     assert job.spec.workers.slots_per_worker == 1
-    assert job.spec.caramel.ordering is Ordering.AUTO
-    assert job.spec.caramel.batching is Batching.AUTO
+    assert job.spec.caramel.backend is Backend.AUTO
+    assert job.spec.caramel.allreduce is Allreduce.AUTO
     assert job.spec.run_policy.clean_pod_policy is CleanPodPolicy.RUNNING
     assert job.spec.run_policy.backoff_limit == 3
     assert job.spec.checkpoint is None
@@ -37,7 +37,7 @@ def test_full_job_reads_camel_case_fields():
             args=["--steps", "5"],
             workers={"replicas": 4, "slotsPerWorker": 2, "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
             runPolicy={"backoffLimit": 0, "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 10, "cleanPodPolicy": "All", "suspend": True},
-            caramel={"ordering": "arrival", "batching": "off", "minBucketBytes": 1, "maxBucketBytes": 2, "replanIntervalSteps": 5},
+            caramel={"backend": "horovod", "allreduce": "ring", "minBucketBytes": 1, "maxBucketBytes": 2, "replanIntervalSteps": 5},
             metrics={"port": 9999},
             checkpoint={"path": "/ckpt", "intervalSteps": 7},
         )
@@ -68,7 +68,8 @@ def test_every_field_is_documented():
         ({"workers": {"replicas": 0}}, "spec.workers.replicas: Input should be greater than or equal to 1 (got 0)"),
         ({"workers": {"replicas": "many"}}, "spec.workers.replicas: Input should be a valid integer"),
         ({"workers": {"replica": 3}}, "spec.workers.replica: unknown field"),
-        ({"caramel": {"batching": "sometimes"}}, "spec.caramel.batching: Input should be 'auto', 'fixed' or 'off'"),
+        ({"caramel": {"allreduce": "sometimes"}}, "spec.caramel.allreduce: Input should be 'auto', 'ring' or 'multitree'"),
+        ({"caramel": {"collective": "split"}}, "spec.caramel.collective: unknown field"),
         ({"caramel": {"minBucketBytes": 10, "maxBucketBytes": 5}}, "spec.caramel: minBucketBytes (10) must not exceed maxBucketBytes (5)"),
         ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy"),
         ({"workers": {"resources": {"limits": {"memory": "lots"}}}}, "spec.workers.resources.limits.memory"),
@@ -79,7 +80,7 @@ def test_every_field_is_documented():
         ({"workers": {"resources": {"limits": {"memory": -1}}}}, "spec.workers.resources.limits.memory: must be a Kubernetes quantity"),
         ({"workers": {"resources": {"limits": {"memory": "-1Gi"}}}}, "spec.workers.resources.limits.memory: must be a Kubernetes quantity"),
         ({"workers": {"resources": {"requests": {"cpu": 0.5}}}}, "spec.workers.resources.requests.cpu: must be a Kubernetes quantity"),
-        ({"image": ""}, "spec.image: must be a container image reference such as caramel:0.1.0"),
+        ({"image": ""}, "spec.image: must be a container image reference such as caramel-runtime:0.1.0"),
         ({"image": "my image:1"}, "spec.image: must be a container image reference"),
         ({"image": "Team/Train:1"}, "spec.image: must be a container image reference"),
         ({"image": "train:"}, "spec.image: must be a container image reference"),

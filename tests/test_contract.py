@@ -9,6 +9,7 @@ from caramel.allreduce.simulate import choose_allreduce
 from caramel.contract.api import MemoryAllocator
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract, slot_env, worker_command, worker_env, worker_name
 from caramel.contract.jobfile import parse_job
+from caramel.contract.lab import Batching, Collective, LabScheduling, Ordering, lab_variables
 from caramel.contract.ports import PortMap
 from caramel.contract.restart import RestartPolicy
 from caramel.network.synthetic import racks
@@ -75,7 +76,7 @@ def test_metrics_disabled_gives_no_port():
 
 
 def test_contract_round_trips_scheduling_and_checkpoint():
-    the_job = job(caramel={"batching": "off", "minBucketBytes": 512, "maxBucketBytes": 1024}, checkpoint={"path": "/ckpt", "intervalSteps": 5})
+    the_job = job(caramel={"allreduce": "ring", "minBucketBytes": 512, "maxBucketBytes": 1024}, checkpoint={"path": "/ckpt", "intervalSteps": 5})
     worker = worker_env(the_job, 1, CLUSTER_PEERS)
     contract = WorkerContract.from_env({**worker, **slot_env(worker, 1)})
     assert contract.scheduling == the_job.spec.caramel
@@ -84,6 +85,16 @@ def test_contract_round_trips_scheduling_and_checkpoint():
     assert contract.worker_index == 1
     assert contract.slots_per_worker == 2
     assert contract.rendezvous_addr == CLUSTER_PEERS[0]
+
+
+def test_lab_settings_reach_the_worker_through_the_jobs_environment_and_a_bad_one_is_named():
+    default = WorkerContract.from_env(worker_env(job(), 0, CLUSTER_PEERS)).lab
+    assert (default.ordering, default.batching, default.collective) == (Ordering.AUTO, Batching.AUTO, Collective.ALLREDUCE)
+    variables = lab_variables(ordering="arrival", batching="off", collective="split")
+    worker = worker_env(job(env=[{"name": name, "value": value} for name, value in variables.items()]), 0, CLUSTER_PEERS)
+    assert WorkerContract.from_env(worker).lab == LabScheduling(ordering=Ordering.ARRIVAL, batching=Batching.OFF, collective=Collective.SPLIT)
+    with pytest.raises(RuntimeError, match="CARAMEL_LAB_SCHEDULING: batching: Input should be 'auto', 'fixed' or 'off'"):
+        WorkerContract.from_env({**worker, "CARAMEL_LAB_SCHEDULING": '{"batching": "sometimes"}'})
 
 
 def test_the_memory_allocator_reaches_the_worker_and_a_bad_one_is_named():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from caramel.contract.lab import lab_variables
 from caramel.planner.rounds import settled_step
 from conftest import job_manifest, run_caramel, write_manifest
 from examples import train_small
@@ -17,13 +18,14 @@ from examples import train_small
 pytestmark = pytest.mark.e2e
 
 MODES = {
-    "automatic": {},
-    "horovod-order-unbatched": {"ordering": "arrival", "batching": "off"},
-    "small-chunks": {"batching": "fixed", "minBucketBytes": 1024, "maxBucketBytes": 4096},
-    "replanning": {"minBucketBytes": 4096, "maxBucketBytes": 262144, "replanIntervalSteps": 3},
+    # Each mode: spec.caramel, and the benchmarks' ablations (caramel.contract.lab) in the job's environment.
+    "automatic": ({}, {}),
+    "horovod-order-unbatched": ({}, {"ordering": "arrival", "batching": "off"}),
+    "small-chunks": ({"minBucketBytes": 1024, "maxBucketBytes": 4096}, {"batching": "fixed"}),
+    "replanning": ({"minBucketBytes": 4096, "maxBucketBytes": 262144, "replanIntervalSteps": 3}, {}),
     # Re-planning often: the replanner's probes go through the trees between graph executions.
-    "multitree": {"allreduce": "multitree", "minBucketBytes": 4096, "maxBucketBytes": 65536, "replanIntervalSteps": 3},
-    "split-collectives": {"collective": "split", "minBucketBytes": 4096, "maxBucketBytes": 65536},
+    "multitree": ({"allreduce": "multitree", "minBucketBytes": 4096, "maxBucketBytes": 65536, "replanIntervalSteps": 3}, {}),
+    "split-collectives": ({"minBucketBytes": 4096, "maxBucketBytes": 65536}, {"collective": "split"}),
 }
 APIS = ("tape-fit", "optimizer-fit", "tape-loop", "eager", "keras")
 BACKENDS = ("tensorflow", "horovod")
@@ -91,15 +93,18 @@ def test_every_public_path_matches_synchronous_sgd(tmp_path, expected, api, back
 def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode, backend):
     if mode == "split-collectives" and backend == "tensorflow":
         pytest.skip("TensorFlow has no reduce-scatter on the CPU: test_split_collectives_are_refused_on_tensorflow")
+    caramel, lab = MODES[mode]
     # Several steps per graph, with a step count that leaves a shorter last execution.
-    assert_same_weights(trained_weights(tmp_path, "tape-fit", {**MODES[mode], "backend": backend}, steps_per_execution=4), expected)
+    weights, _ = train(tmp_path, "tape-fit", {**caramel, "backend": backend}, steps_per_execution=4, env=lab_variables(**lab))
+    assert_same_weights(weights, expected)
 
 
 def test_split_collectives_are_refused_on_tensorflow(tmp_path):
-    manifest = job_manifest(caramel={"collective": "split", "backend": "tensorflow"}, workers={"replicas": RANKS})
+    env = [{"name": name, "value": value} for name, value in lab_variables(collective="split").items()]
+    manifest = job_manifest(caramel={"backend": "tensorflow"}, workers={"replicas": RANKS}, env=env)
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode != 0
-    assert "spec.caramel.collective: split needs reduce-scatter, which the tensorflow backend has not on the CPU" in result.stderr
+    assert "CARAMEL_LAB_SCHEDULING collective split needs reduce-scatter, which the tensorflow backend has not on the CPU" in result.stderr
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

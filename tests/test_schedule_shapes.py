@@ -7,7 +7,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from caramel.contract.api import Batching, Ordering, Scheduling
+from caramel.contract.api import Scheduling
+from caramel.contract.lab import Batching, Ordering
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.schedule import (
     Batch,

@@ -55,7 +55,7 @@ QUANTITY_PATTERN = (
 PATTERN_MEANINGS = {
     JOB_NAME_PATTERN: "lower-case letters, digits and '-', starting with a letter and not ending with '-'",
     ENV_NAME_PATTERN: "letters, digits and '_', not starting with a digit",
-    IMAGE_PATTERN: "a container image reference such as caramel:0.1.0 or registry.example.com/team/train:2 "
+    IMAGE_PATTERN: "a container image reference such as caramel-runtime:0.1.0 or registry.example.com/team/train:2 "
     "(lower-case repository, no spaces)",
     QUANTITY_PATTERN: "a Kubernetes quantity such as 2, 500m or 4Gi",
     ABSOLUTE_PATH_PATTERN: "an absolute path, starting with /",
@@ -248,22 +248,6 @@ class PlacementSpec(ApiModel):
     operator may not read the cluster's nodes (namespaced RBAC), which the scheduler places."""
 
 
-class Ordering(StrEnum):
-    """The order in which gradients are transferred."""
-
-    AUTO = "auto"
-    TIC = "tic"
-    ARRIVAL = "arrival"
-
-
-class Batching(StrEnum):
-    """How gradients are grouped into transfers."""
-
-    AUTO = "auto"
-    FIXED = "fixed"
-    OFF = "off"
-
-
 class Allreduce(StrEnum):
     """The algorithm that all-reduces the gradients."""
 
@@ -280,15 +264,10 @@ class Backend(StrEnum):
     HOROVOD = "horovod"
 
 
-class Collective(StrEnum):
-    """How a planned transfer averages its gradients."""
-
-    ALLREDUCE = "allreduce"
-    SPLIT = "split"
-
-
 class Scheduling(ApiModel):
-    """Caramel's communication scheduling. The defaults choose everything automatically."""
+    """Caramel's communication scheduling: gradients are sent first where the next forward pass
+    reads them first (TicTac), in buckets Caramel plans within the bounds below. The defaults
+    choose everything automatically."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -303,16 +282,6 @@ class Scheduling(ApiModel):
             ]
         }
     )
-
-    ordering: Ordering = Ordering.AUTO
-    """Transfer order: tic sends first the parameters the next forward pass reads first (TicTac);
-    arrival keeps the order backpropagation produces gradients in (Horovod's); auto lets Caramel
-    choose, which today is tic."""
-
-    batching: Batching = Batching.AUTO
-    """Grouping of gradients into transfers: off sends every tensor on its own; fixed packs
-    buckets of up to maxBucketBytes; auto lets Caramel plan the buckets, which while all gradients
-    are handed over together is the fewest buckets of up to maxBucketBytes."""
 
     min_bucket_bytes: int = Field(64 * 1024, ge=1)
     """Smallest bucket size the batching planner tries, in bytes. It is not a floor on every
@@ -335,11 +304,6 @@ class Scheduling(ApiModel):
     horovod.tensorflow`, which Caramel serves) where Horovod is installed, tensorflow otherwise.
     Either way Caramel schedules the transfers, and falls back to the backend's own way where
     that measured faster."""
-
-    collective: Collective = Collective.ALLREDUCE
-    """allreduce averages each planned transfer in one collective; split (DeAR's decoupling)
-    reduce-scatters it as soon as its gradients exist and all-gathers it after the step's last
-    reduce-scatter, in the order the next forward pass reads the parameters."""
 
     allreduce: Allreduce = Allreduce.AUTO
     """All-reduce algorithm: ring is Horovod's; multitree runs MULTITREE's trees over the job's

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from caramel.contract.api import CaramelJob, Checkpoint, MemoryAllocator, Scheduling, Tuning
+from caramel.contract.lab import LAB_SCHEDULING, LabScheduling
 from caramel.contract.ports import (
     COLLECTIVE_PORT,
     METRICS_PORT,
@@ -157,6 +158,8 @@ class WorkerContract:
     """How long to wait for the other workers (HOROVOD_GLOO_TIMEOUT_SECONDS, which worker 0's Gloo
     obeys too)."""
     scheduling: Scheduling
+    lab: LabScheduling
+    """The benchmarks' ablations (CARAMEL_LAB_SCHEDULING, `caramel.contract.lab`); the defaults otherwise."""
     memory_allocator: MemoryAllocator
     checkpoint: Checkpoint | None
     tuning: Tuning | None
@@ -230,6 +233,7 @@ class WorkerContract:
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
             rendezvous_timeout_seconds=float(environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or RENDEZVOUS_TIMEOUT_SECONDS),
             scheduling=Scheduling.model_validate_json(environ.get("CARAMEL_SCHEDULING", "{}")),
+            lab=LabScheduling.parse(environ.get(LAB_SCHEDULING)),
             memory_allocator=_memory_allocator(environ.get("CARAMEL_MEMORY_ALLOCATOR")),
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             tuning=Tuning.model_validate_json(tuning) if tuning else None,

@@ -24,7 +24,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from caramel.contract.api import Batching, Ordering, Scheduling
+from caramel.contract.api import Scheduling
+from caramel.contract.lab import Batching, LabScheduling, Ordering
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.transfers import Piece, Transfer
 
@@ -238,12 +239,12 @@ def initial_plan(tensors: Sequence[TensorCost], scheduling: Scheduling) -> Plan:
     return Plan(transfers, batch, math.nan)
 
 
-def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling) -> list[Batch]:
+def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling, lab: LabScheduling = LabScheduling()) -> list[Batch]:
     low, high = scheduling.min_bucket_bytes, scheduling.max_bucket_bytes
     sizes = sorted({min(high, max(low, size)) for size in CANDIDATE_SIZES})
     few_enough = [size for size in sizes if sum(-(-t.nbytes // size) for t in tensors) <= MAX_PIECES]
     sizes = few_enough or sizes[-1:]
-    if scheduling.batching is not Batching.AUTO:
+    if lab.batching is not Batching.AUTO:
         return [Batch(min_bytes=0, max_bytes=high, chunk_bytes=high)]
     forward = sum(tensor.forward_seconds for tensor in tensors)
     spans = sorted({fraction * forward for fraction in CANDIDATE_SPANS}) if forward > 0 else [math.inf]
@@ -258,15 +259,17 @@ def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling) -> 
     ]
 
 
-def best_schedule(tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling, steps_per_execution: int | None = None) -> Plan:
+def best_schedule(
+    tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling, steps_per_execution: int | None = None, lab: LabScheduling = LabScheduling()
+) -> Plan:
     """Among the candidate batchings' schedules predicted (`simulate`, for executions of
     `steps_per_execution` steps where given) within PREDICTION_TOLERANCE of the fastest, the one
     with the fewest transfers (the fastest of those; the first candidate of equals, so every
     rank picks the same)."""
-    ordering = Ordering.ARRIVAL if scheduling.ordering is Ordering.ARRIVAL else Ordering.TIC
+    ordering = Ordering.ARRIVAL if lab.ordering is Ordering.ARRIVAL else Ordering.TIC
     plans = []
-    for batch in candidate_batches(tensors, scheduling):
-        transfers = build_schedule(tensors, link, batch, ordering, scheduling.batching)
+    for batch in candidate_batches(tensors, scheduling, lab):
+        transfers = build_schedule(tensors, link, batch, ordering, lab.batching)
         plans.append(Plan(transfers, batch, simulate(tensors, transfers, link, steps_per_execution)))
     fastest = min(plan.predicted_step_seconds for plan in plans)
     good_enough = [plan for plan in plans if plan.predicted_step_seconds <= fastest * (1 + PREDICTION_TOLERANCE) + 1e-9]

@@ -37,7 +37,8 @@ import numpy as np
 import tensorflow as tf
 
 from caramel.allreduce.simulate import choose_allreduce
-from caramel.contract.api import Allreduce, Collective, Tuning
+from caramel.contract.api import Allreduce, Tuning
+from caramel.contract.lab import LAB_SCHEDULING, Collective
 from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
 from caramel.planner.linkmodel import LinkModel
@@ -74,12 +75,13 @@ class GradientCommunicator:
         self.contract = contract
         self.backend = backend
         self.scheduling = contract.scheduling
-        if self.scheduling.collective is Collective.SPLIT and not hasattr(backend, "reduce_scatter"):
+        self.lab = contract.lab
+        if self.lab.collective is Collective.SPLIT and not hasattr(backend, "reduce_scatter"):
             raise ValueError(
-                f"spec.caramel.collective: split needs reduce-scatter, which the {backend.name} backend has not on the CPU "
+                f"{LAB_SCHEDULING} collective split needs reduce-scatter, which the {backend.name} backend has not on the CPU "
                 "(TensorFlow's CollectiveReduceScatterV2 has no CPU kernel); use collective allreduce or backend horovod"
             )
-        self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning), backend)
+        self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning), backend, self.lab)
         self.selector = ArmSelector(backend)
         self.algorithm: str | None = None
         """ring or multitree, chosen when the first graph's gradients are seen."""
@@ -115,7 +117,7 @@ class GradientCommunicator:
             return [*self.backend.own_way(gradients, op), *(tf.zeros([1], gradients[t.pieces[0].tensor].dtype) for t in transfers)]
 
         def planned() -> list[tf.Tensor]:
-            if self.scheduling.collective is Collective.SPLIT:
+            if self.lab.collective is Collective.SPLIT:
                 averaged, done = run_split_transfers(gradients, transfers, Chain(), self.backend)
             else:
                 averaged, done = run_transfers(gradients, transfers, Chain(), reduce)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from caramel.contract.api import Scheduling
+from caramel.contract.lab import LabScheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
 from caramel.planner.schedule import (
     PAYBACK_STEPS,
@@ -81,8 +82,9 @@ class _PendingSearch:
 class Replanner:
     """The plan in force for one model's gradients, and its re-planning."""
 
-    def __init__(self, scheduling: Scheduling, link: LinkModel, backend: Backend) -> None:
+    def __init__(self, scheduling: Scheduling, link: LinkModel, backend: Backend, lab: LabScheduling = LabScheduling()) -> None:
         self.scheduling = scheduling
+        self.lab = lab
         self.backend = backend
         self.link = link
         self.plan: Plan | None = None
@@ -200,7 +202,7 @@ class Replanner:
         link = self._observer.model(previous=self.link, transfer_seconds=least.numpy())
         measured = typical_backward_seconds(self._recent)
         tensors = measured_costs(self._tensors, measured) if measured else self._tensors
-        search = Search(tensors, link, self.scheduling, self.steps_per_execution) if self.backend.rank == 0 else None
+        search = Search(tensors, link, self.scheduling, self.steps_per_execution, self.lab) if self.backend.rank == 0 else None
         self._search_start_seconds = time.perf_counter() - started
         return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
 
