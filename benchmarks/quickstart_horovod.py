@@ -24,6 +24,7 @@ import time
 import tensorflow as tf
 
 from benchmarks.plain_horovod import horovod_tensorflow, variables_of
+from benchmarks.workloads import example_script
 from caramel.contract.progress import ProgressReport, format_report
 
 
@@ -41,18 +42,19 @@ def main() -> None:
     args = parse_args()
     hvd = horovod_tensorflow()
     hvd.init()
-    from examples import train_small  # its module-level tensors after Horovod's set-up, as a script's would be
+    train_small = example_script("train_small")  # its module-level tensors after Horovod's set-up, as a script's would be
+    loss_of, batch = train_small["LOSS"], train_small["batch"]
 
-    tf.keras.utils.set_random_seed(train_small.SEED)
-    model = train_small.build_model(args.hidden)
-    optimizer = train_small.build_optimizer(args.learning_rate)
+    tf.keras.utils.set_random_seed(train_small["SEED"])
+    model = train_small["build_model"](args.hidden)
+    optimizer = train_small["build_optimizer"](args.learning_rate)
     optimizer.build(model.trainable_variables)
     hvd.broadcast_variables(variables_of([*model.variables, *optimizer.variables]), root_rank=0)
 
     @tf.function
     def train_step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            loss = train_small.LOSS(labels, model(features, training=True))
+            loss = loss_of(labels, model(features, training=True))
         gradients = hvd.DistributedGradientTape(tape).gradient(loss, variables_of(model.trainable_variables))
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
@@ -60,7 +62,7 @@ def main() -> None:
     seconds, loss = [], float("nan")
     for step in range(1, args.steps + 1):
         started = time.perf_counter()
-        loss = float(train_step(*train_small.batch(step, hvd.rank(), args.batch_size)))
+        loss = float(train_step(*batch(step, hvd.rank(), args.batch_size)))
         seconds.append(time.perf_counter() - started)
     if hvd.rank() == 0:
         median = statistics.median(seconds[1:] or seconds or [0.0])

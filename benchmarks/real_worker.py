@@ -44,7 +44,7 @@ from benchmarks import mwms
 from benchmarks.loops import for_a_long_training, train_in_executions, train_per_step, training_step
 from benchmarks.plain_horovod import horovod_tensorflow, variables_of
 from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, allreduce_all_at_once_tf, caramel_details, print_summary, rank
-from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, RealModel, default_api, warmup_steps
+from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, RealModel, default_api, example_script, warmup_steps
 from caramel.tensorflow.keras import TrainingCallback
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION
 
@@ -65,33 +65,31 @@ class Example:
     """(step, rank) -> (inputs, labels)"""
 
 
-# The examples are imported where a model is built, once the worker has joined its ranks: their
-# module-level tensors initialise TensorFlow's runtime, after which MultiWorkerMirroredStrategy can
-# no longer set up its collectives.
+# The examples' definitions are run where a model is built, once the worker has joined its ranks:
+# their module-level tensors initialise TensorFlow's runtime, after which
+# MultiWorkerMirroredStrategy can no longer set up its collectives.
 
 
 def resnet50(spec: RealModel) -> Example:
-    from examples import train_resnet50
-
-    tf.keras.utils.set_random_seed(train_resnet50.SEED)
+    example = example_script("train_resnet50")
+    tf.keras.utils.set_random_seed(example["SEED"])
     size, classes = RESNET50_IMAGE_SIZE, RESNET50_CLASSES
     return Example(
-        train_resnet50.build_model(size, classes),
-        train_resnet50.build_optimizer(LEARNING_RATE),
-        train_resnet50.LOSS,
-        lambda step, rank: train_resnet50.batch(step, rank, spec.batch_size, size, classes),
+        example["build_model"](size, classes),
+        example["build_optimizer"](LEARNING_RATE),
+        example["LOSS"],
+        lambda step, rank: example["batch"](step, rank, spec.batch_size, size, classes),
     )
 
 
 def small(spec: RealModel) -> Example:
-    from examples import train_small
-
-    tf.keras.utils.set_random_seed(train_small.SEED)
+    example = example_script("train_small")
+    tf.keras.utils.set_random_seed(example["SEED"])
     return Example(
-        train_small.build_model(SMALL_HIDDEN),
-        train_small.build_optimizer(LEARNING_RATE),
-        train_small.LOSS,
-        lambda step, rank: train_small.batch(step, rank, spec.batch_size),
+        example["build_model"](SMALL_HIDDEN),
+        example["build_optimizer"](LEARNING_RATE),
+        example["LOSS"],
+        lambda step, rank: example["batch"](step, rank, spec.batch_size),
     )
 
 

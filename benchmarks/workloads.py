@@ -12,14 +12,26 @@ TensorFlow to know the gradient bytes.
 
 from __future__ import annotations
 
+import runpy
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from benchmarks.profiles import BYTES_PER_PARAMETER, NAMES, Profile, load_profile, scaled
 from caramel.planner.rounds import settled_step
 
 EMULATED_WORKER = "benchmarks.emulated_worker"
 REAL_WORKER = "benchmarks.real_worker"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def example_script(name: str) -> dict[str, Any]:
+    """The definitions of the example script examples/<name>.py (its model, optimizer, loss and
+    batches), run from its file as `python examples/<name>.py` would run them, without its
+    main(): the benchmarks train the examples' own models, and the examples stay scripts that
+    nothing imports."""
+    return runpy.run_path(str(EXAMPLES / f"{name}.py"))
 
 
 def warmup_steps(steps_per_execution: int) -> int:

@@ -1,5 +1,5 @@
 """A training process for the test that scripts written for Horovod's API give the results of
-synchronous SGD: the small example's model and data (examples/train_small.py), trained through
+synchronous SGD: the tests' small model and data (testbed/small_model.py), trained through
 Caramel's `horovod` package as Horovod's examples train, rank 0 saving its final weights.
 
     --api tape    `import horovod.tensorflow as hvd`: a tf.function per step with
@@ -39,8 +39,8 @@ def main() -> None:
     hvd = importlib.import_module("horovod.tensorflow" if args.api == "tape" else "horovod.tensorflow.keras")
     hvd.init()
     # After init, as Horovod scripts do: on TensorFlow's collectives, tensors made before the
-    # ranks join (train_small's teacher) live on a device that a graph made after cannot use.
-    from examples.train_small import SEED, build_model
+    # ranks join (small_model's teacher) live on a device that a graph made after cannot use.
+    from testbed.small_model import SEED, build_model
 
     tf.keras.utils.set_random_seed(SEED + hvd.rank())
     model = build_model(args.hidden)
@@ -55,7 +55,7 @@ def main() -> None:
 
 
 def train_with_tape(hvd, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer, steps: int, batch_size: int) -> None:
-    from examples.train_small import LOSS, batch
+    from testbed.small_model import LOSS, batch
 
     @tf.function
     def training_step(features, labels, first_batch):
@@ -74,7 +74,7 @@ def train_with_tape(hvd, model: tf.keras.Model, optimizer: tf.keras.optimizers.O
 
 
 def train_with_fit(hvd, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer, args: argparse.Namespace) -> None:
-    from examples.train_small import LOSS, batch
+    from testbed.small_model import LOSS, batch
 
     model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss=LOSS, experimental_run_tf_function=False)
     callbacks = [hvd.callbacks.MetricAverageCallback(), hvd.callbacks.BroadcastGlobalVariablesCallback(0)]

@@ -14,21 +14,23 @@ import numpy as np
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+TRAINABLE_VARIABLE = re.compile(r"optimizer/(?:.+/)?_trainable_variables/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE")
 
 
-def checkpoint_weights(directory: Path, hidden: int) -> dict[str, np.ndarray]:
-    """The trainable weights of the latest checkpoint in `directory` of a run of the small example
-    (examples/train_small.py, its hidden width `hidden`), restored into that model: Keras 3 keeps
-    no fixed names for them in a checkpoint."""
+def checkpoint_weights(directory: Path) -> dict[str, np.ndarray]:
+    """The trainable weights in the latest checkpoint in `directory` of a Caramel run, by index,
+    read without the script's model: a Keras 3 optimizer tracks the weights it updates, in the
+    model's order, as its `_trainable_variables`, and the checkpoint names them there only."""
     import tensorflow as tf
 
-    from examples import train_small
-
-    model = train_small.build_model(hidden)
-    optimizer = train_small.build_optimizer(train_small.DEFAULT_LEARNING_RATE)
-    optimizer.build(model.trainable_variables)
-    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(tf.train.latest_checkpoint(str(directory))).expect_partial()
-    return {f"trainable variable {index}": variable.numpy() for index, variable in enumerate(model.trainable_variables)}
+    latest = tf.train.latest_checkpoint(str(directory))
+    reader = tf.train.load_checkpoint(latest)
+    found = {
+        int(match[1]): reader.get_tensor(name)
+        for name, _ in tf.train.list_variables(latest)
+        if (match := TRAINABLE_VARIABLE.fullmatch(name))
+    }
+    return {f"trainable variable {index}": found[index] for index in sorted(found)}
 
 
 def digests(output: str) -> dict[int, str]:

@@ -16,7 +16,7 @@ import weakref
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from examples.train_small import DEFAULT_LEARNING_RATE, LOSS, batch, build_model, build_optimizer
+from testbed.small_model import DEFAULT_LEARNING_RATE, LOSS, batch, build_model, build_optimizer
 
 TRACES = 3
 

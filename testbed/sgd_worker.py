@@ -1,5 +1,5 @@
-"""A training process for the correctness tests: the small example's model, trained through one
-of Caramel's public paths, its final weights saved by rank 0.
+"""A training process for the correctness tests: the tests' small model (testbed/small_model.py),
+trained through one of Caramel's public paths, its final weights saved by rank 0.
 
     --api tape-fit       TrainingRun.fit with ctf.DistributedGradientTape, several steps per graph
     --api optimizer-fit  TrainingRun.fit with ctf.DistributedOptimizer
@@ -22,7 +22,7 @@ import tensorflow as tf
 import caramel.tensorflow as ctf
 from caramel.tensorflow.keras import TrainingCallback
 from caramel.tensorflow.training import TrainingRun
-from examples.train_small import DEFAULT_LEARNING_RATE, LOSS, SEED, batch, build_model, build_optimizer
+from testbed.small_model import DEFAULT_LEARNING_RATE, LOSS, SEED, batch, build_model, build_optimizer
 
 APIS = ("tape-fit", "optimizer-fit", "tape-loop", "eager", "keras")
 

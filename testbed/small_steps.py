@@ -1,5 +1,6 @@
-"""The small example's model trained through `ctf.function`, several steps per execution, on each
-rank's own synthetic batches: what several test workers run before they look at the outcome."""
+"""The tests' small model (testbed/small_model.py) trained through `ctf.function`, several steps
+per execution, on each rank's own synthetic batches: what several test workers run before they
+look at the outcome."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from examples.train_small import DEFAULT_LEARNING_RATE, LOSS, batch, build_model, build_optimizer
+from testbed.small_model import DEFAULT_LEARNING_RATE, LOSS, batch, build_model, build_optimizer
 
 
 def train(

@@ -13,7 +13,7 @@ import tensorflow as tf
 from caramel.contract.lab import lab_variables
 from caramel.planner.rounds import settled_step
 from conftest import job_manifest, run_caramel, write_manifest
-from examples import train_small
+from testbed import small_model
 
 pytestmark = pytest.mark.e2e
 
@@ -34,13 +34,13 @@ RANKS, STEPS, BATCH, HIDDEN = 2, 15, 16, 32
 
 def synchronous_sgd(steps: int = STEPS) -> list[np.ndarray]:
     """Plain synchronous SGD in this process: one model, the global batch of every rank."""
-    tf.keras.utils.set_random_seed(train_small.SEED)
-    model = train_small.build_model(HIDDEN)
-    optimizer = train_small.build_optimizer(train_small.DEFAULT_LEARNING_RATE)
+    tf.keras.utils.set_random_seed(small_model.SEED)
+    model = small_model.build_model(HIDDEN)
+    optimizer = small_model.build_optimizer(small_model.DEFAULT_LEARNING_RATE)
     for step in range(1, steps + 1):
         with tf.GradientTape() as tape:
-            batches = [train_small.batch(step, rank, BATCH) for rank in range(RANKS)]
-            loss = tf.add_n([train_small.LOSS(labels, model(features)) for features, labels in batches]) / RANKS
+            batches = [small_model.batch(step, rank, BATCH) for rank in range(RANKS)]
+            loss = tf.add_n([small_model.LOSS(labels, model(features)) for features, labels in batches]) / RANKS
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
     return [variable.numpy() for variable in model.trainable_variables]
 

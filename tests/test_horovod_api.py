@@ -582,7 +582,7 @@ def synchronous_sgd(api: str, epochs: int, steps_per_epoch: int, warmup_epochs: 
     its own weights; the Keras script takes them before training, and warms the learning rate up
     batch by batch with Horovod's momentum correction (the coefficient times new / old rate for
     that batch)."""
-    from examples.train_small import LOSS, SEED, batch, build_model
+    from testbed.small_model import LOSS, SEED, batch, build_model
 
     models = []
     for rank in range(RANKS):

@@ -39,7 +39,7 @@ def test_fit_resumes_at_the_checkpointed_epoch_with_the_weights_of_an_uninterrup
     assert second.returncode == 0, second.stderr
     assert re.search(r"restored .*ckpt-12 at step 12", second.stderr), second.stderr
 
-    expected, resumed = checkpoint_weights(tmp_path / "straight", HIDDEN), checkpoint_weights(tmp_path / "resumed", HIDDEN)
+    expected, resumed = checkpoint_weights(tmp_path / "straight"), checkpoint_weights(tmp_path / "resumed")
     assert expected.keys() == resumed.keys() and len(expected) == 6
     for name in expected:
         np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)

@@ -129,22 +129,24 @@ def test_a_job_succeeds_in_a_restricted_namespace_with_progress_and_a_network_po
 # Every step of a paced job takes at least PACE_SECONDS, however fast the nodes: its 120 steps
 # last over a minute, so each disruption below lands with 30 s or more to spare. (Unpaced, the
 # job once finished before the pod deletion landed.) The pause is in the data pipeline: the
-# weights are those of train_small.py's own run.
+# weights are those of train_small.py's own run. The example is a script, not a module: its
+# definitions are run from its file (its main() not called), and its main() then reads the
+# paced batches from its own globals.
 PACE_SECONDS = 0.5
 PACED_TRAINING = f"""
-import sys, time
+import runpy, time
 import tensorflow as tf
-import examples.train_small as small
 
-unpaced = small.batch
+main = runpy.run_path("examples/train_small.py")["main"]
+unpaced = main.__globals__["batch"]
 
 def paced(step, rank, size):
     pause = tf.py_function(lambda: time.sleep({PACE_SECONDS}) or 0, [], tf.int32)
     with tf.control_dependencies([pause]):
         return tuple(tf.identity(part) for part in unpaced(step, rank, size))
 
-small.batch = paced
-small.main()
+main.__globals__["batch"] = paced
+main()
 """
 
 
@@ -171,7 +173,7 @@ def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namesp
     # Kill the training process inside worker 0 (no procps in the image: /proc by hand).
     kill = ("import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
             "    argv = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
-            "    if b'examples.train_small' in argv and b'caramel.launch.entrypoint' not in argv: os.kill(int(pid), signal.SIGKILL)")
+            "    if b'examples/train_small.py' in argv and b'caramel.launch.entrypoint' not in argv: os.kill(int(pid), signal.SIGKILL)")
     kubectl("exec", "-n", namespace.name, "resumed-worker-0", "--", "python", "-c", kill, check=False)
     eventually(lambda: namespace.job("resumed")["status"].get("restarts", 0) >= 2, 300, "a restart after the kill", interval=2)
     assert namespace.wait_for_phase("resumed", {"Succeeded", "Failed"}) == "Succeeded"
@@ -288,7 +290,7 @@ def operator_pod(operator_release: str) -> dict:
 def test_worker_0_waits_for_a_peer_that_starts_late(namespace):
     """Gloo's default of 30 s aborted the gang whenever a peer started later (pending for CPU,
     pulling its image), and the failure counted against backoffLimit."""
-    late = "import os, time\ntime.sleep(45 if os.environ['HOROVOD_RANK'] == '1' else 0)\nimport examples.train_small as small\nsmall.main()\n"
+    late = "import os, runpy, time\ntime.sleep(45 if os.environ['HOROVOD_RANK'] == '1' else 0)\nrunpy.run_path('examples/train_small.py', run_name='__main__')\n"
     namespace.apply(training_command("late", late))
     assert namespace.wait_for_phase("late", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("late")
     assert namespace.job("late")["status"]["restarts"] == 0

@@ -1,1 +1,0 @@
-"""Example training scripts and their CaramelJobs; tests import their models as `examples.*`."""
