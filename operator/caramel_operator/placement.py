@@ -230,8 +230,8 @@ def ranked_by_topology(nodes: Sequence[str], positions: Mapping[str, Position]) 
     first_use: dict[tuple[str, str], int] = {}
     for order, name in enumerate(nodes):
         where = positions[name]
-        for key in (("zone", where.zone), ("rack", where.rack), ("node", name)):
-            first_use.setdefault(key, order)
+        for level in (("zone", where.zone), ("rack", where.rack), ("node", name)):
+            first_use.setdefault(level, order)
 
     def key(name: str) -> tuple[int, int, int]:
         where = positions[name]

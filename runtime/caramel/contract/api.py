@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -17,7 +17,7 @@ from pydantic.alias_generators import to_camel
 GROUP = "caramel.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "CaramelJob"
+KIND: Final = "CaramelJob"
 
 # A DNS-1035 label, as Kubernetes requires of Service names; worker pods are named
 # "<job>-worker-<index>", so the job name leaves room for that suffix within 63 characters.
@@ -79,12 +79,11 @@ class ApiModel(BaseModel):
 def _quantity(value: Any) -> int | str:
     # One check with one message: a union of int and patterned str would report a failure per
     # member, in pydantic's terms.
-    ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
-        isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value)
-    )
-    if not ok:
-        raise ValueError(f"must be {PATTERN_MEANINGS[QUANTITY_PATTERN]}, not negative")
-    return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value):
+        return value
+    raise ValueError(f"must be {PATTERN_MEANINGS[QUANTITY_PATTERN]}, not negative")
 
 
 # A Kubernetes resource quantity such as 2, "500m" or "4Gi".
@@ -442,7 +441,7 @@ def _api_version(value: Any) -> str:
     # Pydantic's Literal error names the expected value only; this one says what was wrong with it.
     if value != API_VERSION:
         raise ValueError(f"not a version of {KIND}; its versions are: {API_VERSION}")
-    return value
+    return API_VERSION
 
 
 class CaramelJob(ApiModel):
