@@ -114,7 +114,7 @@ def run_testbed(args: argparse.Namespace, testbed: str, directory: Path) -> list
     events = [{**event, "testbed": testbed} for event in result.events if event.get("event") in ("allreduce", "check")]
     sizes = len(args.sizes.split(","))
     if len(events) != sizes * (2 * args.repeats + 1):
-        # run_job returns without error when every worker failed at once: count what came.
+        # Workers that exit 0 with results missing fail nothing: count what came.
         raise RunFailed(f"{testbed}: {len(events)} of {sizes * (2 * args.repeats + 1)} results came; see {directory}")
     for event in events:
         if event["event"] == "allreduce":
