@@ -161,8 +161,8 @@ class Workers(ApiModel):
     """Resources of each worker container."""
 
     memory_allocator: MemoryAllocator = MemoryAllocator.TCMALLOC
-    """The training processes' memory allocator. `tcmalloc` took the largest worker's peak RSS
-    on VGG-16 from 4879 to 3491 MiB at the same speed. Ignored when spec.env sets LD_PRELOAD."""
+    """The training processes' memory allocator. `tcmalloc` keeps the workers' peak RSS down at
+    the same speed. Ignored when spec.env sets LD_PRELOAD."""
 
     template: dict[str, Any] = {}
     """Overrides merged into every worker pod: a Kubernetes PodTemplateSpec fragment with
