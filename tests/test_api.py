@@ -69,7 +69,7 @@ def test_every_field_is_documented():
         ({"workers": {"replicas": "many"}}, "spec.workers.replicas: Input should be a valid integer"),
         ({"workers": {"replica": 3}}, "spec.workers.replica: unknown field"),
         ({"caramel": {"allreduce": "sometimes"}}, "spec.caramel.allreduce: Input should be 'auto', 'ring' or 'multitree'"),
-        ({"caramel": {"collective": "split"}}, "spec.caramel.collective: unknown field"),
+        ({"caramel": {"collective": "split"}}, "spec.caramel.collective: no longer a CaramelJob field (remove it: Caramel chooses;"),
         ({"caramel": {"minBucketBytes": 10, "maxBucketBytes": 5}}, "spec.caramel: minBucketBytes (10) must not exceed maxBucketBytes (5)"),
         ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy"),
         ({"workers": {"resources": {"limits": {"memory": "lots"}}}}, "spec.workers.resources.limits.memory"),

@@ -9,6 +9,7 @@ import pydantic
 import yaml
 
 from caramel.contract.api import PATTERN_MEANINGS, CaramelJob
+from caramel.contract.lab import LAB_SCHEDULING, LabScheduling
 
 
 class JobFileError(Exception):
@@ -22,12 +23,22 @@ def _field_path(location: tuple[str | int, ...]) -> str:
     return path or "(document)"
 
 
+def _is_lab_setting(location: tuple[str | int, ...]) -> bool:
+    # spec.caramel's former ablation fields: a job file written for an earlier version names them.
+    return location[:2] == ("spec", "caramel") and len(location) == 3 and location[2] in LabScheduling.model_fields
+
+
 def describe_validation_error(error: pydantic.ValidationError) -> list[str]:
     """One line per problem: the field's path as written in YAML, what is wrong, and the value given."""
     lines = []
     for problem in error.errors(include_url=False):
         message = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "extra_forbidden":
+        if problem["type"] == "extra_forbidden" and _is_lab_setting(problem["loc"]):
+            message = (
+                "no longer a CaramelJob field (remove it: Caramel chooses; benchmarks set this "
+                f"ablation through {LAB_SCHEDULING} in spec.env, see benchmarks/README.md)"
+            )
+        elif problem["type"] == "extra_forbidden":
             message = "unknown field (check its spelling)"
         elif problem["type"] == "string_pattern_mismatch":
             pattern = problem.get("ctx", {}).get("pattern")
