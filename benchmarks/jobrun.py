@@ -146,5 +146,12 @@ def run_job(
             + "\n".join(f"    {line}" for line in last_lines[end.failed])
         )
     if end.stopped:
-        raise RunFailed("timed out; last lines of worker 0:\n" + "\n".join(f"    {line}" for line in last_lines[0]))
+        raise RunFailed(
+            f"timed out after {timeout_seconds:.0f} s; still running: "
+            + ", ".join(f"worker {index}" for index in end.still_running)
+            + "".join(
+                f"\nlast lines of worker {index}:\n" + "\n".join(f"    {line}" for line in last_lines[index] or ["(none)"])
+                for index in end.still_running
+            )
+        )
     return RunResult(events=events, seconds=time.monotonic() - started)

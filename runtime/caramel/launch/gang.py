@@ -42,6 +42,8 @@ class GangEnd:
     """Its return code (negative: the signal that killed it)."""
     stopped: str = ""
     """Why the caller stopped the gang while members still ran (`stop_reason`'s answer), where it did."""
+    still_running: tuple[int, ...] = ()
+    """The members that were still running when the caller stopped the gang."""
 
     @property
     def succeeded(self) -> bool:
@@ -96,7 +98,7 @@ def run_gang(
                     break
             reason = stop_reason() if running else None
             if reason:
-                end = GangEnd(stopped=reason)
+                end = GangEnd(stopped=reason, still_running=tuple(sorted(running)))
                 break
     finally:
         # Only members not yet reaped: a reaped member's PID (its group's) may be another's now.
