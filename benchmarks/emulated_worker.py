@@ -35,17 +35,17 @@ Caramel worker in a network namespace.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from types import ModuleType
 
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
 from benchmarks import emulated_model, mwms
-from benchmarks.loops import for_a_long_training, train_in_executions, train_per_step, training_step
-from benchmarks.plain_horovod import horovod_tensorflow, variables_of
+from benchmarks.joining import join
+from benchmarks.loops import train_in_executions, train_per_step, training_step
+from benchmarks.plain_horovod import variables_of
 from benchmarks.profiles import load_profile, scaled
-from benchmarks.workloads import APIS, WORKER_APIS, WORKER_STRATEGIES, default_api, warmup_steps
+from benchmarks.worker_args import add_run_arguments, parse_run_arguments
 from benchmarks.worker_events import (
     StepLog,
     StepLogCallback,
@@ -54,8 +54,8 @@ from benchmarks.worker_events import (
     caramel_details,
     print_summary,
 )
+from benchmarks.workloads import APIS, WORKER_APIS, WORKER_STRATEGIES
 from caramel.tensorflow.keras import TrainingCallback
-from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION
 
 # Updates that leave the weights (and so the gradients) practically unchanged; they still cost
 # what a real update costs.
@@ -67,47 +67,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile", required=True, help="a profile of benchmarks/profiles")
     parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
     parser.add_argument("--api", choices=APIS, help="the public API that trains (default: tape for horovod, fit for the others)")
-    parser.add_argument("--steps", type=int, default=32, help="measured steps (default 32)")
-    parser.add_argument("--warmup", type=int, help="steps run before measuring (default: the benchmark's for --steps-per-execution)")
-    parser.add_argument(
-        "--steps-per-execution", type=int, default=DEFAULT_STEPS_PER_EXECUTION,
-        help=f"Keras' steps_per_execution (default {DEFAULT_STEPS_PER_EXECUTION}, Caramel's)",
-    )
+    add_run_arguments(parser, measured_steps=32)
     parser.add_argument("--device-tflops", type=float, help="emulated device rate; default: the profile's")
-    parser.add_argument(
-        "--whole-job", action="store_true",
-        help="the run is a whole job of its steps (start-up and decisions included), not the steady state of a long training",
-    )  # fmt: skip
-    args = parser.parse_args()
-    args.api = args.api or default_api("emulated", args.strategy)
-    if args.api not in WORKER_APIS[args.strategy]:
-        parser.error(f"--api {args.api}: {args.strategy} trains with {' or '.join(WORKER_APIS[args.strategy])}")
-    if args.warmup is None:
-        args.warmup = warmup_steps(args.steps_per_execution)
-    return args
+    return parse_run_arguments(parser, "emulated", WORKER_APIS)
 
 
 def main() -> None:
     args = parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    hvd, strategy = None, None
-    if args.strategy == "caramel":
-        ctf.init()  # joins the job's ranks on its backend and makes the communicator from the worker contract
-        if not args.whole_job:
-            for_a_long_training()
-    elif args.strategy in ("horovod", "comm-only"):
-        hvd = horovod_tensorflow()
-        hvd.init()
-    elif args.strategy in ("mwms", "comm-only-tf"):
-        strategy = mwms.strategy()
+    joined = join(args.strategy, args.whole_job)
+    hvd, strategy = joined.hvd, joined.mwms_strategy
     profile = load_profile(args.profile)
     if args.device_tflops:
         profile = scaled(profile, args.device_tflops)
-    def scope() -> contextlib.AbstractContextManager:
-        """The strategy's scope, where mwms makes its model and optimizer."""
-        return strategy.scope() if args.strategy == "mwms" else contextlib.nullcontext()
-
-    with scope():
+    with joined.scope():
         model = emulated_model.build_model(profile)
     times = StepLog(args.warmup)
     total = args.warmup + args.steps
@@ -117,7 +90,7 @@ def main() -> None:
     elif args.strategy == "comm-only-tf":
         allreduce_all_at_once_tf(strategy, [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
     elif args.api == "fit":
-        with scope():
+        with joined.scope():
             fit(model, args.strategy, total, args.steps_per_execution, times, strategy)
     else:
         loop(model, args.strategy, args.api, total, args.steps_per_execution, times, hvd, strategy)

@@ -31,7 +31,6 @@ a network namespace.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,12 +40,13 @@ import tensorflow as tf
 
 import caramel.tensorflow as ctf
 from benchmarks import mwms
-from benchmarks.loops import for_a_long_training, train_in_executions, train_per_step, training_step
-from benchmarks.plain_horovod import horovod_tensorflow, variables_of
+from benchmarks.joining import join
+from benchmarks.loops import train_in_executions, train_per_step, training_step
+from benchmarks.plain_horovod import variables_of
+from benchmarks.worker_args import add_run_arguments, parse_run_arguments
 from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, allreduce_all_at_once_tf, caramel_details, print_summary, rank
-from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, RealModel, default_api, example_script, warmup_steps
+from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, RealModel, example_script
 from caramel.tensorflow.keras import TrainingCallback
-from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION
 
 LEARNING_RATE = 0.01
 RESNET50_IMAGE_SIZE = 32  # the smallest ResNet-50 takes: a step well under a second here
@@ -106,42 +106,18 @@ def parse_args() -> argparse.Namespace:
         help="tape: a tf.function called once per step; function: ctf.function, Caramel only; fit: Keras fit, mwms and "
         "caramel only (default: function for caramel, tape for the others)",
     )  # fmt: skip
-    parser.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
-    parser.add_argument("--warmup", type=int, help="steps run before measuring (default: the benchmark's for --steps-per-execution)")
-    parser.add_argument(
-        "--steps-per-execution", type=int, default=DEFAULT_STEPS_PER_EXECUTION,
-        help=f"Caramel's steps per graph (default {DEFAULT_STEPS_PER_EXECUTION})",
-    )  # fmt: skip
-    parser.add_argument(
-        "--whole-job", action="store_true",
-        help="the run is a whole job of its steps (start-up and decisions included), not the steady state of a long training",
-    )  # fmt: skip
-    args = parser.parse_args()
-    args.api = args.api or default_api("real", args.strategy)
-    apis = [api for api in WORKER_APIS[args.strategy] if args.strategy != "compute-only" or api != "fit"]
-    if args.api not in apis:
-        parser.error(f"--api {args.api}: {args.strategy} trains with {' or '.join(apis)} here")
-    if args.warmup is None:
-        args.warmup = warmup_steps(args.steps_per_execution)
-    return args
+    add_run_arguments(parser, measured_steps=30)
+    apis = {strategy: [api for api in WORKER_APIS[strategy] if strategy != "compute-only" or api != "fit"] for strategy in WORKER_STRATEGIES}
+    return parse_run_arguments(parser, "real", apis)
 
 
 def main() -> None:
     args = parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    hvd, strategy = None, None
-    if args.strategy == "caramel":
-        ctf.init()  # joins the job's ranks on its backend and makes the communicator from the worker contract
-        if not args.whole_job:
-            for_a_long_training()
-    elif args.strategy in ("horovod", "comm-only"):
-        hvd = horovod_tensorflow()
-        hvd.init()
-    elif args.strategy in ("mwms", "comm-only-tf"):
-        strategy = mwms.strategy()
+    joined = join(args.strategy, args.whole_job)
+    hvd, strategy = joined.hvd, joined.mwms_strategy
     spec = REAL_MODELS[args.model]
-    scope = strategy.scope() if args.strategy == "mwms" else contextlib.nullcontext()
-    with scope:
+    with joined.scope():
         example = BUILDERS[args.model](spec)
     variables = example.model.trainable_variables
     parameters = sum(variable.shape.num_elements() for variable in variables)

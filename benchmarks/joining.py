@@ -1,0 +1,51 @@
+"""How a benchmark worker joins its job's ranks, as a user of each strategy's API does.
+
+    caramel                 `ctf.init()`; a measured run stands for a long training's steady state
+                            (`loops.for_a_long_training`) unless it is a whole job
+    horovod, comm-only      plain Horovod's `hvd.init()`
+    mwms, comm-only-tf      a MultiWorkerMirroredStrategy from the worker contract
+    compute-only            nothing to join
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from types import ModuleType
+
+import tensorflow as tf
+
+import caramel.tensorflow as ctf
+from benchmarks import mwms
+from benchmarks.loops import for_a_long_training
+from benchmarks.plain_horovod import horovod_tensorflow
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A worker's way into its job: plain Horovod's module or MWMS's strategy, where the strategy uses one."""
+
+    strategy: str
+    hvd: ModuleType | None = None
+    mwms_strategy: tf.distribute.Strategy | None = None
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """Where the model and optimizer are made: MWMS's scope for mwms, no scope otherwise."""
+        if self.strategy == "mwms" and self.mwms_strategy is not None:
+            return self.mwms_strategy.scope()
+        return contextlib.nullcontext()
+
+
+def join(strategy: str, whole_job: bool) -> Joined:
+    """Join the job's ranks the strategy's way (see the module's table)."""
+    if strategy == "caramel":
+        ctf.init()  # joins the job's ranks on its backend and makes the communicator from the worker contract
+        if not whole_job:
+            for_a_long_training()
+    elif strategy in ("horovod", "comm-only"):
+        hvd = horovod_tensorflow()
+        hvd.init()
+        return Joined(strategy, hvd=hvd)
+    elif strategy in ("mwms", "comm-only-tf"):
+        return Joined(strategy, mwms_strategy=mwms.strategy())
+    return Joined(strategy)
