@@ -142,16 +142,20 @@ def run_job(
         )
     if end.failed is not None and end.returncode is not None:
         raise RunFailed(
-            f"worker {end.failed} {describe_exit(end.returncode)}; its last lines:\n"
-            + "\n".join(f"    {line}" for line in last_lines[end.failed])
+            f"worker {end.failed} {describe_exit(end.returncode)}; its last lines:\n" + _indented(last_lines[end.failed])
         )
     if end.stopped:
         raise RunFailed(
             f"timed out after {timeout_seconds:.0f} s; still running: "
             + ", ".join(f"worker {index}" for index in end.still_running)
             + "".join(
-                f"\nlast lines of worker {index}:\n" + "\n".join(f"    {line}" for line in last_lines[index] or ["(none)"])
+                f"\nlast lines of worker {index}:\n" + _indented(last_lines[index] or ["(none)"])
                 for index in end.still_running
             )
         )
     return RunResult(events=events, seconds=time.monotonic() - started)
+
+
+def _indented(lines: list[str]) -> str:
+    """A worker's lines, indented under the message that quotes them."""
+    return "\n".join(f"    {line}" for line in lines)
