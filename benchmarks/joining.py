@@ -38,14 +38,14 @@ class Joined:
 
 def join(strategy: str, whole_job: bool) -> Joined:
     """Join the job's ranks the strategy's way (see the module's table)."""
+    if strategy in ("horovod", "comm-only"):
+        hvd = horovod_tensorflow()
+        hvd.init()
+        return Joined(strategy, hvd=hvd)
+    if strategy in ("mwms", "comm-only-tf"):
+        return Joined(strategy, mwms_strategy=mwms.strategy())
     if strategy == "caramel":
         ctf.init()  # joins the job's ranks on its backend and makes the communicator from the worker contract
         if not whole_job:
             for_a_long_training()
-    elif strategy in ("horovod", "comm-only"):
-        hvd = horovod_tensorflow()
-        hvd.init()
-        return Joined(strategy, hvd=hvd)
-    elif strategy in ("mwms", "comm-only-tf"):
-        return Joined(strategy, mwms_strategy=mwms.strategy())
     return Joined(strategy)
