@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=64)
     args = parser.parse_args()
+    if not 0 <= args.warmup < args.steps:
+        parser.error(f"--warmup {args.warmup}: must be at least 0 and fewer than --steps ({args.steps}), or no step is measured")
     keras = tf.keras  # tf-keras where TF_USE_LEGACY_KERAS=1, Keras 3 otherwise
     model = keras.applications.MobileNetV2(weights=None, input_shape=(args.image_size, args.image_size, 3), classes=1000)
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
