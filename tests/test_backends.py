@@ -13,7 +13,7 @@ from caramel.contract.api import CaramelJob
 from caramel.contract.env import WorkerContract, slot_env, worker_env
 from caramel.tensorflow import backends
 from caramel.tensorflow.backends import ReduceOp, chosen
-from caramel.tensorflow.backends.tensorflow import COPY_KEY_STRIDE, MAX_COPIES, TensorFlowBackend
+from caramel.tensorflow.backends.tensorflow import BUCKET_BYTES, COPY_KEY_STRIDE, MAX_COPIES, TensorFlowBackend, release_buckets
 
 
 def contract(backend: str) -> WorkerContract:
@@ -26,24 +26,23 @@ def contract(backend: str) -> WorkerContract:
 
 
 @pytest.mark.parametrize(
-    ("wanted", "horovod_api", "installed", "expected"),
+    ("wanted", "installed", "expected"),
     [
-        ("auto", False, True, BackendChoice.TENSORFLOW),  # a script on Caramel's API
-        ("auto", True, True, BackendChoice.HOROVOD),  # a script written for Horovod's
-        ("auto", True, False, BackendChoice.TENSORFLOW),  # ... where Horovod is not installed
-        ("tensorflow", True, True, BackendChoice.TENSORFLOW),
-        ("horovod", False, True, BackendChoice.HOROVOD),
+        ("auto", True, BackendChoice.HOROVOD),  # whatever API the script uses
+        ("auto", False, BackendChoice.TENSORFLOW),  # ... where Horovod is not installed
+        ("tensorflow", True, BackendChoice.TENSORFLOW),
+        ("horovod", True, BackendChoice.HOROVOD),
     ],
 )
-def test_auto_takes_what_the_script_uses(monkeypatch, wanted, horovod_api, installed, expected):
+def test_auto_takes_horovods_collectives_wherever_horovod_is_installed(monkeypatch, wanted, installed, expected):
     monkeypatch.setattr(backends, "horovod_installed", lambda: installed)
-    assert chosen(contract(wanted), horovod_api) is expected
+    assert chosen(contract(wanted)) is expected
 
 
 def test_horovod_asked_for_where_it_is_not_installed_fails_naming_the_field(monkeypatch):
     monkeypatch.setattr(backends, "horovod_installed", lambda: False)
     with pytest.raises(RuntimeError, match="spec.caramel.backend is horovod, but Horovod is not installed here"):
-        chosen(contract("horovod"), horovod_api=True)
+        chosen(contract("horovod"))
 
 
 def test_every_backend_choice_but_auto_names_a_module():
@@ -94,3 +93,30 @@ def test_tensorflow_collectives_never_reuse_an_instance_key(monkeypatch):
     assert int(backend.copy_variable(3).numpy()) == 3 * COPY_KEY_STRIDE
     with pytest.raises(ValueError, match=f"at most {MAX_COPIES} copies of a step"):
         backend.copy_variable(MAX_COPIES)
+
+
+def test_the_own_way_of_tensorflows_collectives_sends_buckets_in_the_order_backpropagation_releases():
+    # Sizes in bytes of gradients in the sources' order: the last is released first.
+    assert release_buckets([1, 2, 3, 4, 5], bucket_bytes=5) == [[4], [3, 2], [1, 0]]
+    assert release_buckets([10, 1], bucket_bytes=4) == [[1, 0]]
+    assert release_buckets([], bucket_bytes=4) == []
+
+
+def test_tensorflow_collectives_in_a_graph_wait_for_their_inputs_and_the_collectives_traced_before_only():
+    backend = TensorFlowBackend(rank=0, size=2, local_rank=0, local_size=1, timeout_seconds=1.0)
+    sizes = [BUCKET_BYTES // 4, BUCKET_BYTES // 4, BUCKET_BYTES // 4]  # float32 elements: a bucket each
+
+    @tf.function
+    def step(x: tf.Tensor) -> list[tf.Tensor]:
+        # A stateful op without a resource input, traced first: without the ordering token,
+        # automatic control dependencies would make every collective wait for it.
+        noted = tf.numpy_function(lambda value: value, [x], tf.float32, stateful=True)
+        gradients = [tf.fill([size], x[0] * (i + 1)) for i, size in enumerate(sizes)]
+        return [noted, *backend.own_way(gradients)]
+
+    graph = step.get_concrete_function(tf.TensorSpec([1], tf.float32)).graph
+    collectives = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+    assert len(collectives) == 3  # a bucket each, the last gradient's first
+    flattened = [op.inputs[0].op for op in collectives]  # each gradient flattened into its bucket's buffer
+    assert [op.inputs[0].op.name for op in flattened] == ["Fill_2", "Fill_1", "Fill"]
+    assert [[c.name for c in op.control_inputs] for op in collectives] == [[], [collectives[0].name], [collectives[1].name]]

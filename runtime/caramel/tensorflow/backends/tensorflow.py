@@ -9,6 +9,13 @@ next one, and every rank traces and runs the same collectives in the same order.
 into Caramel's graph of several steps reads a per-copy offset (`copy_variable`), so that each
 copy's collectives have keys of their own.
 
+Every collective in a graph takes one ordering token, a resource (as MultiWorkerMirroredStrategy's
+do): `CollectiveReduceV2` is a stateful op, and tf.function's automatic control dependencies chain
+every stateful op without a resource input in program order, so without a token each collective
+would wait for every such op traced before it (a `tf.print`, a `py_function` of the user's
+backward pass) as well as for its own inputs. With the token the collectives are ordered among
+themselves, in the order they were traced, and against nothing else.
+
 A collective waits for its peers at most the contract's collective timeout, and a peer whose
 process ended fails it at once (its server is gone): the step then fails, the process exits, and
 the gang restarts as after any failure.
@@ -37,11 +44,16 @@ COPY_KEY_STRIDE = 1 << 24
 this many keys (traces and eager calls) before copies' keys could meet."""
 MAX_COPIES = (1 << 31) // COPY_KEY_STRIDE
 MERGE = {ReduceOp.SUM: ("Add", "Id"), ReduceOp.AVERAGE: ("Add", "Div"), ReduceOp.MIN: ("Min", "Id"), ReduceOp.MAX: ("Max", "Id")}
+BUCKET_BYTES = 4 * 1024 * 1024
+"""The backend's own way sends the gradients in buckets of about this size: TensorFlow has no
+background thread to fuse what is ready, as Horovod's does, and a collective per gradient would pay
+a collective's fixed cost (several gRPC round trips) per tensor; one bucket of everything (as
+MultiWorkerMirroredStrategy packs them) would start only once the backward pass is over."""
 
 
 class TensorFlowBackend(Backend):
     name = "tensorflow"
-    own_way_name = "MultiWorkerMirroredStrategy's way"
+    own_way_name = "TensorFlow's collectives in buckets as the gradients come"
 
     def __init__(self, rank: int, size: int, local_rank: int, local_size: int, timeout_seconds: float) -> None:
         super().__init__(rank, size, local_rank, local_size)
@@ -49,6 +61,15 @@ class TensorFlowBackend(Backend):
         self._next_key = 1
         self._lock = threading.Lock()
         self._copies: dict[int, tf.Variable] = {}
+        self._ordering_token: tf.Variable | None = None
+
+    def ordering_token(self) -> tf.Variable:
+        """The resource every collective in a graph takes as its ordering token (see the module's
+        docstring); made at set-up, in the job's cluster, not while a step is traced."""
+        if self._ordering_token is None:
+            with tf.init_scope():
+                self._ordering_token = tf.Variable(0.0, trainable=False, name="caramel_collective_order")
+        return self._ordering_token
 
     def copy_variable(self, copy: int) -> tf.Variable:
         """The variable copy `copy` of a step reads to offset its collectives' keys (the trace reads
@@ -64,9 +85,15 @@ class TensorFlowBackend(Backend):
         return joined([tf.convert_to_tensor(tensor) for tensor in tensors], name, lambda flat, _: self._collective(flat, op))
 
     def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
-        """As MultiWorkerMirroredStrategy averages gradients by default: in reverse order, packed
-        into one buffer per dtype, one collective each once every gradient exists."""
-        return list(reversed(self.all_reduce(list(reversed(gradients)), op, "caramel_gradients")))
+        """As Horovod's tape sends them, with TensorFlow's collectives: in the order
+        backpropagation releases them (the sources' order reversed), in buckets of about
+        BUCKET_BYTES, each one collective per dtype that starts once its own gradients exist,
+        and waits for nothing else but the collectives traced before it."""
+        averaged: list[tf.Tensor | None] = [None] * len(gradients)
+        for number, bucket in enumerate(release_buckets([g.shape.num_elements() * g.dtype.size for g in gradients], BUCKET_BYTES)):
+            for index, value in zip(bucket, self.all_reduce([gradients[i] for i in bucket], op, f"caramel_gradients_{number}")):
+                averaged[index] = value
+        return averaged  # type: ignore[return-value]
 
     def _collective(self, tensor: tf.Tensor, op: ReduceOp) -> tf.Tensor:
         merge, final = MERGE[op]
@@ -78,10 +105,12 @@ class TensorFlowBackend(Backend):
         if key >= COPY_KEY_STRIDE:
             raise RuntimeError(f"this process ran out of collective instance keys ({COPY_KEY_STRIDE} traced or eager collectives)")
         instance_key = tf.constant(key, tf.int32)
+        ordering_token = []
         if not tf.executing_eagerly():
             instance_key += self.copy_variable(0).read_value()
+            ordering_token = [self.ordering_token().handle]
         return tf.raw_ops.CollectiveReduceV2(
-            input=tensor, group_size=self.size, group_key=GROUP_KEY, instance_key=instance_key, ordering_token=[],
+            input=tensor, group_size=self.size, group_key=GROUP_KEY, instance_key=instance_key, ordering_token=ordering_token,
             merge_op=merge, final_op=final, communication_hint="ring", timeout_seconds=self.timeout_seconds,
         )  # fmt: skip
 
@@ -97,7 +126,23 @@ def set_up(contract: WorkerContract) -> TensorFlowBackend:
     # trace the whole function a second time), and after the server: a variable lives on a device
     # of the cluster it was made in.
     backend.copy_variable(0)
+    backend.ordering_token()
     return backend
+
+
+def release_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+    """Indices of tensors of these sizes (bytes, in the sources' order), in the order
+    backpropagation releases them (the last first), cut into consecutive buckets that each reach
+    `bucket_bytes`, but for the last."""
+    buckets: list[list[int]] = [[]]
+    filled = 0
+    for index in reversed(range(len(sizes))):
+        if filled >= bucket_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(index)
+        filled += sizes[index]
+    return [bucket for bucket in buckets if bucket]
 
 
 def _start_server(contract: WorkerContract, rank: int, size: int) -> None:
