@@ -42,14 +42,12 @@ class Runtime:
 _runtime: Runtime | None = None
 
 
-def init(horovod_api: bool = False) -> Runtime:
-    """Join the job's ranks (once per process; later calls return the same runtime).
-    `horovod_api` says the script was written for Horovod's API, which `spec.caramel.backend:
-    auto` takes into account."""
+def init() -> Runtime:
+    """Join the job's ranks (once per process; later calls return the same runtime)."""
     global _runtime
     if _runtime is None:
         contract = WorkerContract.from_env()
-        choice = chosen(contract, horovod_api)
+        choice = chosen(contract)
         backend = set_up(choice, contract)
         metrics = WorkerMetrics(backend.rank)
         if contract.metrics_port:

@@ -99,11 +99,12 @@ def horovod_installed() -> bool:
         return False
 
 
-def chosen(contract: WorkerContract, horovod_api: bool) -> BackendChoice:
-    """The backend the job's `spec.caramel.backend` asks for, with `auto` resolved: what the script
-    uses. A script written for Horovod's API (`import horovod.tensorflow`, which Caramel serves:
-    `horovod_api`) runs on Horovod's collectives where Horovod is installed; any other script, and
-    any script where Horovod is not installed, on TensorFlow's own."""
+def chosen(contract: WorkerContract) -> BackendChoice:
+    """The backend the job's `spec.caramel.backend` asks for, with `auto` resolved: Horovod's
+    collectives wherever Horovod is installed, whatever API the script uses (on these machines
+    Gloo's ring moves a gradient byte for less CPU than TensorFlow's collectives over gRPC, and
+    the zoo measured every path faster on it: benchmarks/README.md); TensorFlow's own where it is
+    not."""
     wanted = contract.scheduling.backend
     if wanted is BackendChoice.HOROVOD and not horovod_installed():
         raise RuntimeError(
@@ -112,7 +113,7 @@ def chosen(contract: WorkerContract, horovod_api: bool) -> BackendChoice:
         )
     if wanted is not BackendChoice.AUTO:
         return wanted
-    return BackendChoice.HOROVOD if horovod_api and horovod_installed() else BackendChoice.TENSORFLOW
+    return BackendChoice.HOROVOD if horovod_installed() else BackendChoice.TENSORFLOW
 
 
 def set_up(choice: BackendChoice, contract: WorkerContract) -> Backend:

@@ -66,14 +66,14 @@ _SHUT_DOWN = False
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job's ranks (Caramel's runtime, told that the script was written for Horovod's API),
-    accept the Keras 2 idioms of Horovod-era scripts, and check the trained weights at exit."""
+    """Join the job's ranks (Caramel's runtime), accept the Keras 2 idioms of Horovod-era scripts,
+    and check the trained weights at exit."""
     if comm is not None:
         refuse("hvd.init(comm=...)", "the CaramelJob's gang is the communicator; call hvd.init()")
     if process_sets:
         refuse("hvd.init(process_sets=...)", "Caramel's collectives are among all ranks")
     _caramel_keras2_idioms.install()
-    _caramel_runtime.init(horovod_api=True)
+    _caramel_runtime.init()
     _caramel_final_check.arm()
 
 
