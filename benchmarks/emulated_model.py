@@ -19,13 +19,25 @@ tf.function: Horovod's, Caramel's, the strategy's), so the benchmark measures th
 Its layers' weights are Keras 3 variables; the gradients reach them, and the `tf.Variable`s under
 them that plain Horovod's tape is given (plain_horovod.py), through the reads recorded below.
 
-Two details keep TensorFlow from optimising the emulation away, and keep it honest:
-- the forward op reads a slice of its weight, so it runs only once that weight's last update
-  is applied, as a real layer would; the loss depends on every layer's output;
-- the backward op is stateful, so grappler neither folds nor prunes it, and the gradient
-  (the weight's own value: a real tensor, nothing to fold, no copy) exists only after it.
-  Stateful ops without a resource input run in program order, which backpropagation's order
-  already is; the forward ops stay stateless, free to start as soon as their weight is updated.
+The compute runs in one of two ways (`KERNELS`), reported side by side by the benchmarks:
+    graph-ops     each kernel is an ordinary op of the step's graph that sleeps its time where it
+                  runs, as a real kernel computes where it runs: nothing catches up afterwards, so
+                  any wait the graph adds before a kernel (a transfer it is made to wait for, a
+                  thread it cannot get) lengthens the step. Kernels are stateless, as real ones
+                  are, and each backward kernel's outputs are the data its layer's gradients are
+                  made of, so no optimisation prunes it or reorders it against them.
+    device-clock  the kernels share one emulated device's timeline, slept against deadlines: a
+                  late wake-up of a Python thread (two cores, busy with the collectives) shortens
+                  the next sleep instead of adding up over hundreds of layers, as a real
+                  accelerator's queued kernels would. That also hides a loss of overlap whose
+                  wait is short, so it is kept beside graph-ops, not instead of it. Its backward
+                  kernels are stateful (run in program order, never pruned), and a gradient is its
+                  weight's value once its layer's backward kernel has run (a control dependency).
+
+Either way, the forward kernel reads a slice of each of its weights, so it runs only once that
+weight's last update is applied, as a real layer would; the loss depends on every layer's output;
+and a gradient is a real tensor of its weight's shape (the weight's own value: nothing to fold,
+no copy), which exists only once its layer's backward kernel has run.
 """
 
 from __future__ import annotations
@@ -43,9 +55,12 @@ from benchmarks.profiles import Profile, TensorProfile, layer_groups
 # A wake-up later than this after the device became free counts as the device idling (it waited
 # for a parameter); an earlier one is scheduling noise, which a device's queue would hide.
 CATCH_UP_SECONDS = 0.002
+GRAPH_OPS, DEVICE_CLOCK = "graph-ops", "device-clock"
+KERNELS = (GRAPH_OPS, DEVICE_CLOCK)
+"""How the emulated compute runs (see the module's docstring)."""
 
 
-class Device:
+class DeviceClock:
     """An emulated accelerator: a timeline of kernel times, slept against deadlines.
 
     Like a real accelerator, whose kernels are queued ahead, the device does not wait for the
@@ -67,25 +82,67 @@ class Device:
             time.sleep(delay)
 
 
-def _kernel(device: Device, x: tf.Tensor, seconds: float, stateful: bool, after: tf.Tensor | None = None) -> tf.Tensor:
-    """x, once the device has spent `seconds` on it (and `after` exists)."""
+class Kernels:
+    """The emulated layers' kernels: ops of the step's graph that take the profile's times."""
 
-    def run(value: np.ndarray, *_: np.ndarray) -> np.ndarray:
-        device.run(seconds)
-        return value
+    def __init__(self, kind: str) -> None:
+        if kind not in KERNELS:
+            raise ValueError(f"emulated kernels run as {' or '.join(KERNELS)}, not {kind!r}")
+        self.kind = kind
+        self._clock = DeviceClock() if kind == DEVICE_CLOCK else None
 
-    inputs = [x] if after is None else [x, after]
-    y = tf.numpy_function(run, inputs, x.dtype, stateful=stateful, name="emulated_kernel")
-    y.set_shape(x.shape)
-    return y
+    def _sleep(self, seconds: float) -> None:
+        if self._clock is not None:
+            self._clock.run(seconds)
+        else:
+            time.sleep(seconds)
+
+    def forward(self, x: tf.Tensor, weights: Sequence[tf.Tensor], seconds: float) -> tf.Tensor:
+        """x, once `seconds` were spent on it and a slice of every weight was read."""
+        first_elements = tf.concat([tf.reshape(weight, [-1])[:1] for weight in weights], axis=0)
+
+        def run(value: np.ndarray, _: np.ndarray) -> np.ndarray:
+            self._sleep(seconds)
+            return value
+
+        y = tf.numpy_function(run, [x, first_elements], x.dtype, stateful=False, name="emulated_forward")
+        y.set_shape(x.shape)
+        return tf.identity(y)
+
+    def backward(self, upstream: tf.Tensor, weights: Sequence[tf.Tensor], seconds: float) -> list[tf.Tensor]:
+        """The gradient of the layer's input and of each of its weights, once `seconds` were spent."""
+        if self.kind == DEVICE_CLOCK:
+
+            def run_stateful(value: np.ndarray) -> np.ndarray:
+                self._sleep(seconds)
+                return value
+
+            dx = tf.numpy_function(run_stateful, [upstream], upstream.dtype, stateful=True, name="emulated_backward")
+            dx.set_shape(upstream.shape)
+            with tf.control_dependencies([dx]):
+                return [dx, *(tf.identity(weight) for weight in weights)]
+        shapes = [np.array(weight.shape.as_list(), np.int32) for weight in weights]
+
+        def run(value: np.ndarray) -> list[np.ndarray]:
+            self._sleep(seconds)
+            return [value, *shapes]
+
+        dx, *computed_shapes = tf.numpy_function(run, [upstream], [upstream.dtype, *[tf.int32] * len(weights)], stateful=False, name="emulated_backward")
+        dx.set_shape(upstream.shape)
+        # Each gradient is its weight's buffer, reshaped (no copy) by a shape the kernel outputs:
+        # data of the kernel, as a real kernel's gradient is, so it exists only once the kernel ran.
+        gradients = [tf.reshape(weight, shape) for weight, shape in zip(weights, computed_shapes)]
+        for gradient, weight in zip(gradients, weights):
+            gradient.set_shape(weight.shape)
+        return [dx, *gradients]
 
 
 class EmulatedLayer(tf.keras.layers.Layer):
     """Consecutive parameter tensors of the profile and the compute attributed to them."""
 
-    def __init__(self, device: Device, tensors: Sequence[TensorProfile], **kwargs) -> None:
+    def __init__(self, kernels: Kernels, tensors: Sequence[TensorProfile], **kwargs) -> None:
         super().__init__(**kwargs)
-        self.device = device
+        self.kernels = kernels
         self.shapes = [tensor.shape or (1,) for tensor in tensors]
         self.forward_seconds = sum(tensor.forward_seconds for tensor in tensors)
         self.backward_seconds = sum(tensor.backward_seconds for tensor in tensors)
@@ -97,13 +154,10 @@ class EmulatedLayer(tf.keras.layers.Layer):
     def call(self, inputs: tf.Tensor) -> tf.Tensor:
         weights = [tf.convert_to_tensor(weight) for weight in self.parameter_variables]  # reads on the tape: the gradients reach the variables
         with record.stop_recording():
-            first_elements = tf.concat([tf.reshape(weight, [-1])[:1] for weight in weights], axis=0)
-            outputs = tf.identity(_kernel(self.device, inputs, self.forward_seconds, stateful=False, after=first_elements))
+            outputs = self.kernels.forward(inputs, weights, self.forward_seconds)
 
         def gradient(upstream: tf.Tensor) -> list[tf.Tensor]:
-            dx = _kernel(self.device, upstream, self.backward_seconds, stateful=True)
-            with tf.control_dependencies([dx]):
-                return [dx, *(tf.identity(weight) for weight in weights)]
+            return self.kernels.backward(upstream, weights, self.backward_seconds)
 
         # What tf.custom_gradient does, minus its global registration of a gradient function
         # per call, which would keep every traced step graph alive (and with it, at every
@@ -112,10 +166,11 @@ class EmulatedLayer(tf.keras.layers.Layer):
         return outputs
 
 
-def build_model(profile: Profile, device: Device | None = None) -> tf.keras.Model:
-    """The profile's layers in forward order, taking inputs of shape [batch, 1]."""
-    device = device or Device()
-    layers = [EmulatedLayer(device, group, name=f"layer_{i}") for i, group in enumerate(layer_groups(profile.tensors))]
+def build_model(profile: Profile, kernels: str = GRAPH_OPS) -> tf.keras.Model:
+    """The profile's layers in forward order, taking inputs of shape [batch, 1], their compute
+    run as `kernels` (KERNELS) say."""
+    emulated = Kernels(kernels)
+    layers = [EmulatedLayer(emulated, group, name=f"layer_{i}") for i, group in enumerate(layer_groups(profile))]
     model = tf.keras.Sequential(layers)
     model.build((None, 1))
     return model

@@ -7,6 +7,8 @@ sizes, averaged over the shaped links by the strategy's real collectives.
 
     --strategy horovod       plain Horovod (Gloo), as its TF2 examples have it: its tape only
                              (benchmarks/plain_horovod.py: Caramel's horovod package bypassed)
+    --strategy hvd-script    the same loop, unchanged, under Caramel: its `import horovod.tensorflow`
+                             is Caramel's horovod package (on the backend spec.caramel.backend names)
     --strategy mwms          TensorFlow's MultiWorkerMirroredStrategy over gRPC (benchmarks/mwms.py)
     --strategy caramel       the same script with Caramel's drop-ins, on the backend the job's
                              spec.caramel.backend names (auto: tensorflow, as this script does not
@@ -24,6 +26,9 @@ sizes, averaged over the shaped links by the strategy's real collectives.
     --api tape      a tf.function step called once per step with hvd.DistributedGradientTape or
                     ctf.DistributedGradientTape (Horovod's TF2 examples, import swapped), or, for
                     mwms, strategy.run of a plain tape step (TensorFlow's custom-loop tutorial)
+
+    --kernels graph-ops     the layers' compute as ops of the step's graph that sleep where they run
+    --kernels device-clock  the layers' compute on one emulated device's clock (emulated_model.py)
     --api function  the tape step through ctf.function, --steps-per-execution steps per graph
                     (caramel only)
 
@@ -54,7 +59,7 @@ from benchmarks.worker_events import (
     caramel_details,
     print_summary,
 )
-from benchmarks.workloads import APIS, WORKER_APIS, WORKER_STRATEGIES
+from benchmarks.workloads import APIS, CARAMEL_WORKERS, GRAPH_OPS, KERNELS, WORKER_APIS, WORKER_STRATEGIES
 from caramel.tensorflow.keras import TrainingCallback
 
 # Updates that leave the weights (and so the gradients) practically unchanged; they still cost
@@ -69,6 +74,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--api", choices=APIS, help="the public API that trains (default: tape for horovod, fit for the others)")
     add_run_arguments(parser, measured_steps=32)
     parser.add_argument("--device-tflops", type=float, help="emulated device rate; default: the profile's")
+    parser.add_argument("--kernels", choices=KERNELS, default=GRAPH_OPS, help=f"how the emulated compute runs (default {GRAPH_OPS})")
     return parse_run_arguments(parser, "emulated", WORKER_APIS)
 
 
@@ -81,7 +87,7 @@ def main() -> None:
     if args.device_tflops:
         profile = scaled(profile, args.device_tflops)
     with joined.scope():
-        model = emulated_model.build_model(profile)
+        model = emulated_model.build_model(profile, args.kernels)
     times = StepLog(args.warmup)
     total = args.warmup + args.steps
     details: dict = {}
@@ -94,7 +100,7 @@ def main() -> None:
             fit(model, args.strategy, total, args.steps_per_execution, times, strategy)
     else:
         loop(model, args.strategy, args.api, total, args.steps_per_execution, times, hvd, strategy)
-    if args.strategy == "caramel":
+    if args.strategy in CARAMEL_WORKERS:
         details = caramel_details()
     print_summary(args.strategy, times, details)
 
@@ -138,6 +144,9 @@ def loop(
     if strategy == "horovod":
         hvd.broadcast_variables(variables_of(variables), root_rank=0)
         train_step = training_step(model, optimizer, emulated_model.loss, hvd.DistributedGradientTape, sources=variables_of)
+    elif strategy == "hvd-script":
+        hvd.broadcast_variables(variables, root_rank=0)
+        train_step = training_step(model, optimizer, emulated_model.loss, hvd.DistributedGradientTape)
     elif strategy == "caramel":
         ctf.broadcast_variables(variables, root_rank=0)
         train_step = training_step(model, optimizer, emulated_model.loss, ctf.DistributedGradientTape)

@@ -2,6 +2,7 @@
 
     caramel                 `ctf.init()`; a measured run stands for a long training's steady state
                             (`loops.for_a_long_training`) unless it is a whole job
+    hvd-script              `hvd.init()` of the `horovod.tensorflow` the script imports: Caramel's
     horovod, comm-only      plain Horovod's `hvd.init()`
     mwms, comm-only-tf      a MultiWorkerMirroredStrategy from the worker contract
     compute-only            nothing to join
@@ -18,7 +19,7 @@ import tensorflow as tf
 import caramel.tensorflow as ctf
 from benchmarks import mwms
 from benchmarks.loops import for_a_long_training
-from benchmarks.plain_horovod import horovod_tensorflow
+from benchmarks.plain_horovod import caramels_horovod_tensorflow, horovod_tensorflow
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ def join(strategy: str, whole_job: bool) -> Joined:
     """Join the job's ranks the strategy's way (see the module's table)."""
     if strategy in ("horovod", "comm-only"):
         hvd = horovod_tensorflow()
+        hvd.init()
+        return Joined(strategy, hvd=hvd)
+    if strategy == "hvd-script":
+        hvd = caramels_horovod_tensorflow()
         hvd.init()
         return Joined(strategy, hvd=hvd)
     if strategy in ("mwms", "comm-only-tf"):

@@ -36,6 +36,15 @@ def horovod_tensorflow() -> ModuleType:
     return module
 
 
+def caramels_horovod_tensorflow() -> ModuleType:
+    """The `horovod.tensorflow` an unchanged script imports in a Caramel job: Caramel's (the
+    worker entrypoint put its package first on the path)."""
+    module = importlib.import_module("horovod.tensorflow")
+    if not is_caramels(os.path.dirname(os.path.dirname(module.__file__)), caramel_compat_dir()):
+        raise RuntimeError(f"got Horovod's own horovod package ({module.__file__}), not Caramel's: is the worker run by caramel's entrypoint?")
+    return module
+
+
 def variables_of(variables: Sequence[tf.Variable]) -> list[tf.Variable]:
     """The `tf.Variable`s under Keras 3 variables, for Horovod's tape and broadcast, which call
     `.ref()` on what they are given (horovod#4290)."""

@@ -51,6 +51,9 @@ class Profile:
     device_tflops: float
     tensors: tuple[TensorProfile, ...]
     description: str = ""
+    layer_sizes: tuple[int, ...] = ()
+    """How many consecutive tensors each emulated layer holds, where the profile says
+    (accelerator_timelines.py: by release time); otherwise `layer_groups` makes them even."""
 
     @property
     def parameters(self) -> int:
@@ -66,11 +69,16 @@ class Profile:
         return sum(tensor.forward_seconds + tensor.backward_seconds for tensor in self.tensors)
 
 
-def layer_groups(tensors: Sequence[TensorProfile], layers: int = MAX_LAYERS) -> list[Sequence[TensorProfile]]:
-    """The tensors, in order, in at most `layers` groups of consecutive tensors, as even in count
-    as they divide: the emulated layers, each released and read as one."""
-    count = min(layers, len(tensors))
-    bounds = [round(i * len(tensors) / count) for i in range(count + 1)]
+def layer_groups(profile: Profile, layers: int = MAX_LAYERS) -> list[Sequence[TensorProfile]]:
+    """The profile's tensors, in order, in groups of consecutive tensors: the emulated layers,
+    each released and read as one. Where the profile gives no `layer_sizes`, at most `layers`
+    groups, as even in count as they divide."""
+    tensors = profile.tensors
+    if profile.layer_sizes:
+        bounds = [sum(profile.layer_sizes[:index]) for index in range(len(profile.layer_sizes) + 1)]
+    else:
+        count = min(layers, len(tensors))
+        bounds = [round(i * len(tensors) / count) for i in range(count + 1)]
     return [tensors[start:stop] for start, stop in zip(bounds, bounds[1:])]
 
 
@@ -81,7 +89,7 @@ def tensor_costs(profile: Profile) -> list[TensorCost]:
     backward time, counted from the last tensor back, and a parameter as read after the forward
     times of the tensors before it: so each layer's times go to its last tensor.)"""
     costs = []
-    for layer in layer_groups(profile.tensors):
+    for layer in layer_groups(profile):
         forward, backward = sum(t.forward_seconds for t in layer), sum(t.backward_seconds for t in layer)
         for position, tensor in enumerate(layer):
             last = position == len(layer) - 1
@@ -90,9 +98,15 @@ def tensor_costs(profile: Profile) -> list[TensorCost]:
 
 
 def load_profile(name: str) -> Profile:
+    """The profile `name`: one of NAMES, or a measured accelerator timeline (`h200_<model>`)."""
+    # Imported here: the timelines' module builds on this one's Profile.
+    from benchmarks.accelerator_timelines import is_timeline, timeline_profile
+
+    if is_timeline(name):
+        return timeline_profile(name)
     path = PROFILE_DIRECTORY / f"{name}.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no profile {name!r} ({path}); profiles: {', '.join(NAMES)}")
+        raise FileNotFoundError(f"no profile {name!r} ({path}); profiles: {', '.join(NAMES)}, and the timelines h200_<model>")
     document = json.loads(path.read_text())
     tensors = tuple(
         TensorProfile(t["name"], tuple(t["shape"]), t["forward_seconds"], t["backward_seconds"])

@@ -98,7 +98,8 @@ from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_j
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
 from benchmarks.profiles import TUNED
 from benchmarks.step_bounds import ordered_bounds
-from benchmarks.workloads import COMPUTE_MODES, Workload, default_api, device_label, make_workloads, warmup_steps
+from benchmarks.accelerator_timelines import is_timeline
+from benchmarks.workloads import CARAMEL_WORKERS, COMPUTE_MODES, GRAPH_OPS, KERNELS, Workload, default_api, device_label, make_workloads, warmup_steps
 
 HOROVOD, TENSORFLOW = "horovod", "tensorflow"
 
@@ -154,12 +155,17 @@ STRATEGIES = {
     "caramel@hvd": Strategy("caramel", None, HVD, "Caramel's default path (Keras fit emulated, TrainingRun.fit's ctf.function real) on Horovod's collectives"),
     "caramel-tape@hvd": Strategy("caramel", "tape", HVD, "Caramel's tape in a tf.function per step (Horovod's loop, import swapped), on Horovod's collectives"),
     "caramel-function@hvd": Strategy("caramel", "function", HVD, "Caramel's tape in the same step, through ctf.function, on Horovod's collectives"),
-    # The names before the backends: Caramel's defaults, spec.caramel.backend auto, which takes
-    # TensorFlow's collectives for these workers (they do not import Horovod's API). Runs recorded
-    # under these names before the backends existed ran on Horovod's (benchmarks/README.md).
-    "caramel": Strategy("caramel", None, {}, "Caramel's defaults (backend auto: tensorflow here)", TENSORFLOW),
-    "caramel-tape": Strategy("caramel", "tape", {}, "Caramel's tape in a tf.function per step (backend auto: tensorflow here)", TENSORFLOW),
-    "caramel-function": Strategy("caramel", "function", {}, "Caramel's tape through ctf.function (backend auto: tensorflow here)", TENSORFLOW),
+    # Caramel's defaults, spec.caramel.backend auto: Horovod's collectives where Horovod is installed
+    # (as here). Runs recorded under these names between commit 1908d21 and the overlap issue ran
+    # on TensorFlow's, which auto chose then for scripts that do not import Horovod's API
+    # (benchmarks/README.md).
+    "caramel": Strategy("caramel", None, {}, "Caramel's defaults (backend auto: horovod where installed)"),
+    "caramel-tape": Strategy("caramel", "tape", {}, "Caramel's tape in a tf.function per step (backend auto: horovod where installed)"),
+    "caramel-function": Strategy("caramel", "function", {}, "Caramel's tape through ctf.function (backend auto: horovod where installed)"),
+    "hvd-script": Strategy(
+        "hvd-script", "tape", {}, "horovod-tape's loop unchanged under Caramel: its `import horovod.tensorflow` is Caramel's (backend "
+        "auto: horovod where installed)",
+    ),  # fmt: skip
     # The anchors and ablations, each Caramel with lab settings (no part of the job's API), on
     # Horovod's collectives, as they were measured before (DeAR's split collectives exist on
     # Horovod's only):
@@ -194,7 +200,7 @@ MultiWorkerMirroredStrategy's packed all-reduce)."""
 
 
 def caramel_strategies(strategies: tuple[str, ...] | list[str]) -> list[str]:
-    return [name for name in strategies if name in STRATEGIES and STRATEGIES[name].worker == "caramel"]
+    return [name for name in strategies if name in STRATEGIES and STRATEGIES[name].worker in CARAMEL_WORKERS]
 
 
 def backend_of(strategy: str) -> str:
@@ -596,7 +602,7 @@ def print_table(
             for run in cell_of(point, name).runs:
                 tuned = run.details.get("autotune", {})
                 if tuned:
-                    where = f"  {name} at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}: "
+                    where = f"  {name} at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops, is_timeline(name))}: "
                     last, state = tuned["last"], "done, best" if tuned["done"] else "NOT done, last"
                     print(where + (
                         f"{tuned['samples']} settings scored, {state}: cycle {last['cycle_time_ms']} ms, "
@@ -654,7 +660,7 @@ def ordered_bounds_lines(workload: Workload, point: Point, strategies: tuple[str
             for bound, which in [(bounds.any_schedule, "the first") if name in caramel_strategies(strategies) else (bounds.step_barrier, "the second")]
         ]
         line = (
-            f"  at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops)}, {backend}'s M: the release and read order allow steps of "
+            f"  at {point.rate_mbit:g} Mbit/s, {device_label(point.device_tflops, workload.timeline)}, {backend}'s M: the release and read order allow steps of "
             f"{bounds.any_schedule:.3f} s to any schedule and {bounds.step_barrier:.3f} s to one whose step waits for its transfers "
             f"(the baselines')" + (f"; {', '.join(ratios)}" if ratios else "")
         )
@@ -711,7 +717,7 @@ def plot(results: dict[str, tuple[list[Point], Point | None]], strategies: tuple
             axis.errorbar(rates, medians, yerr=errors, fmt=f"o{style}", capsize=3, label=strategy)
         axis.plot(rates, [p.bound for p in points], ":", color="black", label="bound max(C, M), Horovod's M")
         axis.set(xscale="log", xlabel="link rate (Mbit/s)", ylabel="step time (s)", ylim=(0, None),
-                 title=f"{name}, {device_label(points[0].device_tflops)}")  # fmt: skip
+                 title=f"{name}, {device_label(points[0].device_tflops, is_timeline(name))}")  # fmt: skip
         axis.set_xticks(rates, [f"{r:g}" for r in rates])
         axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axis.grid(True, which="both", alpha=0.3)
@@ -892,6 +898,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "strategy runs on TensorFlow's collectives",
     )  # fmt: skip
     parser.add_argument("--device-tflops", type=float, help="emulated device rate (default: each profile's; --compute emulated only)")
+    parser.add_argument(
+        "--kernels", choices=KERNELS, default=GRAPH_OPS,
+        help=f"how the emulated compute runs (emulated_model.py): ops of the step's graph that sleep where they run, or on one "
+        f"emulated device's clock (default {GRAPH_OPS})",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--run-timeout", type=float, help="seconds per run (default: from the expected step time)")
     parser.add_argument(
@@ -984,7 +995,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"warning: load average {load:.1f}: other processes compete for the CPU that Gloo and the workers need", flush=True)
-    workloads = make_workloads(args.compute, args.profile_names, args.device_tflops, args.worker)
+    workloads = make_workloads(args.compute, args.profile_names, args.device_tflops, args.worker, args.kernels)
     results: dict[str, tuple[list[Point], Point | None]] = {}
     names = hostnames(bench_job(JOB_NAME, ["true"], args.workers, None))  # depend on the job's name and size only
     try:

@@ -44,7 +44,7 @@ def ordered_bounds(profile: Profile, compute_seconds: float, comm_seconds: float
     sent_bytes = 0
     released_before = forward_before = 0.0  # R_i, and the forward time of layers 0..i-1
     forward_wait = barrier_wait = 0.0
-    for layer in layer_groups(profile.tensors):  # the emulated layers, each released and read as one
+    for layer in layer_groups(profile):  # the emulated layers, each released and read as one
         sent_bytes += sum(tensor.parameters for tensor in layer) * BYTES_PER_PARAMETER
         arrived = sent_bytes * seconds_per_byte - released_before  # layers 0..i all averaged, at the earliest
         barrier_wait = max(barrier_wait, arrived)

@@ -1,7 +1,9 @@
 """What a scheduling-benchmark run trains, in either compute mode, without importing TensorFlow.
 
-    emulated  a profile of profiles.py, its layer compute slept on an emulated accelerator of a
-              given rate (emulated_worker.py); the device rate can be scaled.
+    emulated  a profile of profiles.py (a model's tensors with its layers' times from FLOPs at a
+              device rate, or a measured accelerator timeline: accelerator_timelines.py), its
+              layer compute slept by emulated kernels (emulated_model.py, which runs them as
+              KERNELS say) of a given rate (emulated_worker.py); the device rate can be scaled.
     real      an example model (examples/train_*.py) trained with real TensorFlow compute on
               this machine's CPU (real_worker.py); nothing can be scaled.
 
@@ -18,10 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.accelerator_timelines import BASE_RATE, is_timeline, timeline_names
 from benchmarks.profiles import BYTES_PER_PARAMETER, NAMES, Profile, load_profile, scaled
 from caramel.planner.rounds import settled_step
 
 EMULATED_WORKER = "benchmarks.emulated_worker"
+GRAPH_OPS, DEVICE_CLOCK = "graph-ops", "device-clock"
+KERNELS = (GRAPH_OPS, DEVICE_CLOCK)
+"""How the emulated kernels run (emulated_model.py): ops of the step's graph that sleep where they
+run, or ops that share one emulated device's clock."""
 REAL_WORKER = "benchmarks.real_worker"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -67,12 +74,16 @@ REAL_MODELS = {
 # What a worker can run (its --strategy, and --api: which public API trains); the driver's
 # strategies map onto them. horovod is plain Horovod (its tape: its Keras layer needs Keras 2),
 # mwms TensorFlow's MultiWorkerMirroredStrategy (benchmarks/mwms.py), caramel Caramel on the
-# backend its job's spec.caramel names; comm-only averages every gradient at once with plain
+# backend its job's spec.caramel names, hvd-script plain Horovod's own loop unchanged, whose
+# `import horovod.tensorflow` Caramel serves; comm-only averages every gradient at once with plain
 # Horovod, comm-only-tf with MultiWorkerMirroredStrategy.
-WORKER_STRATEGIES = ("horovod", "mwms", "caramel", "compute-only", "comm-only", "comm-only-tf")
+WORKER_STRATEGIES = ("horovod", "hvd-script", "mwms", "caramel", "compute-only", "comm-only", "comm-only-tf")
+CARAMEL_WORKERS = ("caramel", "hvd-script")
+"""The worker strategies that run on Caramel's runtime."""
 APIS = ("fit", "tape", "function")
 WORKER_APIS = {
     "horovod": ("tape",),
+    "hvd-script": ("tape",),
     "mwms": ("fit", "tape"),
     "caramel": ("fit", "tape", "function"),
     "compute-only": ("fit", "tape"),
@@ -87,16 +98,20 @@ def default_api(compute: str, strategy: str) -> str:
     tf.function per step (Horovod's Keras fit needs Keras 2); otherwise Keras fit for emulated
     compute, and for real compute (whose models train by their examples' custom loops) a
     tf.function per step, or Caramel's ctf.function."""
-    if strategy == "horovod":
+    if strategy in ("horovod", "hvd-script"):
         return "tape"
     if compute == "emulated":
         return "fit"
     return "function" if strategy == "caramel" else "tape"
-COMPUTE_MODES = {"emulated": NAMES, "real": tuple(REAL_MODELS)}
+COMPUTE_MODES = {"emulated": NAMES + timeline_names(), "real": tuple(REAL_MODELS)}
 
 
-def device_label(device_tflops: float | None) -> str:
-    return "real TF compute" if device_tflops is None else f"{device_tflops:.3g} TFLOP/s"
+def device_label(device_tflops: float | None, timeline: bool = False) -> str:
+    """The emulated device, for people: its rate, or for a measured timeline how much slower than
+    the accelerator measured it runs."""
+    if device_tflops is None:
+        return "real TF compute"
+    return f"H200 x{BASE_RATE / device_tflops:.3g}" if timeline else f"{device_tflops:.3g} TFLOP/s"
 
 
 @dataclass(frozen=True)
@@ -115,11 +130,13 @@ class Workload:
     description: str = ""
     profile: Profile | None = None
     """The emulated accelerator's profile; None for real compute, which cannot be device-scaled."""
+    kernels: str | None = None
+    """How the emulated kernels run (KERNELS); None for real compute."""
 
     @classmethod
-    def emulated(cls, profile: Profile, worker: str = EMULATED_WORKER) -> Workload:
-        args = ("--profile", profile.name, "--device-tflops", repr(profile.device_tflops))
-        return cls(profile.name, worker, args, profile.parameters, profile.batch_size, profile.compute_seconds, "", profile)
+    def emulated(cls, profile: Profile, worker: str = EMULATED_WORKER, kernels: str = GRAPH_OPS) -> Workload:
+        args = ("--profile", profile.name, "--device-tflops", repr(profile.device_tflops), "--kernels", kernels)
+        return cls(profile.name, worker, args, profile.parameters, profile.batch_size, profile.compute_seconds, "", profile, kernels)
 
     @classmethod
     def real(cls, model: RealModel, worker: str = REAL_WORKER) -> Workload:
@@ -139,18 +156,25 @@ class Workload:
         return self.profile is not None
 
     @property
+    def timeline(self) -> bool:
+        """Whether the profile replays a measured accelerator timeline."""
+        return self.profile is not None and is_timeline(self.profile.name)
+
+    @property
     def device(self) -> str:
-        return device_label(self.device_tflops)
+        return device_label(self.device_tflops, self.timeline)
 
     @property
     def device_tag(self) -> str:
         """The device in a file name."""
-        return f"{self.device_tflops:.3g}tflops" if self.profile else "real"
+        if self.profile is None:
+            return "real"
+        return f"x{BASE_RATE / self.profile.device_tflops:.3g}" if self.timeline else f"{self.device_tflops:.3g}tflops"
 
     def scaled(self, device_tflops: float) -> Workload:
         if self.profile is None:
             raise ValueError(f"{self.name}: real compute has no device rate to scale")
-        return Workload.emulated(scaled(self.profile, device_tflops), self.worker)
+        return Workload.emulated(scaled(self.profile, device_tflops), self.worker, self.kernels or GRAPH_OPS)
 
     def command(self, strategy: str, api: str, steps: int, warmup: int, steps_per_execution: int, whole_job: bool = False) -> list[str]:
         return [
@@ -160,7 +184,7 @@ class Workload:
 
 
 def make_workloads(
-    compute: str, names: list[str], device_tflops: float | None = None, worker: str | None = None
+    compute: str, names: list[str], device_tflops: float | None = None, worker: str | None = None, kernels: str = GRAPH_OPS
 ) -> list[Workload]:
     """The workloads of names (COMPUTE_MODES[compute]); device_tflops overrides the profiles' (emulated only)."""
     if compute == "real":
@@ -168,4 +192,4 @@ def make_workloads(
     profiles = [load_profile(name) for name in names]
     if device_tflops:
         profiles = [scaled(profile, device_tflops) for profile in profiles]
-    return [Workload.emulated(profile, worker or EMULATED_WORKER) for profile in profiles]
+    return [Workload.emulated(profile, worker or EMULATED_WORKER, kernels) for profile in profiles]

@@ -1,46 +1,65 @@
-"""The model zoo: Caramel against Horovod and TensorFlow's MultiWorkerMirroredStrategy on models the benchmark was not tuned on.
+"""The model zoo: Caramel against Horovod (and TensorFlow's MultiWorkerMirroredStrategy where a strategy runs on TensorFlow's collectives) on models the benchmark was not tuned on, in three compute modes.
 
-    sudo make bench-zoo                                             # every profile at 1 and 4 Gbit/s, 3 repeats
-    python -m benchmarks.zoo_bench --profiles densenet121,gpt2_small --rates 1000 --repeats 1
-    python -m benchmarks.zoo_bench --calibrate --profiles vit_b16   # measure operating points (zoo_points.json)
+    sudo make bench-zoo                                              # every profile at 1 and 4 Gbit/s, 3 repeats
+    python -m benchmarks.zoo_bench --profiles regimes --rates 1000,4000 --repeats 3          # one profile per regime
+    python -m benchmarks.zoo_bench --mode device-clock --profiles densenet121 --rates 1000
+    python -m benchmarks.zoo_bench --mode h200 --rates 1000,2500     # H200 timelines x10 on links /10: 10 and 25 GbE
+    python -m benchmarks.zoo_bench --calibrate --profiles vit_b16    # measure operating points (zoo_points.json)
     python -m benchmarks.zoo_bench --job-steps 200 --profiles resnet50,densenet121,t5_small --rates 4000
     python -m benchmarks.zoo_bench --report runs/zoo-<time>/results.json
 
 Runs need root and the project's virtualenv, like `make bench` (benchmarks/README.md): 4 workers,
 each in its own network namespace, tbf-shaped links, an emulated accelerator per profile
 (benchmarks/profiles/, emulated_model.py), real collectives (Horovod's over Gloo, TensorFlow's
-over gRPC).
+over gRPC). The compute runs in one of three modes (--mode):
+    graph-ops     each layer's forward and backward are ops of the step's graph that sleep their
+                  time where they run (the default): a wait the graph adds is never made up
+    device-clock  the same layers on one emulated device's clock, which makes late wake-ups up on
+                  later sleeps (the mode of the results before the overlap issue), kept beside
+                  graph-ops to show what it hides
+    h200          real accelerator timelines (accelerator_timelines.py): every gradient released at
+                  its time measured on an NVIDIA H200, every time multiplied by --time-scale k and
+                  the link taken as k times faster than --rates (k = 10: 1000 Mbit/s stands for
+                  10 GbE, 2500 for 25 GbE); the layers run as graph-ops
+--profiles names profiles, or `regimes` for REGIME_PROFILES, one profile of each regime (the
+subset the zoo runs where the whole zoo would take too long); the h200 mode's profiles are the
+timelines (default: all of them).
 
-Every profile is measured at its operating point at each link rate: the emulated device is as
-fast as makes its compute C equal to the communication M at that rate, where overlap matters
-most. The operating points come from benchmarks/zoo_points.json, which --calibrate writes: per
-profile, compute-only at the profile's own device rate (C0) and comm-only at each rate (M: plain
-Horovod's allreduce of every gradient at once), and the device rate that scales C0 to M. Each
-point then runs, repeats interleaved, each strategy in worker processes of its own:
+In the graph-ops and device-clock modes every profile is measured at its operating point at each
+link rate: the emulated device is as fast as makes its compute C equal to the communication M
+at that rate, where overlap matters most. The operating points come from benchmarks/zoo_points.json,
+which --calibrate writes (in the graph-ops mode; device-clock runs at the same device rates):
+per profile, compute-only at the profile's own device rate (C0) and comm-only at each rate (M:
+plain Horovod's allreduce of every gradient at once), and the device rate that scales C0 to M.
+The h200 mode needs no calibration: its operating points are the links the timelines stand for.
+Each point then runs, repeats interleaved, each strategy in worker processes of its own:
     horovod-tape          plain Horovod's tape in a tf.function called once per step (its TF2
                           examples; Caramel's horovod package bypassed, plain_horovod.py)
-    mwms-fit              TensorFlow's MultiWorkerMirroredStrategy, its own Keras fit with the same
-                          steps_per_execution (mwms.py: what Keras 3 needs for it to run)
-    caramel-function@tf   Caramel's tape through ctf.function, several steps per graph, on
-                          TensorFlow's collectives (spec.caramel.backend: tensorflow)
-    caramel@tf            Keras fit with ctf.DistributedOptimizer and TrainingCallback, on TensorFlow's
-    caramel-function@hvd  ctf.function on Horovod's collectives (spec.caramel.backend: horovod)
-The two baselines (BASELINES) always run; --strategies adds any of scheduling_bench's
-(caramel-tape@tf and @hvd: Caramel's tape in Horovod's per-step loop, caramel@hvd, autotune-tape,
-mwms-loop, the anchors). Compute-only and comm-only run once per point, for C, M and the bounds of
-the layers' release and read order (step_bounds.py), and comm-only-tf (the same all-reduce by
-MultiWorkerMirroredStrategy: TensorFlow's M) where a strategy runs on TensorFlow's collectives.
-Each strategy is bounded with the M of the backend that moves its gradients.
+    hvd-script            the same loop unchanged under Caramel (its `import horovod.tensorflow`
+                          is Caramel's)
+    caramel-tape          Caramel's tape in the same per-step tf.function (import swapped)
+    caramel-function      Caramel's tape through ctf.function, several steps per graph
+    caramel               Keras fit with ctf.DistributedOptimizer and TrainingCallback
+the last four on Caramel's default backend (auto: Horovod's collectives where Horovod is
+installed). horovod-tape (and mwms-fit, MultiWorkerMirroredStrategy's Keras fit, where a strategy
+runs on TensorFlow's collectives) always run as BASELINES; --strategies adds any of
+scheduling_bench's (the @tf and @hvd paths, autotune-tape, mwms-loop, the anchors). Compute-only
+and comm-only run once per point, for C, M and the bounds of the layers' release and read order
+(step_bounds.py), and comm-only-tf (the same all-reduce by MultiWorkerMirroredStrategy:
+TensorFlow's M) where a strategy runs on TensorFlow's collectives. Each strategy is bounded with
+the M of the backend that moves its gradients.
 
-One table per baseline gives per point the baseline's step (median and min-max over the runs),
-every other strategy's step over it (and its runs' min-max), and the best Caramel path over the
-bound of any schedule; a table of Caramel's runs gives per point and Caramel strategy its step
-over its bound, what the plan predicted against what the plan's steps measured, the way each run
-ended on (P the plan, H the backend's own way in Caramel's graph, as its selector measured, G the
-backend's own graph of one step, as the graph choice measured), and peak RSS and CPU per step over
-each baseline's. Summary lines give, per baseline, every strategy's geometric mean over the zoo,
-the range of its points, and its worst point; zoo.png has a panel per baseline, a bar group per
-model and a bar per strategy (its ratio to the baseline), with a line at 1.0.
+One table per baseline gives per point C, M, C + M and the baseline's step (median and min-max
+over the runs), every other strategy's step over it (and its runs' min-max), and the best Caramel
+path over the bound of any schedule; a table of Caramel's runs gives per point and Caramel
+strategy its step over C + M beside the baseline's, over its bound, what the plan predicted
+against what the plan's steps measured, the way each run ended on (P the plan, H the backend's
+own way in Caramel's graph, as its selector measured, G the backend's own graph of one step, as
+the graph choice measured, - a per-step path, which runs the backend's own way), and CPU per
+step and peak RSS over each baseline's. Summary lines give, per baseline, every strategy's
+geometric mean over the zoo, the range of its points, and its worst point; zoo.png has a panel
+per baseline, a bar group per model and a bar per strategy (its ratio to the baseline), with a
+line at 1.0.
 
 --job-steps N runs each strategy for N steps from a cold start and reports the whole run's wall
 time (start-up, traces, re-plans and all) against each baseline's: what a short job pays.
@@ -63,6 +82,7 @@ from caramel.contract.api import MemoryAllocator
 
 from benchmarks.jobrun import REPOSITORY, bench_job, hostnames
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError
+from benchmarks.accelerator_timelines import BASE_RATE, is_timeline, timeline_names
 from benchmarks.profiles import NAMES
 from benchmarks.scheduling_bench import (
     BASELINES,
@@ -70,6 +90,7 @@ from benchmarks.scheduling_bench import (
     JOB_NAME,
     MEASURED_EXECUTIONS,
     STRATEGIES,
+    TENSORFLOW,
     Bench,
     Cell,
     Point,
@@ -82,11 +103,11 @@ from benchmarks.scheduling_bench import (
     parse_worker_env,
 )
 from benchmarks.step_bounds import ordered_bounds
-from benchmarks.workloads import Workload, make_workloads, warmup_steps
+from benchmarks.workloads import DEVICE_CLOCK, GRAPH_OPS, Workload, make_workloads, warmup_steps
 
 ZOO_POINTS = Path(__file__).resolve().parent / "zoo_points.json"
 DEFAULT_RATES = (1000.0, 4000.0)
-DEFAULT_STRATEGIES = ("horovod-tape", "mwms-fit", "caramel-function@tf", "caramel@tf", "caramel-function@hvd")
+DEFAULT_STRATEGIES = ("horovod-tape", "hvd-script", "caramel-tape", "caramel-function", "caramel")
 BASELINE = BASELINES[0]
 """The baseline of the ratios where none is named: plain Horovod's tape, whose M calibrated the points."""
 OWN_GRAPH = "own"
@@ -111,6 +132,17 @@ REGIMES = {
     "vit_b16": "vision transformer",
 }
 assert set(REGIMES) == set(NAMES), "every profile has a regime"
+TIMELINE_MODELS = {
+    "h200_resnet50": "resnet50", "h200_vgg16": "vgg16", "h200_densenet121": "densenet121", "h200_mobilenet_v2": "mobilenet_v2",
+    "h200_convnext_tiny": "convnext_tiny", "h200_vit_b_16": "vit_b16", "h200_gpt2": "gpt2_small",
+}  # fmt: skip
+"""The zoo profile of the same model as each timeline, whose regime it shares."""
+REGIME_PROFILES = tuple(next(name for name in REGIMES if REGIMES[name] == each) for each in dict.fromkeys(REGIMES.values()))
+"""One profile of each regime, the first REGIMES names for it: the subset `--profiles regimes` runs."""
+MODES = ("graph-ops", "device-clock", "h200")
+H200_RATES = (1000.0, 2500.0)
+"""The h200 mode's default links: 10 and 25 GbE at the default --time-scale 10."""
+DEFAULT_TIME_SCALE = 10.0
 CALIBRATION_STEPS, CALIBRATION_WARMUP = 12, 4
 # The best path's step within this much of the bound of any schedule counts as near it.
 NEAR_BOUND = 1.15
@@ -153,6 +185,11 @@ def save_points(points: dict, args: argparse.Namespace) -> None:
     ZOO_POINTS.write_text(json.dumps(document, indent=1) + "\n")
 
 
+def h200_points(names: list[str], rates: list[float], time_scale: float) -> dict:
+    """The h200 mode's points: every timeline `time_scale` times slower than the H200, at each rate."""
+    return {name: {f"{rate:g}": {"device_tflops": BASE_RATE / time_scale} for rate in rates} for name in names}
+
+
 def load_points() -> dict:
     if not ZOO_POINTS.is_file():
         return {}
@@ -186,6 +223,13 @@ def ratio(point: Point, strategy: str, baseline: str = BASELINE) -> float:
 def point_backend(results: dict[str, Point], strategy: str) -> str:
     """The backend that moved the strategy's gradients (as the first point that ran it says)."""
     return next((point.backend_of(strategy) for point in results.values() if strategy in point.cells), backend_of(strategy))
+
+
+def baselines_needed(strategies: tuple[str, ...]) -> list[str]:
+    """Horovod's tape always; MultiWorkerMirroredStrategy's fit where a strategy runs on
+    TensorFlow's collectives, which it is the baseline of."""
+    on_tensorflow = any(backend_of(name) == TENSORFLOW for name in strategies)
+    return [name for name in BASELINES if name == BASELINE or on_tensorflow]
 
 
 def baselines_of(strategies: tuple[str, ...]) -> list[str]:
@@ -231,11 +275,27 @@ def planner_error(cell: Cell) -> float:
 
 def arms(cell: Cell) -> str:
     """How each run's steps ran at the end: P the plan, H the backend's own way in Caramel's graph,
-    G the backend's own graph of one step (graph_choice.py; "horovod" in runs before the backends)."""
+    G the backend's own graph of one step (graph_choice.py; "horovod" in runs before the backends),
+    - a per-step path (a tf.function the script calls once per step), which runs the backend's own way."""
     return "".join(
-        "G" if run.details.get("graph") in (OWN_GRAPH, "horovod") else {True: "P", False: "H"}.get(run.details.get("planned"), "?")
+        "G" if run.details.get("graph") in (OWN_GRAPH, "horovod") else {True: "P", False: "H"}.get(run.details.get("planned"), "-")
         for run in cell.runs
     )
+
+
+def regime(name: str) -> str:
+    """What a profile stands for in the zoo; a timeline's is its model's."""
+    return REGIMES.get(name) or REGIMES.get(TIMELINE_MODELS.get(name, ""), "measured timeline")
+
+
+def device_cell(point: Point, name: str) -> str:
+    """The point's device: its rate, or how much slower than the measured accelerator it runs."""
+    return f"x{BASE_RATE / point.device_tflops:.3g}" if is_timeline(name) else f"{point.device_tflops:.3g}"
+
+
+def of_compute_and_comm(point: Point, strategy: str) -> float:
+    """The strategy's step over C + M (with the M of its backend): 1 is no overlap at all."""
+    return point.median(strategy) / (point.median("compute-only") + point.comm(point.backend_of(strategy)))
 
 
 def ratio_cell(point: Point, strategy: str, baseline: str, width: int = 22) -> str:
@@ -262,7 +322,7 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
         titles = {name: f"{name} /{baseline[0].upper()}" for name in others}
         widths = {name: max(22, len(title)) for name, title in titles.items()}
         header = (
-            f"{'profile':18} {'regime':18} {'Mbit/s':>6} {'TFLOP/s':>7} {'C':>6} {'M':>6} | {baseline + ' s':^22} | "
+            f"{'profile':18} {'regime':18} {'Mbit/s':>6} {'device':>7} {'C':>6} {'M':>6} {'C+M':>6} | {baseline + ' s':^22} | "
             + " | ".join(f"{title:^{widths[name]}}" for name, title in titles.items())
             + f" | {'best/bnd':>8}"
         )
@@ -272,9 +332,10 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
             name = key.split("@")[0]
             best = best_path(point, strategies)
             bound = point.median(best) / bound_of_any_schedule(point, workloads[name], best) if best else math.nan
+            compute, communication = point.median("compute-only"), point.median(comm)
             print(
-                f"{name:18} {REGIMES[name]:18} {point.rate_mbit:6g} {point.device_tflops:7.3g} {point.median('compute-only'):6.3f} "
-                f"{point.median(comm):6.3f} | {point.cells.get(baseline, Cell()).describe()} | "
+                f"{name:18} {regime(name):18} {point.rate_mbit:6g} {device_cell(point, name):>7} {compute:6.3f} "
+                f"{communication:6.3f} {compute + communication:6.3f} | {point.cells.get(baseline, Cell()).describe()} | "
                 + " | ".join(ratio_cell(point, other, baseline, widths[other]) for other in others)
                 + f" | {bound:8.2f}"
             )
@@ -282,11 +343,14 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
     if not paths:
         return
     baselines = baselines_of(strategies)
-    print("\nCaramel's runs: step over the bound of any schedule (its backend's M), the plan's predicted step over what its "
-          "steps measured, how each run ended (P the plan, H the backend's own way in Caramel's graph, G the backend's own graph "
-          "of one step), peak RSS and CPU per step over each baseline's")  # fmt: skip
-    header = f"{'profile':18} {'Mbit/s':>6} {'strategy':22} | {'/bnd':>5} | {'pred/meas':>9} | {'arms':>5}" + "".join(
-        f" | {'RSS /' + b[0].upper():>7} {'CPU /' + b[0].upper():>7}" for b in baselines
+    print("\nCaramel's runs: step over C + M (its backend's M) beside each baseline's, over the bound of any schedule, the "
+          "plan's predicted step over what its steps measured, how each run ended (P the plan, H the backend's own way in Caramel's "
+          "graph, G the backend's own graph of one step, - a per-step path), CPU per step and peak RSS over each baseline's")  # fmt: skip
+    header = (
+        f"{'profile':18} {'Mbit/s':>6} {'strategy':22} | {'/(C+M)':>6}"
+        + "".join(f" {b[0].upper() + ' /(C+M)':>8}" for b in baselines)
+        + f" | {'/bnd':>5} | {'pred/meas':>9} | {'arms':>5}"
+        + "".join(f" | {'CPU /' + b[0].upper():>7} {'RSS /' + b[0].upper():>7}" for b in baselines)
     )
     print(header)
     print("-" * len(header))
@@ -295,12 +359,13 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
         for path in paths:
             cell = point.cells.get(path, Cell())
             of_bound = point.median(path) / bound_of_any_schedule(point, workloads[name], path)
+            overlap = f"{of_compute_and_comm(point, path):6.3f}" + "".join(f" {of_compute_and_comm(point, b):8.3f}" for b in baselines)
             resources = "".join(
-                f" | {(cell.peak_rss_bytes or math.nan) / (point.cells.get(b, Cell()).peak_rss_bytes or math.nan):7.2f} "
-                f"{cell.cpu_seconds_per_step / point.cells.get(b, Cell()).cpu_seconds_per_step:7.2f}"
+                f" | {cell.cpu_seconds_per_step / point.cells.get(b, Cell()).cpu_seconds_per_step:7.2f} "
+                f"{(cell.peak_rss_bytes or math.nan) / (point.cells.get(b, Cell()).peak_rss_bytes or math.nan):7.2f}"
                 for b in baselines
             )
-            print(f"{name:18} {point.rate_mbit:6g} {path:22} | {of_bound:5.2f} | {planner_error(cell):9.2f} | {arms(cell):>5}{resources}")
+            print(f"{name:18} {point.rate_mbit:6g} {path:22} | {overlap} | {of_bound:5.2f} | {planner_error(cell):9.2f} | {arms(cell):>5}{resources}")
 
 
 def geometric_mean(values: list[float]) -> float:
@@ -431,8 +496,25 @@ def job_wall_times(bench: Bench, workload: Workload, rate: float, strategies: tu
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the method.")
-    parser.add_argument("--profiles", help=f"comma-separated profiles (default: the whole zoo, {len(NAMES)})")
-    parser.add_argument("--rates", default=",".join(f"{rate:g}" for rate in DEFAULT_RATES), help="link rates in Mbit/s (default 1000,4000)")
+    parser.add_argument(
+        "--mode", choices=MODES, default=MODES[0],
+        help="how the compute runs: graph-ops (the default), device-clock, or h200 (measured timelines); see the module docstring",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profiles",
+        help=f"comma-separated profiles, or `regimes` ({','.join(REGIME_PROFILES)}) (default: the whole zoo, {len(NAMES)}; in the "
+        f"h200 mode, every timeline: {','.join(timeline_names())})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rates",
+        help=f"link rates in Mbit/s (default {','.join(f'{rate:g}' for rate in DEFAULT_RATES)}; in the h200 mode "
+        f"{','.join(f'{rate:g}' for rate in H200_RATES)}, which stand for 10 and 25 GbE at --time-scale {DEFAULT_TIME_SCALE:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--time-scale", type=float, default=DEFAULT_TIME_SCALE,
+        help=f"the h200 mode's k: every time of a timeline multiplied by k, for links k times slower than the ones they stand for "
+        f"(default {DEFAULT_TIME_SCALE:g})",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and point (default 3)")
     parser.add_argument(
         "--steps", type=int, default=16,
@@ -456,14 +538,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--report", type=Path, metavar="RESULTS_JSON", help="print the table of an earlier run's results.json and draw its plot beside it (zoo.png), and run nothing")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
-    args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()] if args.profiles else list(NAMES)
-    unknown = [name for name in args.profile_names if name not in NAMES]
+    known = timeline_names() if args.mode == "h200" else NAMES
+    if args.profiles == "regimes" and args.mode != "h200":
+        args.profile_names = list(REGIME_PROFILES)
+    else:
+        args.profile_names = [name.strip() for name in args.profiles.split(",") if name.strip()] if args.profiles else list(known)
+    unknown = [name for name in args.profile_names if name not in known]
     if unknown or not args.profile_names:
-        parser.error(f"--profiles: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(NAMES)})")
-    args.rate_list = parse_rates(parser, args.rates)
+        parser.error(f"--profiles: unknown {', '.join(unknown) or '(none given)'} in the {args.mode} mode (known: {', '.join(known)})")
+    if args.time_scale <= 0:
+        parser.error(f"--time-scale: must be above 0, got {args.time_scale:g}")
+    if args.calibrate and args.mode != "graph-ops":
+        parser.error(f"--calibrate: the operating points are calibrated in the graph-ops mode (the {args.mode} mode " + (
+            "needs none: its points are the links the timelines stand for)" if args.mode == "h200" else "runs at the same device rates)"
+        ))  # fmt: skip
+    default_rates = H200_RATES if args.mode == "h200" else DEFAULT_RATES
+    args.rate_list = parse_rates(parser, args.rates or ",".join(f"{rate:g}" for rate in default_rates))
+    args.kernels = DEVICE_CLOCK if args.mode == "device-clock" else GRAPH_OPS
     args.strategies_given = args.strategies is not None
     names = parse_strategies(parser, args.strategies, args.report is not None) if args.strategies_given else DEFAULT_STRATEGIES
-    args.strategy_names = names if args.report else tuple(dict.fromkeys([*BASELINES, *names]))
+    args.strategy_names = names if args.report else tuple(dict.fromkeys([*baselines_needed(names), *names]))
     for flag, value in (("--repeats", args.repeats), ("--steps", args.steps), ("--steps-per-execution", args.steps_per_execution), ("--workers", args.workers)):
         if value < 1:
             parser.error(f"{flag}: must be at least 1, got {value}")
@@ -490,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         results = load_results(args.report)
         if not args.strategies_given:
             args.strategy_names = strategies_run(results)
-        workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]])[0] for key in results}
+        workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]], kernels=args.kernels)[0] for key in results}
         print_table(results, workloads, args.strategy_names)
         print_summary(results, workloads, args.strategy_names)
         plot(results, args.strategy_names, args.report.with_name("zoo.png"))
@@ -499,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("zoo_bench needs root: it builds network namespaces, veths, a bridge, tc shaping and an iptables rule", file=sys.stderr)
         return 2
-    points = load_points()
+    points = h200_points(args.profile_names, args.rate_list, args.time_scale) if args.mode == "h200" else load_points()
     if not args.calibrate:
         missing = [point_key(name, rate) for name in args.profile_names for rate in args.rate_list if f"{rate:g}" not in points.get(name, {})]
         if missing:
@@ -509,11 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     output.mkdir(parents=True, exist_ok=True)
     names = hostnames(bench_job(JOB_NAME, ["true"], args.workers, None))
     results: dict[str, Point] = {}
-    workloads = {name: make_workloads("emulated", [name])[0] for name in args.profile_names}
+    workloads = {name: make_workloads("emulated", [name], kernels=args.kernels)[0] for name in args.profile_names}
     try:
         with EmulatedCluster(args.workers, args.rate_list[0], DEFAULT_PREFIX, DEFAULT_SUBNET, names) as cluster:
             bench = Bench(args, cluster, output)
-            bench.say(f"{args.workers} workers; output in {output}")
+            bench.say(f"{args.workers} workers, {args.mode} compute; output in {output}")
             if args.calibrate:
                 calibrate(bench, list(workloads.values()), args.rate_list, points)
                 return 0
