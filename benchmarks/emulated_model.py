@@ -23,21 +23,23 @@ The compute runs in one of two ways (`KERNELS`), reported side by side by the be
     graph-ops     each kernel is an ordinary op of the step's graph that sleeps its time where it
                   runs, as a real kernel computes where it runs: nothing catches up afterwards, so
                   any wait the graph adds before a kernel (a transfer it is made to wait for, a
-                  thread it cannot get) lengthens the step. Kernels are stateless, as real ones
-                  are, and each backward kernel's outputs are the data its layer's gradients are
-                  made of, so no optimisation prunes it or reorders it against them.
+                  thread it cannot get) lengthens the step.
     device-clock  the kernels share one emulated device's timeline, slept against deadlines: a
                   late wake-up of a Python thread (two cores, busy with the collectives) shortens
                   the next sleep instead of adding up over hundreds of layers, as a real
                   accelerator's queued kernels would. That also hides a loss of overlap whose
-                  wait is short, so it is kept beside graph-ops, not instead of it. Its backward
-                  kernels are stateful (run in program order, never pruned), and a gradient is its
-                  weight's value once its layer's backward kernel has run (a control dependency).
+                  wait is short, so it is kept beside graph-ops, not instead of it.
 
 Either way, the forward kernel reads a slice of each of its weights, so it runs only once that
 weight's last update is applied, as a real layer would; the loss depends on every layer's output;
 and a gradient is a real tensor of its weight's shape (the weight's own value: nothing to fold,
-no copy), which exists only once its layer's backward kernel has run.
+no copy), which exists only once its layer's backward kernel has run (a control dependency). The
+backward kernel is a stateful op: grappler may drop a control dependency on a stateless op, and
+then prunes the kernel whose output nothing else reads (a stateless backward kernel, or one
+whose gradients were reshaped from a shape it output, was gone from the optimized graph). A
+stateful op without a resource input runs in program order with the others of its function: the
+backward kernels, in backpropagation's order, which their data imposes anyway (TensorFlow's
+collectives take an ordering token, and Horovod's are not stateful, so neither waits for them).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class Kernels:
         else:
             time.sleep(seconds)
 
-    def forward(self, x: tf.Tensor, weights: Sequence[tf.Tensor], seconds: float) -> tf.Tensor:
+    def forward(self, x: tf.Tensor, weights: Sequence[tf.Tensor], seconds: float, name: str) -> tf.Tensor:
         """x, once `seconds` were spent on it and a slice of every weight was read."""
         first_elements = tf.concat([tf.reshape(weight, [-1])[:1] for weight in weights], axis=0)
 
@@ -105,36 +107,22 @@ class Kernels:
             self._sleep(seconds)
             return value
 
-        y = tf.numpy_function(run, [x, first_elements], x.dtype, stateful=False, name="emulated_forward")
+        y = tf.numpy_function(run, [x, first_elements], x.dtype, stateful=False, name=f"{name}_forward")
         y.set_shape(x.shape)
         return tf.identity(y)
 
-    def backward(self, upstream: tf.Tensor, weights: Sequence[tf.Tensor], seconds: float) -> list[tf.Tensor]:
-        """The gradient of the layer's input and of each of its weights, once `seconds` were spent."""
-        if self.kind == DEVICE_CLOCK:
+    def backward(self, upstream: tf.Tensor, weights: Sequence[tf.Tensor], seconds: float, name: str) -> list[tf.Tensor]:
+        """The gradient of the layer's input and of each of its weights, once `seconds` were spent.
+        The kernel's op is named `name`_backward (step_timeline.py finds it by that name)."""
 
-            def run_stateful(value: np.ndarray) -> np.ndarray:
-                self._sleep(seconds)
-                return value
-
-            dx = tf.numpy_function(run_stateful, [upstream], upstream.dtype, stateful=True, name="emulated_backward")
-            dx.set_shape(upstream.shape)
-            with tf.control_dependencies([dx]):
-                return [dx, *(tf.identity(weight) for weight in weights)]
-        shapes = [np.array(weight.shape.as_list(), np.int32) for weight in weights]
-
-        def run(value: np.ndarray) -> list[np.ndarray]:
+        def run(value: np.ndarray) -> np.ndarray:
             self._sleep(seconds)
-            return [value, *shapes]
+            return value
 
-        dx, *computed_shapes = tf.numpy_function(run, [upstream], [upstream.dtype, *[tf.int32] * len(weights)], stateful=False, name="emulated_backward")
+        dx = tf.numpy_function(run, [upstream], upstream.dtype, stateful=True, name=f"{name}_backward")
         dx.set_shape(upstream.shape)
-        # Each gradient is its weight's buffer, reshaped (no copy) by a shape the kernel outputs:
-        # data of the kernel, as a real kernel's gradient is, so it exists only once the kernel ran.
-        gradients = [tf.reshape(weight, shape) for weight, shape in zip(weights, computed_shapes)]
-        for gradient, weight in zip(gradients, weights):
-            gradient.set_shape(weight.shape)
-        return [dx, *gradients]
+        with tf.control_dependencies([dx]):
+            return [dx, *(tf.identity(weight) for weight in weights)]
 
 
 class EmulatedLayer(tf.keras.layers.Layer):
@@ -154,10 +142,10 @@ class EmulatedLayer(tf.keras.layers.Layer):
     def call(self, inputs: tf.Tensor) -> tf.Tensor:
         weights = [tf.convert_to_tensor(weight) for weight in self.parameter_variables]  # reads on the tape: the gradients reach the variables
         with record.stop_recording():
-            outputs = self.kernels.forward(inputs, weights, self.forward_seconds)
+            outputs = self.kernels.forward(inputs, weights, self.forward_seconds, self.name)
 
         def gradient(upstream: tf.Tensor) -> list[tf.Tensor]:
-            return self.kernels.backward(upstream, weights, self.backward_seconds)
+            return self.kernels.backward(upstream, weights, self.backward_seconds, self.name)
 
         # What tf.custom_gradient does, minus its global registration of a gradient function
         # per call, which would keep every traced step graph alive (and with it, at every

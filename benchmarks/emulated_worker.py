@@ -88,7 +88,7 @@ def main() -> None:
         profile = scaled(profile, args.device_tflops)
     with joined.scope():
         model = emulated_model.build_model(profile, args.kernels)
-    times = StepLog(args.warmup)
+    times = StepLog(args.warmup, f"{args.strategy}-{args.api}")
     total = args.warmup + args.steps
     details: dict = {}
     if args.strategy == "comm-only":

@@ -31,7 +31,7 @@ def horovod_tensorflow() -> ModuleType:
     """The real Horovod's `horovod.tensorflow`, whatever the process's path says."""
     drop_caramels_horovod(sys.path, os.environ, sys.modules)
     module = importlib.import_module("horovod.tensorflow")
-    if is_caramels(os.path.dirname(os.path.dirname(module.__file__)), caramel_compat_dir()):
+    if is_caramels(path_entry(module), caramel_compat_dir()):
         raise RuntimeError(f"got Caramel's horovod package ({module.__file__}), not Horovod's, after taking it off sys.path")
     return module
 
@@ -40,9 +40,14 @@ def caramels_horovod_tensorflow() -> ModuleType:
     """The `horovod.tensorflow` an unchanged script imports in a Caramel job: Caramel's (the
     worker entrypoint put its package first on the path)."""
     module = importlib.import_module("horovod.tensorflow")
-    if not is_caramels(os.path.dirname(os.path.dirname(module.__file__)), caramel_compat_dir()):
+    if not is_caramels(path_entry(module), caramel_compat_dir()):
         raise RuntimeError(f"got Horovod's own horovod package ({module.__file__}), not Caramel's: is the worker run by caramel's entrypoint?")
     return module
+
+
+def path_entry(module: ModuleType) -> str:
+    """The path entry a `horovod.tensorflow` module was imported from (the directory holding `horovod`)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(module.__file__)))
 
 
 def variables_of(variables: Sequence[tf.Variable]) -> list[tf.Variable]:

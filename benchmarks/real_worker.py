@@ -123,7 +123,7 @@ def main() -> None:
     parameters = sum(variable.shape.num_elements() for variable in variables)
     if parameters != spec.parameters:
         sys.exit(f"{args.model} has {parameters} trainable parameters, workloads.REAL_MODELS says {spec.parameters}: update it")
-    times = StepLog(args.warmup)
+    times = StepLog(args.warmup, f"{args.strategy}-{args.api}")
     total = args.warmup + args.steps
     details = {"model": args.model, "parameters": parameters, "batch_size": spec.batch_size}
     me = rank()

@@ -19,6 +19,7 @@ from types import ModuleType
 
 import tensorflow as tf
 
+from benchmarks.step_trace import StepTrace
 from caramel.contract.env import WorkerContract
 from caramel.tensorflow import runtime
 
@@ -51,15 +52,17 @@ class CollectorClock:
 
 
 class StepLog:
-    """Counts steps; rank 0 prints every measured one as it ends. Steps of one graph execution
+    """Counts steps; rank 0 prints every measured one as it ends, and traces one where
+    CARAMEL_BENCH_TRACE asks (step_trace.py; `run` names the trace). Steps of one graph execution
     share its time equally. The CPU time of the measured steps is kept for the summary: from the
     end of the warm-up to the end of the last step, so what a strategy does once at the end of
     training (Caramel's weights check hashes every weight) is not spread over the steps."""
 
-    def __init__(self, warmup: int) -> None:
+    def __init__(self, warmup: int, run: str = "run") -> None:
         self.warmup = warmup
         self.count = 0
         self.rank = rank()
+        self._trace = StepTrace.from_env(self.rank, run)
         self._cpu_at_warmup_end = cpu_seconds() if warmup == 0 else None
         self._cpu_at_last_step: float | None = None
         self._collector = CollectorClock()
@@ -71,6 +74,8 @@ class StepLog:
             self.count += 1
             if self.rank == 0 and self.count > self.warmup:
                 print(json.dumps({"event": "step", "step": self.count - self.warmup, "seconds": seconds / steps}), flush=True)
+        if self._trace is not None:
+            self._trace.steps_done(self.count)
         if self._cpu_at_warmup_end is None and self.count >= self.warmup:
             self._cpu_at_warmup_end, self._collector_at_warmup_end = cpu_seconds(), self._collector.seconds
         elif self.count > self.warmup:
@@ -158,7 +163,7 @@ def caramel_details() -> dict:
         "alpha_seconds": replanner.link.alpha,
         "bytes_per_second": replanner.link.bytes_per_second,
         "plan_changes": replanner.plan_changes,
-        "planned": communicator.runs_plan,
+        "planned": communicator.runs_plan if plan else None,  # None: no plan was made (a per-step path)
         "graph": communicator.graphs.running,
         # What the last round between Caramel's graph and the backend's own graph of one step measured, per
         # step (graph_choice.py's CARAMEL and OWN_GRAPH).
