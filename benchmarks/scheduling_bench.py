@@ -390,8 +390,12 @@ class Bench:
             warmup = self.args.autotune_warmup
             env |= {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(self.output / f"{tag}.autotune.csv"), **AUTOTUNE_ENV}
         chosen = STRATEGIES.get(strategy, Strategy(strategy))  # compute-only and comm-only run as they are named
-        if chosen.lab:
-            env |= lab_variables(**chosen.lab)
+        # A measured run stands for the steady state of a long training: its first plan's search,
+        # which runs beside the steps in a job, is waited for, so that the warm-up ends where
+        # `warmup_steps` says Caramel's first rounds do.
+        lab = {**chosen.lab, **({"first_plan_waits": True} if chosen.worker in CARAMEL_WORKERS and not whole_job else {})}
+        if lab:
+            env |= lab_variables(**lab)
         api = chosen.api or default_api(self.args.compute, chosen.worker)
         command = workload.command(chosen.worker, api, steps, warmup, self.args.steps_per_execution, whole_job)
         job = bench_job(

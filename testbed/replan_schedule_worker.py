@@ -1,8 +1,10 @@
 """A lone rank for tests/test_replan_schedule.py: drives the real `Replanner` through
 the execution boundaries of a training run at several steps per execution, with real probes
 and plan searches, and prints at which completed step it decided each plan, as JSON
-{"decided": {steps_per_execution: [steps]}, "back_to_back": [steps]}: the latter where
-boundaries come back to back while a search runs.
+{"decided": {steps_per_execution: [steps]}, "back_to_back": [steps], "beside": [steps]}: "decided"
+and "back_to_back" with the first plan's search waited for (the lab setting `first_plan_waits`,
+as the benchmarks and tests run), the latter where boundaries come back to back while a search
+runs; "beside" with boundaries back to back and the first plan's search beside them, as in a job.
 
 The steps' timings are made up (every gradient's backward pass and transfer take the same
 time); only when the replanner decides is read, not what.
@@ -14,6 +16,7 @@ import json
 import time
 
 from caramel.contract.api import Scheduling
+from caramel.contract.lab import LabScheduling
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepTimes, TransferTiming
 from caramel.tensorflow.backends.tensorflow import TensorFlowBackend
@@ -24,10 +27,11 @@ GIVE_UP_SECONDS = 60  # a second decision long after this is a failure the test 
 STEPS_PER_EXECUTION = (1, 4, 8)
 
 
-def decision_steps(steps_per_execution: int, search_ends_first: bool = True) -> list[int]:
+def decision_steps(steps_per_execution: int, search_ends_first: bool = True, first_plan_waits: bool = True) -> list[int]:
     """The steps at which the replanner decided. With `search_ends_first`, each boundary comes only once a running search has ended, as
     where steps take longer than a search; without, boundaries come back to back."""
-    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-4, beta=1e-9), TensorFlowBackend(0, 1, 0, 1, timeout_seconds=10.0))
+    lab = LabScheduling(first_plan_waits=first_plan_waits)
+    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-4, beta=1e-9), TensorFlowBackend(0, 1, 0, 1, timeout_seconds=10.0), lab)
     replanner.plan_for(GRADIENT_SIZES)
     decided = []
     adopt = replanner._adopt
@@ -59,7 +63,8 @@ def decision_steps(steps_per_execution: int, search_ends_first: bool = True) -> 
 
 def main() -> None:
     decided = {spe: decision_steps(spe) for spe in STEPS_PER_EXECUTION}
-    print(json.dumps({"decided": decided, "back_to_back": decision_steps(4, search_ends_first=False)}), flush=True)
+    back_to_back, beside = decision_steps(4, search_ends_first=False), decision_steps(4, search_ends_first=False, first_plan_waits=False)
+    print(json.dumps({"decided": decided, "back_to_back": back_to_back, "beside": beside}), flush=True)
 
 
 if __name__ == "__main__":

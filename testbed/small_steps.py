@@ -11,13 +11,19 @@ import tensorflow as tf
 import caramel.tensorflow as ctf
 from testbed.small_model import DEFAULT_LEARNING_RATE, LOSS, batch, build_model, build_optimizer
 
+# Executions run at most, waiting for the first plan to be decided: the steps of the small model
+# take milliseconds, the plan's search, in a process of its own, about a second to start.
+MAX_EXECUTIONS = 2000
 
-def train(
-    executions: int, steps_per_execution: int, on_trace: Callable[[], None] = lambda: None, say_total_steps: bool = False
+
+def train_past_the_first_plan(
+    steps_per_execution: int, on_trace: Callable[[], None] = lambda: None, total_steps: int | None = None, executions_after: int = 2
 ) -> tf.keras.Model:
-    """Run `executions` executions of `steps_per_execution` steps; `on_trace` is called each time
-    a step is traced into a graph; with `say_total_steps`, `ctf.function` is told how many steps
-    there are. Returns the trained model."""
+    """Run executions of `steps_per_execution` steps until the first plan is decided (every rank
+    decides at the same execution), then `executions_after` more; `on_trace` is called each time a
+    step is traced into a graph; `total_steps`, if given, is what `ctf.function` is told the run
+    will take. Returns the trained model."""
+    runtime = ctf.init()
     model = build_model(8)
     optimizer = ctf.DistributedOptimizer(build_optimizer(DEFAULT_LEARNING_RATE))
     ctf.broadcast_variables(model.variables)
@@ -29,9 +35,14 @@ def train(
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    total_steps = steps_per_execution * executions if say_total_steps else None
     steps = ctf.function(step, steps_per_execution=steps_per_execution, total_steps=total_steps)
-    data = iter(tf.data.Dataset.range(steps_per_execution * executions).map(lambda i: batch(i, ctf.rank(), 16)))
-    for _ in range(executions):
+    data = iter(tf.data.Dataset.range(steps_per_execution * MAX_EXECUTIONS).map(lambda i: batch(i, ctf.rank(), 16)))
+    executions = 0
+    while not runtime.communicator.replanner.measured:
+        if executions == MAX_EXECUTIONS:
+            raise RuntimeError(f"no first plan after {MAX_EXECUTIONS} executions")
+        steps(data)
+        executions += 1
+    for _ in range(executions_after):
         steps(data)
     return model

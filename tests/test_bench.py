@@ -77,8 +77,11 @@ def test_every_caramel_path_runs_on_each_backend_and_the_baselines_on_their_own(
         for suffix, backend in (("@tf", "tensorflow"), ("@hvd", "horovod")):
             strategy = bench.STRATEGIES[path + suffix]
             assert (strategy.worker, strategy.api, strategy.caramel, strategy.backend) == ("caramel", api, {"backend": backend}, backend)
-        # The names before the backends still run: Caramel's defaults, auto, tensorflow for these workers.
-        assert bench.STRATEGIES[path].caramel == {} and bench.STRATEGIES[path].backend == "tensorflow"
+        # Caramel's defaults: auto, which takes Horovod's collectives wherever Horovod is installed.
+        assert bench.STRATEGIES[path].caramel == {} and bench.STRATEGIES[path].backend == "horovod"
+    # Plain Horovod's loop, unchanged under Caramel's horovod package.
+    assert (bench.STRATEGIES["hvd-script"].worker, bench.STRATEGIES["hvd-script"].api) == ("hvd-script", "tape")
+    assert "hvd-script" in bench.caramel_strategies(("horovod-tape", "hvd-script"))
     assert (bench.STRATEGIES["horovod-tape"].worker, bench.STRATEGIES["horovod-tape"].api, bench.STRATEGIES["horovod-tape"].backend) == ("horovod", "tape", "horovod")
     assert (bench.STRATEGIES["mwms-fit"].worker, bench.STRATEGIES["mwms-fit"].api, bench.STRATEGIES["mwms-fit"].backend) == ("mwms", "fit", "tensorflow")
     assert bench.STRATEGIES["mwms-loop"].api == "tape"
@@ -273,11 +276,15 @@ def test_workloads_of_each_mode() -> None:
     emulated, = make_workloads("emulated", ["resnet50"], device_tflops=2.5)
     assert emulated.scalable and emulated.device_tflops == 2.5 and emulated.device == "2.5 TFLOP/s"
     assert emulated.command("horovod", "fit", 10, 3, 4)[1:] == [
-        "-m", emulated.worker, "--profile", "resnet50", "--device-tflops", "2.5",
+        "-m", emulated.worker, "--profile", "resnet50", "--device-tflops", "2.5", "--kernels", "graph-ops",
         "--strategy", "horovod", "--api", "fit", "--steps", "10", "--warmup", "3", "--steps-per-execution", "4",
     ]  # fmt: skip
     slower = emulated.scaled(1.25)
     assert slower.device_tflops == 1.25 and slower.compute_seconds == pytest.approx(2 * emulated.compute_seconds)
+    assert make_workloads("emulated", ["resnet50"], kernels="device-clock")[0].worker_args[-2:] == ("--kernels", "device-clock")
+    # A measured timeline, ten times slower than the H200 it was measured on.
+    timeline, = make_workloads("emulated", ["h200_resnet50"], device_tflops=0.1)
+    assert timeline.timeline and timeline.device == "H200 x10" and timeline.device_tag == "x10"
     real, = make_workloads("real", ["small"])
     assert not real.scalable and real.device_tflops is None and real.device_tag == "real"
     assert real.gradient_bytes == 4 * REAL_MODELS["small"].parameters
@@ -323,7 +330,9 @@ def test_cpu_floor_is_every_ranks_cpu_over_the_cores(monkeypatch: pytest.MonkeyP
 
 def test_warmup_covers_caramels_first_rounds() -> None:
     """The default warm-up ends once Caramel runs what its first rounds chose: the arm, then the graph."""
-    assert bench.parse_args([]).warmup == 24 + 16  # steps 1-4 single, 5-8 settle the plan, 4 blocks of 4 of each round
+    # Steps 1-4 on the own graph stamp the releases (the run waits for the first plan's search at
+    # their end), 5-8 settle the plan in Caramel's graph, then 4 blocks of 4 of each round.
+    assert bench.parse_args([]).warmup == 24 + 16
     assert bench.parse_args(["--steps-per-execution", "8"]).warmup == 16 + 2 * 4 * 8  # blocks of whole executions
     assert bench.parse_args(["--steps-per-execution", "1", "--steps", "3"]).warmup == 2 + 2 * 4 * 4
 
@@ -413,6 +422,10 @@ def test_table_gives_the_ordered_bounds_and_caramels_link_time_for_emulated_comp
     line = next(line for line in capsys.readouterr().out.splitlines() if "release and read order" in line)
     assert "(the baselines'); caramel@hvd" in line and "horovod-tape" not in line
     # Real compute has no per-layer times to bound with.
+    assert make_workloads("emulated", ["resnet50"], kernels="device-clock")[0].worker_args[-2:] == ("--kernels", "device-clock")
+    # A measured timeline, ten times slower than the H200 it was measured on.
+    timeline, = make_workloads("emulated", ["h200_resnet50"], device_tflops=0.1)
+    assert timeline.timeline and timeline.device == "H200 x10" and timeline.device_tag == "x10"
     real, = make_workloads("real", ["small"])
     bench.print_table(real, [point], point, ("horovod-tape", "caramel@hvd"), workers=4)
     assert "release and read order" not in capsys.readouterr().out

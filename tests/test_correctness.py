@@ -56,10 +56,13 @@ def trained_weights(tmp_path, api: str, caramel: dict, steps_per_execution: int 
 
 
 def train(
-    tmp_path, api: str, caramel: dict, steps_per_execution: int, env: dict | None = None, steps: int = STEPS
+    tmp_path, api: str, caramel: dict, steps_per_execution: int, lab: dict | None = None, steps: int = STEPS
 ) -> tuple[list[np.ndarray], str]:
     """Rank 0's weights after training `steps` steps through `api` with these spec.caramel
-    settings and extra environment variables, and the job's standard error."""
+    settings and lab settings, and the job's standard error. The steps wait for the first plan's
+    search (a lab setting: these steps take milliseconds, the search's process about a second to
+    start), so that Caramel's graph of several steps runs from the second execution on."""
+    env = lab_variables(first_plan_waits=True, **(lab or {}))
     output = tmp_path / "weights.npz"
     command = [
         sys.executable, "-m", "testbed.sgd_worker", "--api", api, "--steps", str(steps), "--batch-size", str(BATCH),
@@ -95,7 +98,7 @@ def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode,
         pytest.skip("TensorFlow has no reduce-scatter on the CPU: test_split_collectives_are_refused_on_tensorflow")
     caramel, lab = MODES[mode]
     # Several steps per graph, with a step count that leaves a shorter last execution.
-    weights, _ = train(tmp_path, "tape-fit", {**caramel, "backend": backend}, steps_per_execution=4, env=lab_variables(**lab))
+    weights, _ = train(tmp_path, "tape-fit", {**caramel, "backend": backend}, steps_per_execution=4, lab=lab)
     assert_same_weights(weights, expected)
 
 

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from caramel.contract.lab import lab_variables
 from caramel.planner.rounds import settled_step
 from conftest import job_manifest, run_caramel, write_manifest
 
@@ -24,7 +25,9 @@ def run_worker(tmp_path, strategy: str, api: str, warmup: int, caramel: dict | N
         sys.executable, "-m", "benchmarks.emulated_worker", "--profile", "mobilenet_v2", "--device-tflops", "1000",
         "--strategy", strategy, "--api", api, "--steps", "4", "--warmup", str(warmup), "--steps-per-execution", "2",
     ]  # fmt: skip
-    manifest = job_manifest(script=None, command=command, args=[], workers={"replicas": RANKS}, caramel=caramel or {})
+    # The run stands for a long training's steady state, as the benchmark's: the first plan's search is waited for.
+    env = [{"name": name, "value": value} for name, value in lab_variables(first_plan_waits=True).items()]
+    manifest = job_manifest(script=None, command=command, args=[], workers={"replicas": RANKS}, caramel=caramel or {}, env=env)
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     events = [json.loads(line[line.index("{") :]) for line in result.stderr.splitlines() if '{"event": ' in line]

@@ -1,7 +1,9 @@
 """When the Replanner decides, driven through its real boundaries (testbed/replan_schedule_worker.py,
-one Horovod rank): the first measured plan at the first boundary, as `caramel.planner.rounds`
-assumes for the arm selector's first round (and the bench for its warm-up); the next one a
-re-plan interval later, adopted PLAN_LAG_STEPS after its search started."""
+one rank): where the first plan's search is waited for (the benchmarks' and tests' lab setting), the
+first measured plan at the first boundary, as `caramel.planner.rounds` assumes for the arm
+selector's first round (and the bench for its warm-up); otherwise at the first boundary after its
+search ended, beside the steps; the next one a re-plan interval later, adopted PLAN_LAG_STEPS after
+its search started."""
 
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ def test_plans_are_decided_at_the_first_boundary_then_every_interval():
     # is waited for.
     back_to_back = report["back_to_back"]
     assert back_to_back[0] == 4 and back_to_back[1] > decided[4][1], report
+    # In a job the first plan's search runs beside the steps too: decided at a later boundary.
+    assert report["beside"][0] > 4, report
 
 
 def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one_rank):

@@ -28,9 +28,9 @@ def test_each_plan_traces_its_step_once(tmp_path):
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode == 0, result.stderr
     (report,) = [json.loads(line.split("| ", 1)[1]) for line in result.stderr.splitlines() if "steps_per_traced_graph" in line]
-    # The one-step graph of the first, unmeasured plan (traced twice: its first trace makes the
-    # optimizer's and the stamps' variables), then the first measured plan's step, traced once
-    # and copied four times into its execution's graph.
+    # The backend's own graph of one step, which runs until the first plan is decided (traced
+    # twice: its first trace makes the optimizer's variables), then the first measured plan's
+    # step, traced once and copied four times into its execution's graph.
     assert report == {"steps_per_traced_graph": [1, 1, 1]}, result.stderr
 
 
@@ -40,6 +40,6 @@ def test_a_run_too_short_to_repay_a_graph_of_several_steps_keeps_one_step_per_gr
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode == 0, result.stderr
     (report,) = [json.loads(line.split("| ", 1)[1]) for line in result.stderr.splitlines() if "steps_per_traced_graph" in line]
-    # Only the one-step graph of the first plan (traced twice, see above): no graph of several steps.
+    # Only the own graph of one step (traced twice, see above): no graph of several steps.
     assert report == {"steps_per_traced_graph": [1, 1]}, result.stderr
-    assert "caramel: keeping one step per graph" in result.stderr and "within the 8 steps left" in result.stderr, result.stderr
+    assert "caramel: keeping one step per graph" in result.stderr and "steps left" in result.stderr, result.stderr

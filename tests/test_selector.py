@@ -44,7 +44,7 @@ def test_a_round_settles_on_the_plan_then_measures_the_own_way_and_the_plan_in_t
     assert clock.run(10) == [PLANNED] * 10  # measured faster: kept
     horovod_mean, planned_mean = clock.selector.means.numpy()
     assert (horovod_mean, planned_mean) == pytest.approx((1.0, 0.8))
-    assert clock.selector.new_decision() == "steps run the plan: measured 800 ms per step with the plan, 1000 ms with MultiWorkerMirroredStrategy's way"
+    assert clock.selector.new_decision() == "steps run the plan: measured 800 ms per step with the plan, 1000 ms with TensorFlow's collectives in buckets as the gradients come"
     assert clock.selector.new_decision() is None  # said once
 
 

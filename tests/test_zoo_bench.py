@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import zoo_bench
+from benchmarks.accelerator_timelines import timeline_names
 from benchmarks.profiles import NAMES, TUNED, ZOO
 from benchmarks.scheduling_bench import Cell, Point, Run
 from benchmarks.workloads import make_workloads
@@ -26,10 +27,22 @@ def test_the_zoo_is_broad_and_every_profile_has_a_regime() -> None:
 def test_defaults_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     args = zoo_bench.parse_args([])
     assert args.profile_names == list(NAMES) and args.rate_list == [1000.0, 4000.0] and args.repeats == 3
-    # Both baselines first, then Caramel's public paths: ctf.function and fit on TensorFlow's
-    # collectives, ctf.function on Horovod's.
-    assert args.strategy_names == ("horovod-tape", "mwms-fit", "caramel-function@tf", "caramel@tf", "caramel-function@hvd")
-    assert zoo_bench.parse_args(["--strategies", "caramel-tape@hvd"]).strategy_names == ("horovod-tape", "mwms-fit", "caramel-tape@hvd")
+    assert args.mode == "graph-ops" and args.kernels == "graph-ops"
+    # Horovod's tape first, then every public path on Caramel's default backend: Horovod's loop
+    # unchanged, Caramel's tape in it, ctf.function, Keras fit. MultiWorkerMirroredStrategy's fit
+    # is the baseline only where a strategy runs on TensorFlow's collectives.
+    assert args.strategy_names == ("horovod-tape", "hvd-script", "caramel-tape", "caramel-function", "caramel")
+    assert zoo_bench.parse_args(["--strategies", "caramel-tape@hvd"]).strategy_names == ("horovod-tape", "caramel-tape@hvd")
+    assert zoo_bench.parse_args(["--strategies", "caramel@tf"]).strategy_names == ("horovod-tape", "mwms-fit", "caramel@tf")
+    # The three compute modes: the h200 mode replays every timeline at 10 and 25 GbE (k = 10).
+    h200 = zoo_bench.parse_args(["--mode", "h200"])
+    assert h200.profile_names == list(timeline_names()) and h200.rate_list == [1000.0, 2500.0] and h200.kernels == "graph-ops"
+    assert zoo_bench.parse_args(["--mode", "device-clock"]).kernels == "device-clock"
+    assert zoo_bench.parse_args(["--profiles", "regimes"]).profile_names == list(zoo_bench.REGIME_PROFILES)
+    assert {zoo_bench.REGIMES[name] for name in zoo_bench.REGIME_PROFILES} == set(zoo_bench.REGIMES.values())
+    assert "--profiles: unknown resnet50 in the h200 mode" in parse_error(capsys, "--mode", "h200", "--profiles", "resnet50")
+    assert "--calibrate: the operating points are calibrated in the graph-ops mode" in parse_error(capsys, "--mode", "h200", "--calibrate")
+    assert "--time-scale: must be above 0" in parse_error(capsys, "--time-scale", "0")
     assert "--profiles: unknown lenet" in parse_error(capsys, "--profiles", "lenet")
     assert "--strategies: unknown nccl" in parse_error(capsys, "--strategies", "nccl")
     assert "--strategies: horovod no longer runs" in parse_error(capsys, "--strategies", "horovod")
@@ -72,14 +85,19 @@ def test_table_and_summary_give_ratios_to_both_baselines(capsys: pytest.CaptureF
     assert " 1.600 (1.600-1.600)" in against_horovod and " 1.000 (1.000-1.000)" in against_horovod and " 0.800 (0.800-0.800)" in against_horovod
     # MultiWorkerMirroredStrategy's median is 1.76 s: caramel-function@tf 0.5x; no inverse of mwms-fit over horovod-tape.
     assert " 0.500 (0.500-0.500)" in against_mwms and " 0.625 (0.625-0.625)" in against_mwms and "1.600" not in against_mwms
-    # M is each baseline's own: Horovod's 0.6 s, TensorFlow's 0.7 s.
-    assert against_horovod.split("|")[0].split()[-1] == "0.600" and against_mwms.split("|")[0].split()[-1] == "0.700"
-    # Caramel's runs: predicted over measured; how each caramel-function@tf run ended: the plan,
-    # the backend's own way in Caramel's graph, the backend's own graph.
+    # M is each baseline's own, and C + M beside it: Horovod's 0.6 s, TensorFlow's 0.7 s.
+    assert against_horovod.split("|")[0].split()[-2:] == ["0.600", "1.200"] and against_mwms.split("|")[0].split()[-2:] == ["0.700", "1.300"]
+    # Caramel's runs: step over C + M (0.88 / 1.3), beside Horovod's (1.1 / 1.2) and MWMS's (1.76 / 1.3);
+    # predicted over measured; how each caramel-function@tf run ended: the plan, the backend's own
+    # way in Caramel's graph, the backend's own graph.
     function = next(row for row in rows[2:] if "caramel-function@tf" in row)
     columns = [column.strip() for column in function.split("|")]
-    assert columns[2:4] == ["0.91", "PHG"]
-    assert columns[4].split() == ["1.00", "1.00"] and columns[5].split() == ["1.00", "1.00"]  # RSS and CPU over each baseline's
+    assert columns[1].split() == ["0.677", "0.917", "1.354"]
+    assert columns[3:5] == ["0.91", "PHG"]
+    assert columns[5].split() == ["1.00", "1.00"] and columns[6].split() == ["1.00", "1.00"]  # CPU and RSS over each baseline's
+    # A per-step path made no plan: its runs ended on the backend's own way, by construction.
+    tape = next(row for row in rows[2:] if "caramel-tape@hvd" in row)
+    assert tape.split("|")[4].strip() == "--"
     assert "caramel-function@tf: geometric mean 0.800x horovod-tape over 1 points (0.800-0.800); at most 1.0x on 1" in out
     assert "caramel-function@tf: geometric mean 0.500x mwms-fit over 1 points (0.500-0.500); at most 1.0x on 1; worst 0.500x (densenet121@1000)" in out
     assert "mwms-fit: geometric mean 1.600x horovod-tape" in out and "horovod-tape: geometric mean" not in out

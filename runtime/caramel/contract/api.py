@@ -299,10 +299,9 @@ class Scheduling(ApiModel):
     backend: Backend = Backend.AUTO
     """Collectives that move the gradients: tensorflow is TensorFlow's own collective ops over
     gRPC (nothing compiled); horovod is Horovod's over Gloo (built at set-up; the image has it);
-    auto takes what the script uses: horovod for a script written for Horovod's API (`import
-    horovod.tensorflow`, which Caramel serves) where Horovod is installed, tensorflow otherwise.
-    Either way Caramel schedules the transfers, and falls back to the backend's own way where
-    that measured faster."""
+    auto takes horovod wherever Horovod is installed, whatever API the script uses (its
+    collectives cost less CPU per byte), and tensorflow where it is not. Either way Caramel
+    schedules the transfers, and falls back to the backend's own way where that measured faster."""
 
     allreduce: Allreduce = Allreduce.AUTO
     """All-reduce algorithm: ring is Horovod's; multitree runs MULTITREE's trees over the job's

@@ -5,6 +5,8 @@ buckets, DeAR's split collectives), so that a benchmark can tell what each piece
 (benchmarks/README.md, the anchors). None of them measured faster than Caramel's own choice,
 so a job does not offer them: a benchmark sets them in its job's environment, as JSON in
 CARAMEL_LAB_SCHEDULING (`lab_variables`), which every training process reads with its contract.
+One more is for the tests: `first_plan_waits`, which makes the steps wait for the first plan's
+search, so that a test of a few milliseconds' steps reaches Caramel's graph at a known step.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class LabScheduling(BaseModel):
     ordering: Ordering = Ordering.AUTO
     batching: Batching = Batching.AUTO
     collective: Collective = Collective.ALLREDUCE
+    first_plan_waits: bool = False
+    """The steps wait for the first plan's search, which is decided at the boundary where it
+    started; otherwise it runs beside them and is decided at the first boundary after it ended."""
 
     @classmethod
     def parse(cls, text: str | None) -> LabScheduling:

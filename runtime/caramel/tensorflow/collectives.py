@@ -61,7 +61,8 @@ def run_transfers(gradients: Sequence[tf.Tensor], transfers: Sequence[Transfer],
             gradients[p.tensor] if (p.start, p.stop) == (0, lengths[p.tensor]) else tf.reshape(gradients[p.tensor], [-1])[p.start : p.stop]
             for p in transfer.pieces
         ]
-        with tf.control_dependencies(chain.dependencies()):
+        # Named by its place in the plan, on every backend (tests read the graph by these names).
+        with tf.control_dependencies(chain.dependencies()), tf.name_scope(f"caramel_transfer_{position}"):
             outputs = reduce(inputs, f"caramel_transfer_{position}")
         chain.issued(inputs, outputs)
         done.append(outputs[0])

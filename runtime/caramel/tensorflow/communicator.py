@@ -13,6 +13,10 @@ Where a step is traced decides how its gradients travel:
     (`caramel.planner.timing`) for the metrics and the replanner.
   The selector (`selector.py`) picks the branch of every step by measured step time, in the
   graph: there is no Python on the step's path.
+- in the backend's own graph of one step that `caramel.tensorflow.function` runs until it has
+  measured a plan, and where the plan cannot repay Caramel's graph (steps.py), the backend's own
+  way, with, while the replanner needs them, stamps of when each gradient existed beside the
+  transfers: nothing waits for them, and no transfer waits for anything but its gradients;
 - in any other graph (a `tf.function` the user calls once per step, Keras' own train function),
   the backend's own way alone, unless the gradients go through MULTITREE's trees (then as above).
   Such a function returns only once its last transfer has ended, so the next step's forward
@@ -43,7 +47,7 @@ from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.rounds import MIN_BLOCK_STEPS
-from caramel.planner.timing import StepStamps, StepTimes, execution_times
+from caramel.planner.timing import StepStamps, StepTimes, backward_seconds_from_releases, execution_times
 from caramel.tensorflow.backends import Backend, ReduceOp
 from caramel.tensorflow.collectives import Chain, run_split_transfers, run_transfers
 from caramel.tensorflow.graph_choice import CARAMEL, GraphChoice
@@ -55,6 +59,11 @@ from caramel.transport.tree_allreduce import SUPPORTED_DTYPES
 
 # The name of the `switch_case` of the two ways (arms) in a step's graph.
 ARMS_NAME = "caramel_arms"
+OWN_GRAPH_SLOT = -1
+"""The stamps' slot of the backend's own graph of one step (Caramel's graph uses 0 and up)."""
+RELEASES = 2.0
+"""The first stamp of a step of the own graph that stamped its gradients' releases (beside the
+arms' OWN_WAY and PLANNED)."""
 # The link assumed before any transfer was timed: a gigabit link with a millisecond per collective.
 INITIAL_LINK = LinkModel(alpha=1e-3, beta=1 / 125e6)
 
@@ -95,6 +104,13 @@ class GradientCommunicator:
         """While Caramel's own steps are traced (None at any other time): whether the step stamps
         its gradients' releases (read in the graph; only the first step of an execution does,
         see `stamp_releases`)."""
+        self._tracing_own_graph = False
+        # The stamps' variables of the own graph and of the first step of Caramel's, made now: a
+        # variable made while tf.function traces makes it trace the whole function twice.
+        for slot in (OWN_GRAPH_SLOT, 0):
+            self._stamps.reserve(slot)
+        self._stamps.flag(OWN_GRAPH_SLOT, True)
+        self.stamp_releases(0)
 
     def allreduce(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
         """Every (dense) gradient reduced over all ranks: averaged, or summed (op SUM)."""
@@ -106,7 +122,11 @@ class GradientCommunicator:
         if self.algorithm is None:
             self._choose_algorithm(gradients)
         if self._releases is None and self.algorithm == "ring":
-            return self.backend.own_way(gradients, op)  # a step of a graph Caramel does not run (see the module's docstring)
+            averaged = self.backend.own_way(gradients, op)  # a step of a graph Caramel does not build (see the module's docstring)
+            if self._tracing_own_graph:
+                self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])  # the sizes to plan for
+                self._stamp_releases_beside(gradients)
+            return averaged
         if self._trees is not None and op is not ReduceOp.AVERAGE:
             raise ValueError("MULTITREE's trees average the gradients; summing them (op Sum) needs spec.caramel.allreduce: ring")
         reduce = self._trees or (lambda pieces, name: self.backend.all_reduce(pieces, op, name))
@@ -160,6 +180,47 @@ class GradientCommunicator:
                 lambda: stamped,
             )
         return tf.concat([tf.constant([PLANNED], tf.float64), stamped], axis=0)
+
+    def _stamp_releases_beside(self, gradients: Sequence[tf.Tensor]) -> None:
+        """In the own graph: when each gradient existed, where `stamp_own_releases` says so,
+        kept in the own graph's slot. The stamps read the gradients and nothing reads the stamps
+        but their variable's assignment: no transfer waits for them."""
+        start = self._stamps.stamp()
+
+        def stamped() -> tf.Tensor:
+            releases = tf.stack([self._stamps.stamp(gradient) for gradient in gradients])
+            return tf.concat([tf.constant([RELEASES], tf.float64), tf.reshape(start, [1]), releases], axis=0)
+
+        stamps = tf.cond(self.stamp_own_releases.read_value(), stamped, lambda: tf.constant([OWN_WAY], tf.float64))
+        self._stamps.reserve(OWN_GRAPH_SLOT).assign(stamps)
+
+    @property
+    def stamp_own_releases(self) -> tf.Variable:
+        """Whether the own graph of one step stamps its gradients' releases (until the first plan
+        is decided: the replanner's release times)."""
+        return self._stamps.flag(OWN_GRAPH_SLOT, True)
+
+    @contextmanager
+    def tracing_own_graph(self) -> Iterator[None]:
+        """While the backend's own graph of one step is traced for `caramel.tensorflow.function`:
+        its gradients go the backend's own way, with their releases stamped beside them."""
+        self._tracing_own_graph = True
+        try:
+            yield
+        finally:
+            self._tracing_own_graph = False
+        # The stamps' variables of the own graph and of the first step of Caramel's, made now: a
+        # variable made while tf.function traces makes it trace the whole function twice.
+        for slot in (OWN_GRAPH_SLOT, 0):
+            self._stamps.reserve(slot)
+        self._stamps.flag(OWN_GRAPH_SLOT, True)
+        self.stamp_releases(0)
+
+    def measure_own_step(self) -> None:
+        """Hands the release times the own graph's last step stamped, if it did, to the replanner."""
+        values = self._stamps.read(OWN_GRAPH_SLOT)
+        if values is not None and values.size and values[0] == RELEASES:
+            self.replanner.observe_releases(backward_seconds_from_releases(values[2:]))
 
     @contextmanager
     def tracing_steps(self) -> Iterator[tf.Variable]:

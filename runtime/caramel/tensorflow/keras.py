@@ -111,10 +111,8 @@ class TrainingCallback(keras.callbacks.Callback):
         ledger = self._ledger
         if ledger.global_batch is None and outputs:
             ledger.global_batch = int(outputs[0][BATCH_SIZE]) * self._runtime.size
-        first = ledger.completed_steps - len(outputs) + 1
-        for offset, (output, step_times) in enumerate(zip(outputs, times)):
-            loss = float(output["loss"]) if "loss" in output else float("nan")
-            ledger.record_step(first + offset, seconds, loss, step_times)
+        losses = [float(output["loss"]) if "loss" in output else float("nan") for output in outputs]
+        ledger.record_steps(ledger.completed_steps - len(outputs) + 1, seconds, losses, times)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._ledger.epochs.assign(epoch + 1)

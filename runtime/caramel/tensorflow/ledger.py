@@ -13,6 +13,7 @@ import hashlib
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -86,19 +87,23 @@ class Ledger:
         broadcast_variables(self.runtime, list(variables.values()))
         return manager
 
-    def record_step(self, step: int, seconds: float, loss: float, times: StepTimes | None) -> None:
-        """A step ended: its metrics, and now and then a progress line from rank 0."""
-        self.metrics.record_step(step, seconds, loss, times)
+    def record_steps(self, first_step: int, seconds: float, losses: Sequence[float], times: Sequence[StepTimes | None]) -> None:
+        """The steps of an execution ended, from `first_step` on, each in `seconds`: their metrics;
+        once per execution, what the runtime decided and the plan it runs (variables read between
+        executions, not per step); now and then a progress line from rank 0."""
+        for offset, (loss, step_times) in enumerate(zip(losses, times)):
+            self.metrics.record_step(first_step + offset, seconds, loss, step_times)
+            self._step_seconds.append(seconds)
+        last = first_step + len(losses) - 1
         self.metrics.record_plan(plan_record(self.runtime))
         decision = self.runtime.communicator.selector.new_decision()
         if decision and self.rank == 0:
-            say(f"at step {step}, {decision}")
-        self._step_seconds.append(seconds)
-        self._last_loss = loss
+            say(f"at step {last}, {decision}")
+        self._last_loss = losses[-1]
         now = time.monotonic()
-        if self.rank == 0 and (len(self._step_seconds) == 1 or now - self._last_progress >= PROGRESS_INTERVAL_SECONDS):
+        if self.rank == 0 and (len(self._step_seconds) == len(losses) or now - self._last_progress >= PROGRESS_INTERVAL_SECONDS):
             self._last_progress = now
-            print(format_report(self._report(step, seconds, final=False)), flush=True)
+            print(format_report(self._report(last, seconds, final=False)), flush=True)
 
     def checkpoint_if_due(self) -> None:
         """At a point where the variables hold the state after the last step counted: save if

@@ -13,11 +13,12 @@ plan from the same step. Adopting a plan re-traces the step, which costs seconds
 several-step graph of a large model), so a plan is adopted only if it is predicted to be clearly
 faster than the plan in force, and only if that gain repays the re-trace, as last measured, within
 the steps left (or `PAYBACK_STEPS` where nobody said how many are left). The first measured plan is
-searched at the first boundary after a measured step and decided there: until then the steps run one
-per graph, and several per graph (the cross-iteration window) cost a larger graph to build, so where
-the steps left are known the steps go on to several per graph, with the plan found, only if its
-predicted step, against the one measured so far, repays that build (as the caller estimated it)
-within them.
+searched, beside the steps, from the first boundary after a step stamped its gradients' releases,
+and decided at the first boundary after the search ended: until then the steps run the backend's
+own way, one per graph, and several per graph (the cross-iteration window) cost a larger graph to
+build, so where the steps left are known the steps go on to several per graph, with the plan
+found, only if its predicted step, against the one measured so far, repays that build (as the
+caller estimated it) within them.
 """
 
 from __future__ import annotations
@@ -162,12 +163,7 @@ class Replanner:
         `communicated` then says whether this boundary ran collectives (probes, a decision)."""
         self.communicated = False
         if not self.measured:
-            if typical_backward_seconds(self._recent) is None:
-                return False
-            self.measured = True
-            adopted = self._adopt(self._start_search(completed_steps), steps_left, first=True)
-            self._next_replan = completed_steps + self._interval_steps  # as this decision weighed a re-plan's cost
-            return adopted
+            return self._first_plan(completed_steps, steps_left)
         if not self.several_steps:
             return False  # one step per graph: no order of the transfers has a window to gain in
         adopted = False
@@ -179,10 +175,34 @@ class Replanner:
             self._next_replan = completed_steps + self._interval_steps
         return adopted
 
+    def _first_plan(self, completed_steps: int, steps_left: int | None) -> bool:
+        """The first measured plan: searched once the steps' releases were stamped, beside the
+        steps (which go on, the backend's own way), and decided, with whether the steps go on to
+        several per graph, at the first boundary after the search ended."""
+        if self._pending is None:
+            if typical_backward_seconds(self._recent) is None:
+                return False
+            self._pending = self._start_search(completed_steps)
+            if not self.lab.first_plan_waits:
+                return False
+        elif completed_steps < self._pending.adopt_at or not self._search_done(self._pending):
+            return False
+        self.measured = True
+        adopted = self._adopt(self._pending, steps_left, first=True)
+        self._pending = None
+        self._next_replan = completed_steps + self._interval_steps  # as this decision weighed a re-plan's cost
+        return adopted
+
+    def observe_releases(self, backward_seconds: Sequence[float]) -> None:
+        """Per gradient, the backward compute that released it, from a step of the backend's own
+        way, which times no transfer."""
+        self._recent.append(StepTimes(transfers=(), backward_seconds=tuple(backward_seconds), communication_seconds=0.0,
+                                      transfer_wait_seconds=0.0, exposed_seconds=0.0))  # fmt: skip
+
     @property
     def recent_steps(self) -> list[StepTimes]:
-        """The timings of the last steps observed (up to RECENT_STEPS)."""
-        return list(self._recent)
+        """The timings of the last steps observed that ran the plan (of the last RECENT_STEPS)."""
+        return [step for step in self._recent if step.transfers]
 
     def describe(self) -> str:
         """The plan in force and the link it was made for, for people."""
@@ -235,8 +255,7 @@ class Replanner:
                         chosen = self._worth_retracing(found, current, steps_left)
         self._tensors = pending.tensors
         # What this re-plan cost rank 0, whose measure is shared: starting the search, the steps'
-        # time the search took beside them, and this decision (for the first measured plan, the
-        # whole search, which the steps waited for: as much as it takes from them beside them).
+        # time the search took beside them, and this decision.
         replan_seconds = self._search_start_seconds + self._beside_seconds + time.perf_counter() - started
         self._beside_seconds = 0.0
         interval = replan_interval(self.scheduling.replan_interval_steps, replan_seconds, self.seconds_per_step)

@@ -9,12 +9,18 @@ needed later go on. The steps are copies of one trace of the step (unrolled.py):
 `tf.while_loop`, which Keras' `steps_per_execution` uses, finishes every operation of an
 iteration before the next begins.
 
-Until the first plan made from measurements, executions run one step each (the cheapest graph
-to build), on the plan, which stamps when the gradients exist. A graph of several steps costs
-several times as much to build (its copies, TensorFlow's optimization of the larger graph and
-its first run), which a short training cannot win back: the first measured plan goes on to
-several steps per graph only if its predicted gain repays that build, estimated from what the
-first graph cost, within the steps left (the replanner). Between executions the replanner may
+Until the first plan made from measurements, the steps run exactly as the backend's own API
+runs them: the step in a `tf.function` of one step, called once per step, its gradients sent the
+backend's own way (Horovod's tape's, each transfer waiting for its own gradients only), with the
+moment each gradient exists stamped beside them, for the replanner, which searches the first
+plan from those releases beside the steps. A graph of several steps costs several times what
+the own graph cost to build (its copies, TensorFlow's optimization of the larger graph and its
+first run), which a short training cannot win back: the steps go on to Caramel's graph of
+several steps, with the plan found, only if its predicted gain over the own graph's measured
+step repays that build within the steps left (the replanner); otherwise the own graph runs on,
+its stamps switched off, and a short job costs what the backend's own API costs. Steps run one
+per graph (`steps_per_execution` 1) run the own graph alone: no order of the transfers has a
+window to gain in there. Between executions the replanner may
 adopt a new plan; the step is then traced once more and its executions built again, and the
 selector measures the new plan against the backend's own way before it keeps one. Every rank runs
 the same executions, so every rank re-plans at the same step. What adopting a plan cost (its
@@ -77,15 +83,15 @@ class StepFunction:
         """Timings of the steps of the last call (empty when they ran the backend's own way or
         communicated eagerly)."""
         self._traced: TracedStep | None = None
-        self._trace_seconds = 0.0
-        """What tracing the step cost, the last time it was traced."""
         self._executions: dict[int, Callable[[Iterator[Any]], list[Any]]] = {}
-        self._first_execution_seconds: float | None = None
-        self._build_seconds: float | None = None
-        """The estimated cost of building a graph of steps_per_execution steps (from the first)."""
         self._own_step: Callable[[Any], Any] | None = None
         """The step as the backend's own API runs it: a tf.function of one step (see graph_choice.py)."""
+        self._own_first_call_seconds: float | None = None
+        """What the own graph's first call cost: tracing the step, TensorFlow's optimization of
+        its graph, and the step."""
         self._selector_decisions = 0
+        self._caramels_graph_failed = False
+        """Caramel's graph could not be built for this step: the own graph runs from then on."""
         functools.update_wrapper(self, step)
 
     @property
@@ -100,13 +106,16 @@ class StepFunction:
             raise ValueError(f"steps must be between 1 and steps_per_execution ({self.steps_per_execution}), got {count}")
         gradient_communicator = self._communicator
         replanner = gradient_communicator.replanner
+        if self.steps_per_execution == 1:
+            # One step per graph: no order of the transfers has a window to gain in (see the
+            # module's docstring), and nothing is planned.
+            return self._run_own_steps(iterator, count)[0]
         replanner.steps_per_execution = self.steps_per_execution  # how the plans' steps will run
         steps_left = None if self.total_steps is None else max(0, self.total_steps - self.completed_steps)
-        if not replanner.measured and self.steps_per_execution > 1 and self._build_seconds is not None:
-            replanner.retrace_seconds = self._build_seconds  # the first measured plan weighs it
+        self._weigh_caramels_graph()
         several_before = replanner.several_steps
         # No search while the selector measures (a new plan would restart its round), nor while
-        # the own graph runs (it stamps nothing to plan from).
+        # the own graph runs blocks beside Caramel's (it stamps nothing to plan from).
         graphs = gradient_communicator.graphs
         may_search = not gradient_communicator.selector.exploring and graphs.running == CARAMEL
         replanned = replanner.at_boundary(self.completed_steps, steps_left, may_search=may_search)
@@ -114,42 +123,70 @@ class StepFunction:
             gradient_communicator.selector.untime_last_step()  # the re-plan's time is neither arm's
         if replanned:
             self._traced, self._executions = None, {}  # traced and built for the old plan
-        new_graphs = replanned or replanner.several_steps != several_before
-        if new_graphs:
+        if replanned or replanner.several_steps != several_before:
             # The first execution of the new graphs builds them: it is not measured.
             gradient_communicator.selector.set_block(block_steps(self.steps_per_execution))
             graphs.block_steps = block_steps(self.steps_per_execution)
             gradient_communicator.selector.start_round(settle=self.steps_per_execution)
             if gradient_communicator.backend.rank == 0:
                 print(f"caramel: from step {self.completed_steps + 1}, {replanner.describe()}", file=sys.stderr, flush=True)
-        regular = replanner.several_steps and count == self.steps_per_execution
+        if replanner.measured and not replanner.several_steps:
+            gradient_communicator.stamp_own_releases.assign(False)  # decided: the own graph of one step runs on
+        if not replanner.several_steps or self._caramels_graph_failed:
+            outputs, timed_steps, seconds = self._run_own_steps(iterator, count)
+            if timed_steps:
+                replanner.executed(timed_steps, seconds)
+            return outputs
+        regular = count == self.steps_per_execution
         graph = self._next_graph(regular)
         if graph == OWN_GRAPH:
             outputs, timed_steps, timed_seconds = self._run_own_steps(iterator, count)
         else:
             started, built = time.perf_counter(), len(self._executions)
-            outputs = self._run_caramel_steps(iterator, count, per_graph=count if regular else 1)
+            outputs = self._execute(iterator, count)
             seconds = time.perf_counter() - started
             timed_steps, timed_seconds = (count, seconds) if len(self._executions) == built else (0, 0.0)
-            if self._first_execution_seconds is not None and self._build_seconds is None and replanner.seconds_per_step is not None:
-                self._build_seconds = self._several_steps_build_seconds(self._first_execution_seconds - replanner.seconds_per_step)
-            if new_graphs and replanner.seconds_per_step is not None and regular:
-                replanner.retrace_seconds = max(0.0, seconds - count * replanner.seconds_per_step)
-        graphs.running = graph
+            if timed_steps and regular:
+                replanner.executed(count, seconds)  # what the steps take, as re-plans are weighed
+            elif regular and replanner.seconds_per_step is not None:
+                replanner.retrace_seconds = max(0.0, seconds - count * replanner.seconds_per_step)  # what adopting a plan cost
         if regular:
+            graphs.running = graph
             outcome = graphs.ran(graph, count, timed_steps, timed_seconds)
             if outcome and gradient_communicator.backend.rank == 0:
                 print(f"caramel: at step {self.completed_steps}, {outcome}", file=sys.stderr, flush=True)
+        elif graph == OWN_GRAPH:
+            gradient_communicator.selector.untime_last_step()  # its last tick was before these steps
         return outputs
 
+    def _weigh_caramels_graph(self) -> None:
+        """Before the first measured plan: what the replanner weighs its gain against (what
+        building Caramel's graph of several steps will cost: the step traced once, with both ways
+        to send its gradients, and copied once per step, each copy optimized and run once, about
+        what the own graph's first call cost each), and whether the steps must run Caramel's
+        graph whatever it costs (the gradients go through MULTITREE's trees, which only Caramel's
+        graph uses)."""
+        gradient_communicator = self._communicator
+        replanner = gradient_communicator.replanner
+        if replanner.measured or self._own_first_call_seconds is None:
+            return
+        if replanner.seconds_per_step is not None:
+            own_build = max(0.0, self._own_first_call_seconds - replanner.seconds_per_step)
+            replanner.retrace_seconds = (self.steps_per_execution + 1) * own_build
+        if gradient_communicator.algorithm not in (None, "ring"):
+            replanner.several_steps = True
+
     def _next_graph(self, regular: bool) -> str:
-        """The graph the next steps run (graph_choice.py); Caramel's until the steps run several
-        per graph, for executions shorter than the rest, and where the gradients go through
-        MULTITREE's trees, which the own graph does not use."""
+        """The graph the next steps run (graph_choice.py): the own graph for executions shorter
+        than the rest (the end of an epoch or of the training), whose graph of several steps
+        would cost more to build than its steps can gain; Caramel's where the gradients go
+        through MULTITREE's trees, which the own graph does not use."""
         gradient_communicator = self._communicator
         selector, graphs = gradient_communicator.selector, gradient_communicator.graphs
-        if not regular or gradient_communicator.algorithm != "ring":
+        if gradient_communicator.algorithm != "ring":
             return CARAMEL
+        if not regular:
+            return OWN_GRAPH
         decisions = int(selector.decisions.numpy())
         if decisions != self._selector_decisions and not graphs.measuring and graphs.chosen == CARAMEL:
             graphs.start_round()  # the selector chose anew: against the own graph again
@@ -163,57 +200,41 @@ class StepFunction:
                 selector.start_round(settle=self.steps_per_execution)
         return graph
 
-    def _run_caramel_steps(self, iterator: Iterator[Any], count: int, per_graph: int) -> list[Any]:
-        """`count` steps of Caramel's graphs, `per_graph` per execution: one per graph until the
-        first measured plan was found worth several (the replanner), and for an execution
-        shorter than the rest (the end of an epoch or of the training), whose graph of its own
-        would cost more to build than its steps can gain."""
-        replanner = self._communicator.replanner
-        outputs, times = [], []
-        for _ in range(count // per_graph):
-            execution_started, built = time.perf_counter(), len(self._executions)
-            outputs += self._execute(iterator, per_graph)
-            times += self.last_times
-            seconds = time.perf_counter() - execution_started
-            if len(self._executions) == built:
-                # What the steps take, as the plan's re-plan interval and gain are weighed.
-                if per_graph == count or not replanner.several_steps:
-                    replanner.executed(per_graph, seconds)
-            elif per_graph == 1 and self._first_execution_seconds is None:
-                self._first_execution_seconds = seconds
-        self.last_times = times
-        return outputs
-
     def _run_own_steps(self, iterator: Iterator[Any], count: int) -> tuple[list[Any], int, float]:
         """`count` steps of the backend's own graph, one call each; and how many of them built
-        nothing, and their seconds (each timed to its loss, as a loop over it would)."""
+        nothing, and their seconds (each timed to its loss, as a loop over it would). Until the
+        first plan is decided, each step stamps its gradients' releases beside its transfers,
+        which the replanner plans from."""
+        gradient_communicator = self._communicator
         outputs, timed_steps, timed_seconds = [], 0, 0.0
         for _ in range(count):
             built = self._own_step is None
             if built:
-                self._own_step = tf.function(self._one_step)  # traced outside Caramel's steps: the backend's own way
+                self._own_step = tf.function(self._one_step)
             started = time.perf_counter()
             try:
                 batch = next(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise _data_ran_out(count) from None
-            outputs.append(self._own_step(batch))  # returns once the step has run
-            if not built:
-                timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
+            with gradient_communicator.tracing_own_graph():  # where the call traces the step
+                outputs.append(self._own_step(batch))  # returns once the step has run
+            seconds = time.perf_counter() - started
+            if not gradient_communicator.replanner.measured:
+                gradient_communicator.measure_own_step()
+            if built:
+                self._own_first_call_seconds = seconds
+            else:
+                timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         self.completed_steps += count
         self.last_times = []
         return outputs, timed_steps, timed_seconds
 
-    def _several_steps_build_seconds(self, first_build_seconds: float) -> float:
-        """What building a graph of steps_per_execution steps will cost, from what the first
-        graph, of one step, cost: the step's trace once, and its copy (with TensorFlow's
-        optimization of the graph and the first run) once per step."""
-        copy_seconds = max(0.0, first_build_seconds - self._trace_seconds)
-        return self._trace_seconds + self.steps_per_execution * copy_seconds
-
     def _execute(self, iterator: Iterator[Any], count: int) -> list[Any]:
         if count not in self._executions:
-            self._executions[count] = self._build(iterator, count)
+            try:
+                self._executions[count] = self._build(iterator, count)
+            except Exception as error:  # noqa: BLE001 (any failure to build it: the step itself runs as the own graph)
+                return self._fall_back(iterator, count, error)
         try:
             outputs = self._executions[count](iterator)
         except tf.errors.OutOfRangeError:
@@ -222,16 +243,25 @@ class StepFunction:
         self.last_times = self._communicator.measure(count)
         return outputs
 
+    def _fall_back(self, iterator: Iterator[Any], count: int, error: Exception) -> list[Any]:
+        """Caramel's graph for the plan in force could not be built: say so once, naming the plan,
+        and run the steps, these and all later ones, as the backend's own graph."""
+        self._caramels_graph_failed = True
+        self._traced, self._executions = None, {}
+        current().say(
+            f"{self._communicator.replanner.describe()} could not be built into the step's graph ({type(error).__name__}: {error}); "
+            "the steps run the backend's own way from here on"
+        )
+        return self._run_own_steps(iterator, count)[0]
+
     def _build(self, iterator: Iterator[Any], count: int) -> Callable[[Iterator[Any]], list[Any]]:
         """An execution of `count` steps with the plan in force: copies of the step, traced once
         per plan."""
         gradient_communicator = self._communicator
         if self._traced is None:
-            started = time.perf_counter()
             with gradient_communicator.tracing_steps():
                 self._traced = TracedStep(self._one_step, iterator.element_spec)
             self._traced.bypass_identity_n(ARMS_NAME)
-            self._trace_seconds = time.perf_counter() - started
         # Each copy of the step reads its own slot's variables where the trace read the first's.
         per_slot = [gradient_communicator.slot_variables(i) for i in range(count)]
 

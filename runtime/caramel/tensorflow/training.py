@@ -22,7 +22,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from caramel.planner.timing import StepTimes
 from caramel.tensorflow.ledger import Ledger, say
 from caramel.tensorflow.runtime import current
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION, StepFunction
@@ -70,9 +69,9 @@ class TrainingRun:
             started = time.perf_counter()
             losses = steps(iterator, count)
             seconds = (time.perf_counter() - started) / count
-            times = steps.last_times or [None] * count
-            for loss, step_times in zip(losses, times):
-                self._count_step(seconds, float(loss), step_times)
+            first = self.completed_steps + 1
+            self.ledger.counter.assign(first + count - 1)
+            self.ledger.record_steps(first, seconds, [float(loss) for loss in losses], steps.last_times or [None] * count)
             # The variables hold the state after the execution's last step: checkpoint only here.
             self.ledger.checkpoint_if_due()
         self.ledger.finish()
@@ -93,14 +92,10 @@ class TrainingRun:
             if self._pending_loss is None:
                 raise RuntimeError("call report_loss(loss) in every step of TrainingRun.steps()")
             measured = self.runtime.communicator.measure(1)
-            self._count_step(time.perf_counter() - started, self._pending_loss, measured[0] if measured else None)
+            self.ledger.counter.assign(step)
+            self.ledger.record_steps(step, time.perf_counter() - started, [self._pending_loss], measured or [None])
             self.ledger.checkpoint_if_due()
         self.ledger.finish()
-
-    def _count_step(self, seconds: float, loss: float, times: StepTimes | None) -> None:
-        step = self.completed_steps + 1
-        self.ledger.counter.assign(step)
-        self.ledger.record_step(step, seconds, loss, times)
 
     def _announce_nothing_to_do(self, first: int) -> None:
         if first > self.total_steps:

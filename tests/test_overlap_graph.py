@@ -1,0 +1,93 @@
+"""Overlap is the floor: in the graph TensorFlow runs, every collective that carries gradients waits
+for no gradient released after its own (the per-step paths, and the backend's own way in Caramel's
+graph of several steps: on Horovod's collectives for its own gradients and nothing else; on
+TensorFlow's also for the collectives traced before it, whose gradients came earlier, as their
+ordering token chains them), or, for the plan's transfers, for no gradient released after those
+of the transfers up to it in the plan's order. A collective that waited for more (a functional op over
+every gradient, a stamp, the selector's tick, a stateful op chained before it) would start only
+once the backward pass is over: the step would be compute plus communication.
+
+The graphs are the optimized partition graphs of real ranks (testbed/overlap_graph_worker.py), on
+each backend, for the per-step tf.function with Caramel's tape, an unchanged Horovod script's
+tape, and `ctf.function` with the plan the runtime makes and with a plan of one transfer per
+layer."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from caramel.contract.lab import lab_variables
+from conftest import job_manifest, run_caramel, write_manifest
+
+pytestmark = pytest.mark.e2e
+
+MiB = 1024 * 1024
+PLANS = {
+    "planned": ({}, {}),
+    # Tensors kept whole in transfers of at most one layer: one transfer per layer, in the plan's order.
+    "a-transfer-per-layer": ({"minBucketBytes": 4 * MiB, "maxBucketBytes": 4 * MiB}, {"batching": "fixed"}),
+}
+TRANSFER = re.compile(r"caramel_transfer_(\d+)")
+
+
+def report(tmp_path, api: str, backend: str, caramel: dict | None = None, lab: dict | None = None) -> list[list[dict]]:
+    output = tmp_path / "collectives.json"
+    command = [sys.executable, "-m", "testbed.overlap_graph_worker", "--api", api, "--output", str(output)]
+    env = [{"name": name, "value": value} for name, value in lab_variables(**lab).items()] if lab else []
+    manifest = job_manifest(script=None, command=command, args=[], caramel={"backend": backend, **(caramel or {})}, env=env)
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode == 0, result.stderr
+    return json.loads(output.read_text())["graphs"]
+
+
+def gradient_collectives(graphs: list[list[dict]]) -> list[dict]:
+    return [collective for graph in graphs for collective in graph if collective["carried"]]
+
+
+def waits_for_its_own_only(collective: dict, backend: str) -> bool:
+    """Its own gradients and nothing else on Horovod's collectives; on TensorFlow's, nothing
+    released after them (layers are released last first: a lower layer comes later)."""
+    if backend == "horovod":
+        return collective["waits"] == collective["carried"]
+    return min(collective["waits"]) >= min(collective["carried"])
+
+
+@pytest.mark.parametrize("backend", ["horovod", "tensorflow"])
+@pytest.mark.parametrize("api", ["per-step", "hvd-script"])
+def test_a_per_step_functions_collectives_wait_for_their_own_gradients_only(tmp_path, api, backend):
+    collectives = gradient_collectives(report(tmp_path, api, backend))
+    assert collectives
+    carried = sorted(layer for collective in collectives for layer in collective["carried"])
+    assert carried == sorted(set(carried)) == list(range(6)), "every layer's gradient in one collective"
+    for collective in collectives:
+        assert waits_for_its_own_only(collective, backend), collective
+
+
+@pytest.mark.parametrize("backend", ["horovod", "tensorflow"])
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_caramels_collectives_wait_for_no_gradient_released_after_their_own_and_those_sent_before(tmp_path, backend, plan):
+    caramel, lab = PLANS[plan]
+    graphs = report(tmp_path, "function", backend, caramel, lab)
+    several = [graph for graph in graphs if any(c["name"].startswith("caramel_step_3/") for c in graph)]
+    assert several, "the run reached Caramel's graph of several steps"
+    transfers_seen = 0
+    for graph in graphs:
+        planned: dict[tuple[str, int], dict] = {}
+        for collective in gradient_collectives([graph]):
+            match = TRANSFER.search(collective["name"])
+            if match is None:  # the backend's own way, or a per-step graph: its own gradients only
+                assert waits_for_its_own_only(collective, backend), collective
+            else:
+                copy = collective["name"].split("/", 1)[0] if collective["name"].startswith("caramel_step_") else ""
+                planned[(copy, int(match.group(1)))] = collective
+        transfers_seen += len(planned)
+        for (copy, position), collective in planned.items():
+            sent_before = {layer for (other, earlier), c in planned.items() if other == copy and earlier <= position for layer in c["carried"]}
+            assert set(collective["waits"]) <= sent_before, collective
+    assert transfers_seen
+    if plan == "a-transfer-per-layer":
+        assert any(len(c["carried"]) == 1 for c in gradient_collectives(several) if TRANSFER.search(c["name"]))
