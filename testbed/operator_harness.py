@@ -30,6 +30,8 @@ SERVICES = "/api/v1/namespaces/default/services"
 NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
 EVENTS = "/api/v1/namespaces/default/events"
 NODES = "/api/v1/nodes"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CRD = f"{CRDS}/carameljobs.caramel.dev"
 RACK_LABEL = "topology.caramel.dev/rack"
 
 
@@ -102,6 +104,17 @@ class KubeApi:
             (pod for pod in self.items(PODS) if pod["metadata"].get("labels", {}).get("caramel.dev/job") == job),
             key=lambda pod: pod["metadata"]["name"],
         )
+
+    def delete_crd(self) -> dict[str, Any]:
+        """Delete the CaramelJob CRD, and with it every job; once it is gone, return it as
+        `kubectl apply` would send it again (`create(CRDS, ...)`)."""
+        crd = self.get(CRD)
+        self.delete(CRD)
+        eventually(lambda: self.get(CRD) is None, timeout=30, what="the CRD gone")
+        for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "finalizers"):
+            crd["metadata"].pop(key, None)
+        crd.pop("status", None)
+        return crd
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [event for event in self.items(EVENTS) if event.get("reason") == reason]

@@ -17,7 +17,7 @@ from caramel.planner.timing import StepTimes, TransferTiming
 from conftest import free_port
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import placed_topology
-from testbed.operator_harness import EVENTS, NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
+from testbed.operator_harness import CRDS, EVENTS, NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
 
@@ -300,18 +300,12 @@ def test_the_final_step_is_recorded_and_a_finished_job_leaves_the_timer(emulator
 
 def test_a_deleted_and_recreated_crd_releases_jobs_and_serves_new_ones_at_once(emulator, operator):
     api = emulator.api
-    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/carameljobs.caramel.dev"
     api.create_job("old", SPEC)
     eventually(lambda: len(api.pods("old")) == 2, what="the old job's pods")
-    crd = api.get(crd_path)
-    api.delete(crd_path)
     # The CRD waits for every job to go; the jobs wait for kopf's finalizer, which the operator releases.
-    eventually(lambda: api.get(crd_path) is None, timeout=30, what="the CRD gone")
+    crd = api.delete_crd()
     eventually(lambda: not api.pods("old"), what="the old job's pods collected")
-    for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "finalizers"):
-        crd["metadata"].pop(key, None)
-    crd.pop("status", None)
-    api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    api.create(CRDS, crd)
     started = time.monotonic()
     api.create_job("new", SPEC)
     eventually(lambda: len(api.pods("new")) == 2, timeout=30, what="the new job's pods")

@@ -14,11 +14,9 @@ import time
 
 import pytest
 
-from testbed.operator_harness import Emulator, Operator, eventually
+from testbed.operator_harness import CRDS, Emulator, Operator, eventually
 
 SPEC = {"script": "examples/train_small.py", "workers": {"replicas": 2}}
-CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-CRD_PATH = f"{CRDS}/carameljobs.caramel.dev"
 # More creations than any asyncio thread pool has threads (min(32, CPUs + 4)): hung without a
 # timeout, they would hold every thread the operator's API calls share.
 STUCK_REPLICAS = 40
@@ -73,12 +71,7 @@ def test_a_recreated_crd_whose_discovery_lags_is_served_after_the_probe_restarts
     operator = operator_of(emulator, tmp_path, CARAMEL_WATCH_STALL_SECONDS="2")
     try:
         api = emulator.api
-        crd = api.get(CRD_PATH)
-        api.delete(CRD_PATH)
-        eventually(lambda: api.get(CRD_PATH) is None, timeout=30, what="the CRD gone")
-        for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "finalizers"):
-            crd["metadata"].pop(key, None)
-        api.create(CRDS, crd)
+        api.create(CRDS, api.delete_crd())
         eventually(lambda: api.get("/apis/caramel.dev/v1alpha1"), what="discovery listing CaramelJobs again")
         api.create_job("new", SPEC)
         time.sleep(3)
