@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
+from caramel_operator.config import OperatorSettings
 from caramel_operator.node_resources import free_resources
 from testbed.bad_jobs import HAND_WRITTEN
 from testbed.cluster import (
@@ -47,6 +48,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800), pytest.mark.skipif
 
 # A request timeout other than the default, to see the setting reach the operator.
 API_REQUEST_TIMEOUT_SECONDS = 7
+# CARAMEL_WATCH_STALL_SECONDS as the suite's operator has it: its default.
+WATCH_STALL_SECONDS = OperatorSettings.model_fields["watch_stall_seconds"].default
 CRD = "customresourcedefinition/carameljobs.caramel.dev"
 
 
@@ -472,14 +475,31 @@ def test_a_gang_without_room_runs_smaller_and_grows_back_at_a_checkpoint(namespa
     assert {env_of(p)["HOROVOD_SIZE"] for p in namespace.pods("elastic")} == {"3"}
 
 
+def operator_restarts(operator_release: str) -> int:
+    return operator_pod(operator_release)["status"]["containerStatuses"][0]["restartCount"]
+
+
 def test_a_deleted_and_recreated_crd_is_served_again(namespace, operator_release):
     """After the CRD was deleted and created again, kopf read the API's discovery too early and
     never again: new jobs got no status and no pods. The operator's liveness probe now fails
     when its watch misses a job (CARAMEL_WATCH_STALL_SECONDS), and the kubelet restarts it.
-    Last in the file: deleting the CRD deletes every CaramelJob."""
+    And a job created again under the namespace and name of one deleted with the CRD succeeded,
+    and then /healthz reported the watch ever further behind, for a needless restart of the
+    operator: the deleted job's version, whose deletion the watch never delivered, stood for the
+    new job's. Last in the file: deleting the CRD deletes every CaramelJob."""
+    namespace.apply(small_job("same-name"))
+    assert namespace.wait_for_phase("same-name", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("same-name")
     kubectl("delete", CRD, "--wait=true", timeout=300)
     run(tool("helm"), "upgrade", RELEASE, str(REPO / "helm" / "caramel"), "--namespace", operator_release, "--reuse-values",
         "--wait", "--timeout", "5m", timeout=600)
     kubectl("wait", "--for=condition=Established", CRD, "--timeout=60s")
+    restarts = operator_restarts(operator_release)
     namespace.apply(small_job("after-crd"))
     assert namespace.wait_for_phase("after-crd", {"Succeeded", "Failed"}, timeout=600) == "Succeeded", namespace.job("after-crd")
+    eventually(lambda: not namespace.pods("same-name"), 180, "the deleted job's pods collected", interval=2)
+    namespace.apply(small_job("same-name"))
+    assert namespace.wait_for_phase("same-name", {"Succeeded", "Failed"}, timeout=600) == "Succeeded", namespace.job("same-name")
+    # Long enough for the watch to seem a stall behind, and for the chart's three failed liveness
+    # probes, 10 s apart, after it.
+    time.sleep(WATCH_STALL_SECONDS + 3 * 10 + 20)
+    assert operator_restarts(operator_release) == restarts, operator_log(operator_release)
