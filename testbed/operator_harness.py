@@ -149,8 +149,9 @@ def printer_row(job: dict[str, Any]) -> dict[str, Any]:
     return {column["name"]: follow(column["jsonPath"]) for column in PRINTER_COLUMNS}
 
 
-def terminated(exit_code: int, reason: str = "Error", message: str = "") -> dict[str, Any]:
-    """Pod status of a worker whose container exited."""
+def terminated(exit_code: int, reason: str = "Error", message: str = "", finished_at: str | None = None) -> dict[str, Any]:
+    """Pod status of a worker whose container exited (at `finished_at`, RFC 3339, where given)."""
+    state = {"exitCode": exit_code, "reason": reason, "message": message} | ({"finishedAt": finished_at} if finished_at else {})
     return {
         "phase": "Failed" if exit_code else "Succeeded",
         "containerStatuses": [
@@ -160,7 +161,7 @@ def terminated(exit_code: int, reason: str = "Error", message: str = "") -> dict
                 "imageID": "",
                 "ready": False,
                 "restartCount": 0,
-                "state": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}},
+                "state": {"terminated": state},
             }
         ],
     }

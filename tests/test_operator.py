@@ -6,11 +6,13 @@ import json
 import re
 import socket
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from caramel.contract.api import GangPlacement
 from caramel.contract.jobfile import parse_job
+from caramel.contract.termination import failure_message
 from caramel.metrics import PlanRecord, WorkerMetrics
 from caramel.network.labels import ClusterLinks
 from caramel.planner.timing import StepTimes, TransferTiming
@@ -92,6 +94,32 @@ def test_a_failed_worker_restarts_the_whole_gang(emulator, operator):
     api.run_pods("demo")
     eventually(lambda: phase(api, "demo") == "Running", what="the new gang running")
     assert "caramel_operator_jobs_restarted_total 1.0" in operator.metrics()
+
+
+def test_the_worker_that_failed_first_is_blamed_and_those_that_followed_named(emulator, operator, tmp_path):
+    """On v1.36 rank 1 was killed, rank 0 followed within the second with "Connection reset by
+    peer", and the status and Event blamed worker 0, the lowest-numbered, quoting its follow-on
+    error. Both fail while no operator runs, so that its first pass sees both."""
+    api = emulator.api
+    api.running_job("demo", SPEC)
+    operator.stop()
+    killed_at = datetime(2026, 11, 27, 9, 30, 1, 120000, tzinfo=UTC)
+    reset = "rank 0 | Aborting RingReduce with UNAVAILABLE: Connection reset by peer"
+    killed = failure_message("rank 1 killed by SIGKILL", killed_at, [], ["rank 1 | step 708"])
+    follower = failure_message("rank 0 exited with code 1", killed_at + timedelta(milliseconds=40), [reset], [reset])
+    api.set_pod_status("demo-worker-0", terminated(1, message=follower, finished_at="2026-11-27T09:30:01Z"))
+    api.set_pod_status("demo-worker-1", terminated(137, message=killed, finished_at="2026-11-27T09:30:01Z"))
+    successor = Operator(emulator, tmp_path)
+    try:
+        eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
+        assert api.status("demo")["lastFailure"]["worker"] == "demo-worker-1"
+        [event] = api.events("WorkerFailed")
+        assert event["message"].startswith(
+            "worker demo-worker-1 failed: Error, exit code 137: rank 1 killed by SIGKILL; "
+            "demo-worker-0 (Error, exit code 1) failed after it; restarting the whole gang"
+        ), event["message"]
+    finally:
+        successor.stop()
 
 
 def test_exhausted_backoff_fails_the_job_with_the_workers_reason(emulator, operator):

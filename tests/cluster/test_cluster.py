@@ -160,6 +160,14 @@ def paced_job(name: str, steps: int) -> list[dict]:
     return [claim, job]
 
 
+def kill_training_process(namespace, pod: str) -> None:
+    """SIGKILL the training process inside a worker pod (no procps in the image: /proc by hand)."""
+    kill = ("import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    argv = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+            "    if b'examples/train_small.py' in argv and b'caramel.launch.entrypoint' not in argv: os.kill(int(pid), signal.SIGKILL)")
+    kubectl("exec", "-n", namespace.name, pod, "--", "python", "-c", kill, check=False)
+
+
 def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namespace):
     namespace.apply(paced_job("straight", steps=120))
     assert namespace.wait_for_phase("straight", {"Succeeded", "Failed"}) == "Succeeded"
@@ -173,11 +181,7 @@ def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namesp
     eventually(lambda: namespace.job("resumed")["status"].get("restarts", 0) >= 1, 300, "a restart after the pod deletion", interval=2)
     namespace.wait_for_phase("resumed", {"Running"})
     eventually(lambda: (namespace.job("resumed")["status"].get("progress") or {}).get("step", 0) >= 60, 600, "step 60", interval=2)
-    # Kill the training process inside worker 0 (no procps in the image: /proc by hand).
-    kill = ("import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
-            "    argv = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
-            "    if b'examples/train_small.py' in argv and b'caramel.launch.entrypoint' not in argv: os.kill(int(pid), signal.SIGKILL)")
-    kubectl("exec", "-n", namespace.name, "resumed-worker-0", "--", "python", "-c", kill, check=False)
+    kill_training_process(namespace, "resumed-worker-0")
     eventually(lambda: namespace.job("resumed")["status"].get("restarts", 0) >= 2, 300, "a restart after the kill", interval=2)
     assert namespace.wait_for_phase("resumed", {"Succeeded", "Failed"}) == "Succeeded"
     assert "restored" in namespace.logs("resumed-worker-0")
@@ -185,6 +189,22 @@ def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namesp
     # Each restart's Event keeps the failed worker's last lines, its pod gone with the gang.
     [killed] = [e for e in namespace.events("resumed", "WorkerFailed") if "rank 0 killed by SIGKILL" in e["message"]]
     assert "rank 0 | " in killed["message"], killed["message"]
+
+
+def test_a_killed_worker_other_than_rank_0_is_the_one_blamed(namespace):
+    """On v1.36 rank 1 was killed with SIGKILL, and the status and the Event blamed worker 0,
+    quoting its follow-on error ("Aborting RingReduce with UNAVAILABLE: Connection reset by
+    peer"): the lowest-numbered failed worker, not the first to fail. The test above kills rank 0
+    only, which the old rule blamed either way."""
+    namespace.apply(paced_job("blamed", steps=120))
+    namespace.wait_for_phase("blamed", {"Running"})
+    eventually(lambda: (namespace.job("blamed")["status"].get("progress") or {}).get("step", 0) >= 10, 600, "step 10", interval=2)
+    kill_training_process(namespace, "blamed-worker-1")
+    eventually(lambda: namespace.job("blamed")["status"].get("restarts", 0) >= 1, 300, "a restart after the kill", interval=2)
+    failure = namespace.job("blamed")["status"]["lastFailure"]
+    assert failure["worker"] == "blamed-worker-1" and failure["cause"] == "rank 1 killed by SIGKILL", failure
+    [restart] = namespace.events("blamed", "WorkerFailed")
+    assert restart["message"].startswith("worker blamed-worker-1 failed: Error, exit code 137: rank 1 killed by SIGKILL"), restart
 
 
 def test_an_operator_restart_mid_job_neither_duplicates_nor_orphans(namespace, operator_release):

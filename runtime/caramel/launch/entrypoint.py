@@ -10,8 +10,9 @@ period.
 
 Its last words go to CARAMEL_TERMINATION_MESSAGE_PATH (a pod's termination message): when the
 job succeeds, worker 0 writes rank 0's last progress report, from which the operator records the
-step the job ended at; when a rank fails, the worker writes which rank, the first line of its
-output that reads as an error, and its last lines (`caramel.contract.termination`).
+step the job ended at; when a rank fails, the worker writes which rank, when, the first line of
+its output that reads as an error, and its last lines (`caramel.contract.termination`). Where
+several ranks fail, it is the first to fail (the others follow it).
 """
 
 from __future__ import annotations
@@ -155,9 +156,10 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     except CannotStart as cannot:
         say(f"cannot start {argv[0]!r}: {cannot.error.strerror} (check spec.script or spec.command)")
         return EXIT_CANNOT_START
-    if end.failed is not None and end.returncode is not None:
+    if end.failed is not None and end.returncode is not None and end.failed_at is not None:
         rank = ranks[end.failed]
-        _leave_message(failure_message(headline(end.failed, end.returncode), first_errors.get(rank, []), last_lines[rank]), say)
+        message = failure_message(headline(end.failed, end.returncode), end.failed_at, first_errors.get(rank, []), last_lines[rank])
+        _leave_message(message, say)
         return exit_code(end.returncode)
     if end.stopped:
         return stop.exit_status or exit_code(-signal.SIGTERM)
