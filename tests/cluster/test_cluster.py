@@ -16,8 +16,10 @@ as the real scheduler binds them, a gang too large for the cluster, the Schedule
 what a live v1.36 cluster showed wrong (issue 28): a re-created CRD, a late peer, deadlines of
 gangs that never run, the final step of a resumed run, SIGTERM at the rendezvous, failure causes
 and logs, the operator's log, timeouts, probes and the users' aggregated roles; and a gang that
-shrinks for want of room and grows back (spec.workers.minReplicas). Each test has its own
-restricted namespace.
+shrinks for want of room and grows back (spec.workers.minReplicas). And what issue 36 found: the
+worker that failed first blamed (rank 1 killed), a deleted worker stopped at once with no
+checkpoint after, and a job re-created under the name of one deleted with its CRD. Each test has
+its own restricted namespace.
 """
 
 from __future__ import annotations
@@ -189,6 +191,32 @@ def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namesp
     # Each restart's Event keeps the failed worker's last lines, its pod gone with the gang.
     [killed] = [e for e in namespace.events("resumed", "WorkerFailed") if "rank 0 killed by SIGKILL" in e["message"]]
     assert "rank 0 | " in killed["message"], killed["message"]
+
+
+def test_a_deleted_worker_stops_at_once_and_its_gang_writes_no_checkpoint_after(namespace):
+    """On v1.36 a deleted worker's training process took SIGTERM for itself (TensorFlow's
+    coordination service does) and trained on until the entrypoint's SIGKILL 10 s later: each
+    deletion, restart and suspend took 11.5 s, and the gang wrote checkpoints meanwhile (one at
+    step 1,100 after a deletion at step 708). At 0.5 s a step, 10 s more would be 20 steps."""
+    namespace.apply(paced_job("stopped", steps=400))
+    namespace.wait_for_phase("stopped", {"Running"})
+
+    def checkpoint_step() -> int:
+        return (namespace.job("stopped")["status"].get("progress") or {}).get("checkpointStep", 0)
+
+    eventually(lambda: checkpoint_step() >= 20, 600, "a checkpoint at step 20", interval=2)
+    before = checkpoint_step()  # rank 0's, as the last scrape (2 s ago at most) saw it
+    started = time.monotonic()
+    kubectl("delete", "pod", "-n", namespace.name, "stopped-worker-1", "--wait=true", timeout=120)
+    took = time.monotonic() - started
+    namespace.wait_for_phase("stopped", {"Restarting"})
+    namespace.wait_for_phase("stopped", {"Running"})
+    print(f"\nthe deleted pod was gone {took:.1f} s after the deletion, the new gang running {time.monotonic() - started:.1f} s after it")
+    # The worker exits within 2 s; the rest is the kubelet's and the API server's.
+    assert took < 6, f"the deleted worker took {took:.1f} s to stop"
+    restored = eventually(lambda: re.search(r"restored \S+ at step (\d+)", namespace.logs("stopped-worker-0")), 300, "the restore", interval=2)
+    # The scrape's lag and the gang's last moments run a few steps, past one checkpoint at most.
+    assert int(restored[1]) <= before + 10, (restored[0], before)
 
 
 def test_a_killed_worker_other_than_rank_0_is_the_one_blamed(namespace):
