@@ -7,8 +7,12 @@ their simplest form, the parts of a control plane the operator's behaviour depen
 - the garbage collector: objects whose every owner is gone are deleted (background propagation);
 - ResourceQuota's `pods` count: a pod beyond it is refused with 403 Forbidden, as quota
   admission refuses it;
-- CRD life: the CaramelJob resource is served while its CRD exists; deleting the CRD deletes
-  every CaramelJob (waiting for their finalizers) and only then the CRD and the resource;
+- CRD life: the CaramelJob resource is served while its CRD exists; deleting the CRD marks it
+  Terminating (a condition, and discovery lists the resource without create, patch and update,
+  as kube-apiserver's discovery does for a terminating CRD), a second later deletes every
+  CaramelJob (waiting for their finalizers) and only then the CRD and the resource. The second
+  lets the discovery change reach kopf first, which then stops watching the jobs and never sees
+  them deleted: what the operator saw on v1.36;
 - RBAC at its coarsest: `--forbid nodes` refuses every list of nodes with 403 Forbidden, as the
   API server refuses an operator whose Roles grant nothing cluster-scoped.
 And what tests of the operator's robustness need:
@@ -39,15 +43,21 @@ from pathlib import Path
 
 import aiohttp
 import attrs
+import jsonpatch
 import kmock
 from kmock._internal import k8s
 
 from caramel_operator.crd import PLURAL, SHORT_NAMES, SINGULAR, custom_resource_definition
 
 JOBS_RESOURCE = "caramel.dev/v1alpha1/carameljobs"
+SERVED_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+# What discovery lists for the resource of a terminating CRD: no new objects, no changes.
+TERMINATING_VERBS = SERVED_VERBS - {"create", "patch", "update"}
 CRD_NAME = f"{PLURAL}.caramel.dev"
 CRD_CLEANUP_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
 CONTROL_LOOP_SECONDS = 0.2
+# From a CRD's Terminating condition to the deletion of its objects.
+TERMINATING_SECONDS = 1.0
 
 
 def now() -> str:
@@ -60,7 +70,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     pods, and the registration of the CaramelJob resource by its CRD.
 
     Names from metadata.generateName (kopf names its Events that way), a uid (owner references
-    need it), a resourceVersion (kopf's JSON patches test it) and a creation time.
+    need it) and a creation time; and a resourceVersion that, as etcd's revision, is new at every
+    create and change of any object (kopf's JSON patches test it; the operator's liveness probe
+    compares the versions its watch delivered with those the API server lists).
     """
 
     forbidden: frozenset[str] = frozenset()
@@ -74,6 +86,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     stalls: list[dict] = attrs.field(factory=list)
     """The rules of POST /testbed/stall."""
+
+    revision: int = 0
+    """The last resourceVersion given to an object."""
+
+    terminating_since: float | None = None
+    """When the CaramelJob CRD was marked Terminating (the event loop's time), while it is."""
 
     async def _handle(self, request: kmock.Request):
         if request.url.path == "/testbed/stall":
@@ -127,14 +145,29 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if not metadata.get("name") and metadata.get("generateName"):
                 metadata["name"] = metadata["generateName"] + secrets.token_hex(3)
             metadata.setdefault("uid", str(uuid.uuid4()))
-            metadata.setdefault("resourceVersion", "1")
+            metadata["resourceVersion"] = self._next_version()
             metadata.setdefault("creationTimestamp", now())
             if request.resource is not None and request.resource.plural == "pods":
                 self._admit_pod(request.namespace or metadata.get("namespace"), metadata["name"])
             if request.resource is not None and request.resource.plural == "customresourcedefinitions" and metadata["name"] == CRD_NAME:
                 metadata["finalizers"] = [CRD_CLEANUP_FINALIZER]
                 asyncio.get_running_loop().call_later(self.discovery_lag, self._serve_jobs, True)
-        return await super()._handle(request)
+        if request.action == kmock.action.UPDATE and request.name:
+            version = self._next_version()
+            if isinstance(request.data, list):  # a JSON patch: after its ops, which may test the version before
+                request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+            elif isinstance(request.data, dict):
+                request.data.setdefault("metadata", {})["resourceVersion"] = version
+        try:
+            return await super()._handle(request)
+        except jsonpatch.JsonPatchException as error:
+            # As kube-apiserver answers a JSON patch it cannot apply, a failed test among them
+            # (kopf's patches test the resourceVersion they were made from, and retry after a 422).
+            raise k8s.KubernetesError(status=422, reason="Invalid", message=f"the JSON patch cannot be applied: {error}") from None
+
+    def _next_version(self) -> str:
+        self.revision += 1
+        return str(self.revision)
 
     def _admit_pod(self, namespace: str, name: str) -> None:
         for quota in self._live("resourcequotas", namespace):
@@ -156,7 +189,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if resource.plural == plural and not obj.deleted and (namespace is None or ns == namespace)
         ]
 
-    def _serve_jobs(self, served: bool) -> None:
+    def _serve_jobs(self, served: bool, verbs: set[str] = SERVED_VERBS) -> None:
         if served:
             self.resources[JOBS_RESOURCE] = kmock.ResourceInfo(
                 kind="CaramelJob",
@@ -164,7 +197,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 namespaced=True,
                 shortnames=set(SHORT_NAMES),
                 subresources={"status"},
-                verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
+                verbs=verbs,
             )
         elif JOBS_RESOURCE in self.resources:
             del self.resources[JOBS_RESOURCE]
@@ -190,6 +223,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 continue
             if not crd.get("metadata", {}).get("deletionTimestamp"):
                 continue
+            now_seconds = asyncio.get_running_loop().time()
+            if self.terminating_since is None:
+                # As apiextensions' finalizer controller, before it deletes the CRD's objects.
+                self.terminating_since = now_seconds
+                conditions = [*((crd.get("status") or {}).get("conditions") or []), {"type": "Terminating", "status": "True", "reason": "InstanceDeletionInProgress"}]
+                crd.patch({"metadata": {"resourceVersion": self._next_version()}, "status": {"conditions": conditions}})
+                await self._buses[resource].put({"type": "MODIFIED", "object": crd.raw})
+                self._serve_jobs(True, TERMINATING_VERBS)
+            if now_seconds - self.terminating_since < TERMINATING_SECONDS:
+                continue
             jobs = [(key, obj) for key, obj in self._objects.items() if key[0].plural == PLURAL and not obj.deleted]
             for (job_resource, _, _), job in jobs:
                 await self._remove(job_resource, job)
@@ -197,6 +240,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 crd.patch({"metadata": {"finalizers": []}})
                 crd.delete()
                 await self._buses[resource].put({"type": "DELETED", "object": crd.last.raw})
+                self.terminating_since = None
                 self._serve_jobs(False)
                 for key in [key for key in self._objects if key[0].plural == PLURAL]:
                     del self._objects[key]  # kmock serves every resource it holds objects of
@@ -205,7 +249,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         """Delete as the API server does: wait for finalizers, else remove now; tell the watchers."""
         if obj.get("metadata", {}).get("finalizers"):
             if not obj["metadata"].get("deletionTimestamp"):
-                obj.patch({"metadata": {"deletionTimestamp": now()}})
+                obj.patch({"metadata": {"deletionTimestamp": now(), "resourceVersion": self._next_version()}})
                 await self._buses[resource].put({"type": "MODIFIED", "object": obj.raw})
         else:
             obj.delete()

@@ -30,6 +30,8 @@ SERVICES = "/api/v1/namespaces/default/services"
 NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
 EVENTS = "/api/v1/namespaces/default/events"
 NODES = "/api/v1/nodes"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CRD = f"{CRDS}/carameljobs.caramel.dev"
 RACK_LABEL = "topology.caramel.dev/rack"
 
 
@@ -103,6 +105,17 @@ class KubeApi:
             key=lambda pod: pod["metadata"]["name"],
         )
 
+    def delete_crd(self) -> dict[str, Any]:
+        """Delete the CaramelJob CRD, and with it every job; once it is gone, return it as
+        `kubectl apply` would send it again (`create(CRDS, ...)`)."""
+        crd = self.get(CRD)
+        self.delete(CRD)
+        eventually(lambda: self.get(CRD) is None, timeout=30, what="the CRD gone")
+        for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "finalizers"):
+            crd["metadata"].pop(key, None)
+        crd.pop("status", None)
+        return crd
+
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [event for event in self.items(EVENTS) if event.get("reason") == reason]
 
@@ -136,8 +149,9 @@ def printer_row(job: dict[str, Any]) -> dict[str, Any]:
     return {column["name"]: follow(column["jsonPath"]) for column in PRINTER_COLUMNS}
 
 
-def terminated(exit_code: int, reason: str = "Error", message: str = "") -> dict[str, Any]:
-    """Pod status of a worker whose container exited."""
+def terminated(exit_code: int, reason: str = "Error", message: str = "", finished_at: str | None = None) -> dict[str, Any]:
+    """Pod status of a worker whose container exited (at `finished_at`, RFC 3339, where given)."""
+    state = {"exitCode": exit_code, "reason": reason, "message": message} | ({"finishedAt": finished_at} if finished_at else {})
     return {
         "phase": "Failed" if exit_code else "Succeeded",
         "containerStatuses": [
@@ -147,7 +161,7 @@ def terminated(exit_code: int, reason: str = "Error", message: str = "") -> dict
                 "imageID": "",
                 "ready": False,
                 "restartCount": 0,
-                "state": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}},
+                "state": {"terminated": state},
             }
         ],
     }

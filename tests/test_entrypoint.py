@@ -10,13 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 
 import pytest
 
 from caramel.contract.env import worker_command, worker_env
 from caramel.contract.jobfile import parse_job
 from caramel.contract.progress import parse_report
-from caramel.contract.termination import TERMINATION_MESSAGE_BYTES
+from caramel.contract.termination import TERMINATION_MESSAGE_BYTES, failure_time
 from conftest import REPO, free_port
 
 REPORT = "caramel-progress step=7 total=7 loss=0.5 step_seconds=0.01 examples_per_second=100 final=1"
@@ -57,7 +58,8 @@ def test_a_failed_worker_leaves_its_first_error_and_last_lines(tmp_path):
     code, message, _ = run_worker(tmp_path, training)
     assert code == 3
     lines = message.splitlines()
-    assert lines[:3] == ["rank 0 exited with code 3", "rank 0 | ValueError: bad shard 7", "..."]
+    assert lines[0] == "rank 0 exited with code 3" and lines[2:4] == ["rank 0 | ValueError: bad shard 7", "..."]
+    assert abs((failure_time(message) - datetime.now(UTC)).total_seconds()) < 60, lines[1]
     assert lines[-1].startswith("rank 0 | follow-on noise 299 ")
     assert TERMINATION_MESSAGE_BYTES - 100 < len(message.encode()) <= TERMINATION_MESSAGE_BYTES
 

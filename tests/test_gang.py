@@ -63,6 +63,26 @@ def test_the_first_failure_ends_the_gang_is_told_at_once_and_keeps_its_last_line
     assert_all_gone(started)
 
 
+def test_the_member_that_failed_first_is_blamed_though_a_peer_failed_right_after(tmp_path):
+    """A worker killed takes its peers down within milliseconds, each with its own error. A look
+    at every member now and then found both failed and blamed the lowest-numbered: the peer that
+    followed. Here member 1 kills itself and member 0 fails once it is dead, both long before a
+    look every 2 s would come."""
+    pid_file = tmp_path / "member-1.pid"
+    follow = (
+        "import os, pathlib, sys, time\n"
+        f"pid_file = pathlib.Path({str(pid_file)!r})\n"
+        "while not pid_file.exists() or not pid_file.read_text(): time.sleep(0.01)\n"
+        "stat = pathlib.Path(f'/proc/{pid_file.read_text()}/stat')\n"
+        "while stat.exists() and stat.read_text().split()[2] != 'Z': time.sleep(0.001)\n"
+        "sys.exit(1)  # Connection reset by peer"
+    )
+    die = f"import os, pathlib, signal; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); os.kill(os.getpid(), signal.SIGKILL)"
+    end, _, started = run([follow, die], poll_seconds=2)
+    assert (end.failed, end.returncode) == (1, -9), end
+    assert_all_gone(started)
+
+
 def test_the_caller_stops_the_gang_and_nothing_is_left():
     deadline = time.monotonic() + 0.5
     end, _, started = run(
@@ -102,8 +122,20 @@ def local_run(job):
     return outcome, logs, notices
 
 
-def test_caramel_run_relays_every_workers_lines_and_succeeds():
-    outcome, logs, _ = local_run(local_job("import os; print('hello from', os.environ['HOROVOD_RANK'])"))
+def meeting(directory) -> str:
+    """Python code by which every rank waits for the others, as a training script's hvd.init()
+    does: worker 0 stops serving the rendezvous when its ranks end, and a peer that had not
+    reached it by then would wait for it until the rendezvous timeout."""
+    return (
+        "import os, pathlib, time\n"
+        f"meeting = pathlib.Path({str(directory)!r})\n"
+        "(meeting / os.environ['HOROVOD_RANK']).touch()\n"
+        "while len(list(meeting.iterdir())) < int(os.environ['HOROVOD_SIZE']): time.sleep(0.01)\n"
+    )
+
+
+def test_caramel_run_relays_every_workers_lines_and_succeeds(tmp_path):
+    outcome, logs, _ = local_run(local_job(meeting(tmp_path) + "print('hello from', os.environ['HOROVOD_RANK'])"))
     assert outcome.succeeded and outcome.reason == "all workers finished" and outcome.restarts == 0, (outcome, logs)
     assert {(0, "rank 0 | hello from 0"), (1, "rank 1 | hello from 1")} <= set(logs), logs
 
@@ -150,7 +182,8 @@ def benchmark_job(monkeypatch):
 
 
 def test_a_benchmarks_workers_run_as_a_gang_and_their_json_lines_are_its_events(tmp_path, benchmark_job):
-    code = "import json, os; print(json.dumps({'event': 'hello', 'from': os.environ['HOROVOD_RANK']}))"
+    (tmp_path / "meeting").mkdir()
+    code = meeting(tmp_path / "meeting") + "import json; print(json.dumps({'event': 'hello', 'from': os.environ['HOROVOD_RANK']}))"
     seen = []
     result = run_job(LocalCluster(), benchmark_job(code), 60, tmp_path / "workers.log", on_event=seen.append)
     assert sorted((event["from"], event["rank"]) for event in result.events) == [("0", 0), ("1", 1)] and seen == result.events

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from caramel.contract.api import CaramelJobStatus, Phase, Tuning, WorkerNode
+from caramel.contract.api import CaramelJobStatus, Phase, Tuning, WorkerFailure, WorkerNode
 from caramel.contract.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
 from caramel.contract.progress import ProgressReport
@@ -190,6 +190,29 @@ def test_a_deleted_pod_of_a_running_gang_is_a_failure():
     assert decision.status.last_failure.reason == "PodDeleted"
     assert decision.status.last_failure.worker == "demo-worker-1"
     assert decision.status.phase is Phase.RESTARTING
+
+
+def test_the_worker_that_failed_first_is_blamed_and_those_that_followed_are_named():
+    """On v1.36 rank 1 was killed, rank 0 followed with "Connection reset by peer", and the
+    status and Event blamed worker 0, the lowest-numbered."""
+    killed = worker(1, WorkerState.FAILED, failure_reason="Error", exit_code=137, failure_cause="rank 1 killed by SIGKILL",
+                    failed_at=NOW - timedelta(seconds=1))
+    follower = worker(0, WorkerState.FAILED, failure_reason="Error", exit_code=1,
+                      failure_cause="rank 0 | Aborting RingReduce with UNAVAILABLE: Connection reset by peer", failed_at=NOW - timedelta(milliseconds=998))
+    decision = decide(job(), status(phase=Phase.RUNNING), [follower, killed], ALL, NOW, SETTINGS)
+    assert decision.status.last_failure.worker == "demo-worker-1"
+    assert decision.status.message.startswith(
+        "worker demo-worker-1 failed: Error, exit code 137: rank 1 killed by SIGKILL; demo-worker-0 (Error, exit code 1) failed after it;"
+    )
+    assert decision.events[0].message.startswith("worker demo-worker-1 failed")
+
+
+def test_a_worker_gone_with_its_pod_is_blamed_before_those_that_failed_after():
+    """A pod deleted and gone tells no time; no peer's failure takes a pod away, so it came first."""
+    follower = worker(0, WorkerState.FAILED, failure_reason="Error", exit_code=1, failed_at=NOW - timedelta(seconds=1))
+    decision = decide(job(workers={"replicas": 3}), status(phase=Phase.RUNNING), [follower, worker(2)], ALL, NOW, SETTINGS)
+    assert decision.status.last_failure == WorkerFailure(worker="demo-worker-1", reason="PodDeleted")
+    assert "; demo-worker-0 (Error, exit code 1) failed after it" in decision.status.message
 
 
 def test_a_lost_node_restarts_and_force_deletes_its_pod():

@@ -6,18 +6,20 @@ import json
 import re
 import socket
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from caramel.contract.api import GangPlacement
 from caramel.contract.jobfile import parse_job
+from caramel.contract.termination import failure_message
 from caramel.metrics import PlanRecord, WorkerMetrics
 from caramel.network.labels import ClusterLinks
 from caramel.planner.timing import StepTimes, TransferTiming
 from conftest import free_port
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import placed_topology
-from testbed.operator_harness import EVENTS, NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
+from testbed.operator_harness import CRDS, EVENTS, NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
 
@@ -92,6 +94,32 @@ def test_a_failed_worker_restarts_the_whole_gang(emulator, operator):
     api.run_pods("demo")
     eventually(lambda: phase(api, "demo") == "Running", what="the new gang running")
     assert "caramel_operator_jobs_restarted_total 1.0" in operator.metrics()
+
+
+def test_the_worker_that_failed_first_is_blamed_and_those_that_followed_named(emulator, operator, tmp_path):
+    """On v1.36 rank 1 was killed, rank 0 followed within the second with "Connection reset by
+    peer", and the status and Event blamed worker 0, the lowest-numbered, quoting its follow-on
+    error. Both fail while no operator runs, so that its first pass sees both."""
+    api = emulator.api
+    api.running_job("demo", SPEC)
+    operator.stop()
+    killed_at = datetime(2026, 11, 27, 9, 30, 1, 120000, tzinfo=UTC)
+    reset = "rank 0 | Aborting RingReduce with UNAVAILABLE: Connection reset by peer"
+    killed = failure_message("rank 1 killed by SIGKILL", killed_at, [], ["rank 1 | step 708"])
+    follower = failure_message("rank 0 exited with code 1", killed_at + timedelta(milliseconds=40), [reset], [reset])
+    api.set_pod_status("demo-worker-0", terminated(1, message=follower, finished_at="2026-11-27T09:30:01Z"))
+    api.set_pod_status("demo-worker-1", terminated(137, message=killed, finished_at="2026-11-27T09:30:01Z"))
+    successor = Operator(emulator, tmp_path)
+    try:
+        eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
+        assert api.status("demo")["lastFailure"]["worker"] == "demo-worker-1"
+        [event] = api.events("WorkerFailed")
+        assert event["message"].startswith(
+            "worker demo-worker-1 failed: Error, exit code 137: rank 1 killed by SIGKILL; "
+            "demo-worker-0 (Error, exit code 1) failed after it; restarting the whole gang"
+        ), event["message"]
+    finally:
+        successor.stop()
 
 
 def test_exhausted_backoff_fails_the_job_with_the_workers_reason(emulator, operator):
@@ -300,18 +328,12 @@ def test_the_final_step_is_recorded_and_a_finished_job_leaves_the_timer(emulator
 
 def test_a_deleted_and_recreated_crd_releases_jobs_and_serves_new_ones_at_once(emulator, operator):
     api = emulator.api
-    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/carameljobs.caramel.dev"
     api.create_job("old", SPEC)
     eventually(lambda: len(api.pods("old")) == 2, what="the old job's pods")
-    crd = api.get(crd_path)
-    api.delete(crd_path)
     # The CRD waits for every job to go; the jobs wait for kopf's finalizer, which the operator releases.
-    eventually(lambda: api.get(crd_path) is None, timeout=30, what="the CRD gone")
+    crd = api.delete_crd()
     eventually(lambda: not api.pods("old"), what="the old job's pods collected")
-    for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "finalizers"):
-        crd["metadata"].pop(key, None)
-    crd.pop("status", None)
-    api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    api.create(CRDS, crd)
     started = time.monotonic()
     api.create_job("new", SPEC)
     eventually(lambda: len(api.pods("new")) == 2, timeout=30, what="the new job's pods")

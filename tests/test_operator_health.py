@@ -14,14 +14,16 @@ import time
 
 import pytest
 
-from testbed.operator_harness import Emulator, Operator, eventually
+from testbed.operator_harness import CRDS, Emulator, Operator, eventually, terminated
 
 SPEC = {"script": "examples/train_small.py", "workers": {"replicas": 2}}
-CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-CRD_PATH = f"{CRDS}/carameljobs.caramel.dev"
+# kopf runs the liveness probe's handlers at most this often, answering with their last result in
+# between: a lag shows only from a probe's second run after it began.
+KOPF_PROBE_SECONDS = 10
 # More creations than any asyncio thread pool has threads (min(32, CPUs + 4)): hung without a
 # timeout, they would hold every thread the operator's API calls share.
 STUCK_REPLICAS = 40
+STALL_SECONDS = 2
 
 
 @pytest.fixture
@@ -73,12 +75,7 @@ def test_a_recreated_crd_whose_discovery_lags_is_served_after_the_probe_restarts
     operator = operator_of(emulator, tmp_path, CARAMEL_WATCH_STALL_SECONDS="2")
     try:
         api = emulator.api
-        crd = api.get(CRD_PATH)
-        api.delete(CRD_PATH)
-        eventually(lambda: api.get(CRD_PATH) is None, timeout=30, what="the CRD gone")
-        for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "finalizers"):
-            crd["metadata"].pop(key, None)
-        api.create(CRDS, crd)
+        api.create(CRDS, api.delete_crd())
         eventually(lambda: api.get("/apis/caramel.dev/v1alpha1"), what="discovery listing CaramelJobs again")
         api.create_job("new", SPEC)
         time.sleep(3)
@@ -103,5 +100,35 @@ def test_readiness_needs_the_api_server_and_liveness_does_not(emulator, tmp_path
         emulator.stall("GET", "/carameljobs$", 30, watch=False)
         eventually(lambda: not operator.ready(), timeout=30, what="unready while the jobs cannot be listed")
         assert operator.healthy()
+    finally:
+        operator.stop()
+
+
+def test_a_job_recreated_with_the_name_of_one_deleted_with_its_crd_keeps_liveness(emulator, tmp_path):
+    """On Kubernetes v1.36, a job re-created with the namespace and name of one deleted with its
+    CRD was served and succeeded, and then /healthz reported the watch ever further behind (9.5,
+    26, 36, 46, 56.5 s) until the kubelet restarted the operator: the watch never delivered the
+    old job's deletion (kopf stops watching a resource whose CRD is terminating), and its entry,
+    keyed by namespace and name, stood for the new job's."""
+    api = emulator.api
+    operator = operator_of(emulator, tmp_path, CARAMEL_WATCH_STALL_SECONDS=str(STALL_SECONDS))
+    try:
+        api.create_job("demo", SPEC)
+        eventually(lambda: len(api.pods("demo")) == 2, what="the first job's pods")
+        crd = api.delete_crd()
+        eventually(lambda: not api.pods("demo"), what="the first job's pods collected")
+        api.create(CRDS, crd)
+        eventually(lambda: api.get("/apis/caramel.dev/v1alpha1"), what="discovery listing CaramelJobs again")
+        api.create_job("demo", SPEC)
+        eventually(lambda: len(api.pods("demo")) == 2, timeout=30, what="the new job's pods")
+        api.run_pods("demo")
+        eventually(lambda: api.status("demo").get("phase") == "Running", what="the new job Running")
+        for pod in api.pods("demo"):
+            api.set_pod_status(pod["metadata"]["name"], terminated(0, reason="Completed"))
+        eventually(lambda: api.status("demo").get("phase") == "Succeeded", what="the new job Succeeded")
+        watched_until = time.monotonic() + 2 * KOPF_PROBE_SECONDS + 2 * STALL_SECONDS
+        while time.monotonic() < watched_until:
+            assert operator.healthy(), operator.log.read_text()
+            time.sleep(1)
     finally:
         operator.stop()

@@ -19,7 +19,6 @@ from caramel_operator.cluster import CRD_READS, PERMISSIONS, PLACEMENT_READS
 from testbed.operator_harness import Emulator, Operator, eventually, terminated
 
 SPEC = {"script": "examples/train_small.py", "workers": {"replicas": 2}, "runPolicy": {"ttlSecondsAfterFinished": 0}}
-CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/carameljobs.caramel.dev"
 # The operator's two clients: kopf's and the kubernetes package's (the test's own requests, and
 # the emulator's creation of the CRD, are not the operator's).
 OPERATOR_CLIENTS = ("kopf/", "OpenAPI-Generator/")
@@ -44,8 +43,7 @@ def live_a_job(emulator: Emulator, operator: Operator) -> None:
     assert operator.healthy() and operator.ready()
     api.create_job("left", SPEC)
     eventually(lambda: len(api.pods("left")) == 2, what="the second job's pods")
-    api.delete(CRD_PATH)
-    eventually(lambda: api.get(CRD_PATH) is None, timeout=30, what="the CRD gone")
+    api.delete_crd()
 
 
 def test_the_operator_uses_exactly_the_permissions_it_declares(tmp_path):

@@ -33,7 +33,7 @@ from caramel_operator.cluster import Cluster, ReadForbidden, scrape
 from caramel_operator.config import OperatorSettings
 from caramel_operator.crd import PLURAL
 from caramel_operator.gang_placement import Outcome, Unreadable, place
-from caramel_operator.health import Lag, WatchCheck, serve
+from caramel_operator.health import Lag, Listed, WatchCheck, serve
 from caramel_operator.lifecycle import (
     FINISHED,
     CreateObject,
@@ -77,8 +77,8 @@ PROBE_LOOK_SECONDS = 4.0
 # checks the handlers' bodies.
 
 
-@kopf.on.startup()  # type: ignore[arg-type]  # kopf's handler types (above)
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, job_versions: kopf.Index, **_: Any) -> None:
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     # Progress and diff-bases in annotations: the job's status is Caramel's alone.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -97,7 +97,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, job_versio
         request_timeout_seconds=SETTINGS.api_request_timeout_seconds,
     )
     memo.watch = WatchCheck()
-    memo.server = await serve(SETTINGS.metrics_port, metrics.REGISTRY, lambda: _unready(memo, job_versions))
+    memo.server = await serve(SETTINGS.metrics_port, metrics.REGISTRY, lambda: _unready(memo))
     LOG.info(
         f"serving CaramelJobs in {', '.join(SETTINGS.watch_namespaces) or 'every namespace'}; API requests time out "
         f"after {SETTINGS.api_request_timeout_seconds:g} s (connect {SETTINGS.api_connect_timeout_seconds:g} s); "
@@ -110,25 +110,31 @@ async def stop_serving(memo: kopf.Memo, **_: Any) -> None:
     await memo.server.cleanup()
 
 
-@kopf.index(*JOBS)  # type: ignore[arg-type]  # kopf's handler types (above)
-def job_versions(namespace: str, name: str, meta: kopf.Meta, **_: Any) -> dict[str, str]:
-    """The version of each job the watch delivered last, for the probes (health.py)."""
-    return {f"{namespace}/{name}": meta["resourceVersion"]}
+@kopf.on.event(*JOBS)
+def note_delivery(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Each version of each job the watch delivers, and its deletion, for the probes (health.py)."""
+    metadata = event["object"]["metadata"]
+    if event["type"] == "DELETED":
+        memo.watch.deleted(metadata["uid"])
+    else:
+        memo.watch.delivered(metadata["uid"], metadata["resourceVersion"])
 
 
-async def _look(memo: kopf.Memo, job_versions: kopf.Index) -> Lag:
+async def _look(memo: kopf.Memo) -> Lag:
     """The watch's lag behind the API server, now (raises API_ERRORS where it cannot be reached)."""
     jobs = await asyncio.wait_for(memo.cluster.jobs(SETTINGS.watch_namespaces), PROBE_LOOK_SECONDS)
-    listed = {f"{job['metadata']['namespace']}/{job['metadata']['name']}": job["metadata"]["resourceVersion"] for job in jobs}
-    delivered = {job: next(iter(versions)) for job, versions in job_versions.items()}
-    return memo.watch.look(listed, delivered, time.monotonic())
+    listed = {
+        job["metadata"]["uid"]: Listed(f"{job['metadata']['namespace']}/{job['metadata']['name']}", job["metadata"]["resourceVersion"])
+        for job in jobs
+    }
+    return memo.watch.look(listed, time.monotonic())
 
 
-@kopf.on.probe(id="watch")  # type: ignore[arg-type]  # kopf's handler types (above)
-async def watch_delivers_the_jobs(memo: kopf.Memo, job_versions: kopf.Index, **_: Any) -> dict[str, Any]:
+@kopf.on.probe(id="watch")
+async def watch_delivers_the_jobs(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """Liveness: fails when the watch has not delivered a job's change for too long."""
     try:
-        lag = await _look(memo, job_versions)
+        lag = await _look(memo)
     except API_ERRORS as error:
         return {"apiServer": f"unreachable: {error}"}
     if lag.seconds > SETTINGS.watch_stall_seconds:
@@ -141,10 +147,10 @@ async def watch_delivers_the_jobs(memo: kopf.Memo, job_versions: kopf.Index, **_
     return {"behindSeconds": round(lag.seconds, 1)}
 
 
-async def _unready(memo: kopf.Memo, job_versions: kopf.Index) -> str | None:
+async def _unready(memo: kopf.Memo) -> str | None:
     """Why the operator is not ready (the readiness endpoint), or None."""
     try:
-        await _look(memo, job_versions)
+        await _look(memo)
     except API_ERRORS as error:
         return f"cannot reach the Kubernetes API server: {error}"
     return None if memo.watch.caught_up else "the watch has not yet delivered every CaramelJob"
@@ -296,6 +302,8 @@ async def release_jobs_of_a_deleted_crd(event: kopf.RawEvent, memo: kopf.Memo, *
     """Deleting the CRD deletes every job, and each waits on kopf's finalizer; kopf stops serving
     a resource whose CRD is going, so the finalizers are removed here, or the CRD stays Terminating."""
     crd = event["object"]
+    if event["type"] == "DELETED":
+        memo.watch.crd_deleted()
     if event["type"] == "DELETED" or (crd.get("metadata") or {}).get("deletionTimestamp"):
         released = await memo.cluster.release_jobs(FINALIZER, SETTINGS.watch_namespaces)
         if released:

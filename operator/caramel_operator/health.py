@@ -8,11 +8,18 @@ event (seen on Kubernetes v1.36, where a new job got no status for as long as th
 Either way jobs go unserved, and nothing says so.
 
 So the probes compare the jobs the API server lists with the versions of them the watch has
-delivered (kopf's index of them, filled from the watch). A job whose listed version the watch has
-not delivered, while it delivered nothing newer of that job either, for longer than
-CARAMEL_WATCH_STALL_SECONDS fails liveness, and the kubelet restarts the operator, which lists and
-watches afresh. Readiness: the operator has caught up with the API server once (its initial
-listing is done) and still reaches it.
+delivered. A job whose listed version the watch has not delivered, while it delivered nothing
+newer of that job either, for longer than CARAMEL_WATCH_STALL_SECONDS fails liveness, and the
+kubelet restarts the operator, which lists and watches afresh. Readiness: the operator has caught
+up with the API server once (its initial listing is done) and still reaches it.
+
+Jobs are told apart by uid, not by namespace and name: a job deleted with its CRD goes without
+its deletion ever being delivered (kopf stops watching a resource whose CRD is terminating: the
+API server no longer lets it be patched), and a job later created under the same name is another
+job. Keyed by name, the deleted job's version stood for the new job's, which the watch then
+seemed never to deliver: on v1.36 /healthz reported it ever further behind until the kubelet
+restarted the operator. A job's entry goes with the deletion the watch delivers, and every entry
+with the CRD (whose deletion the API server completes only once every job is gone).
 
 The readiness endpoint shares the metrics port: kopf serves the liveness endpoint, on a port of
 its own, and only its probe handlers' results.
@@ -31,6 +38,17 @@ METRICS_PATH = "/metrics"
 
 
 @dataclass(frozen=True)
+class Listed:
+    """A job as the API server lists it."""
+
+    job: str
+    """ "namespace/name", for people."""
+
+    version: str
+    """Its resourceVersion."""
+
+
+@dataclass(frozen=True)
 class Lag:
     job: str
     """The job ("namespace/name") whose change has waited longest for the watch; empty for none."""
@@ -40,32 +58,46 @@ class Lag:
 
 
 class WatchCheck:
-    """Successive looks at the API server's jobs against the watch's."""
+    """What the watch delivered of each job, and successive looks at the API server's jobs
+    against it. Jobs are keyed by uid."""
 
     def __init__(self) -> None:
+        self._delivered: dict[str, str] = {}
+        """The last version the watch delivered of each job it has not seen deleted."""
         # Per job behind: the version the watch had delivered, and since when it has been behind.
         self._behind: dict[str, tuple[str | None, float]] = {}
         self.caught_up = False
         """Whether one look found every job delivered: the initial listing is done."""
 
-    def look(self, listed: Mapping[str, str], delivered: Mapping[str, str], now: float) -> Lag:
-        """`listed`: each job's resourceVersion in the API server; `delivered`: the last one the
-        watch delivered of each; `now`: a monotonic time."""
+    def delivered(self, uid: str, version: str) -> None:
+        """The watch delivered this version of a job."""
+        self._delivered[uid] = version
+
+    def deleted(self, uid: str) -> None:
+        """The watch delivered a job's deletion."""
+        self._delivered.pop(uid, None)
+
+    def crd_deleted(self) -> None:
+        """The CRD is gone, and every job with it: deletions the watch may never deliver."""
+        self._delivered.clear()
+
+    def look(self, listed: Mapping[str, Listed], now: float) -> Lag:
+        """`listed`: every job the API server lists, by uid; `now`: a monotonic time."""
         behind: dict[str, tuple[str | None, float]] = {}
-        for job, version in listed.items():
-            seen = delivered.get(job)
-            if seen == version:
+        for uid, job in listed.items():
+            seen = self._delivered.get(uid)
+            if seen == job.version:
                 continue
-            previous = self._behind.get(job)
+            previous = self._behind.get(uid)
             # Still behind since then only if the watch has delivered nothing of the job since.
             since = previous[1] if previous is not None and previous[0] == seen else now
-            behind[job] = (seen, since)
+            behind[uid] = (seen, since)
         self._behind = behind
         if not behind:
             self.caught_up = True
             return Lag("", 0.0)
-        job, (_, since) = min(behind.items(), key=lambda item: item[1][1])
-        return Lag(job, now - since)
+        uid, (_, since) = min(behind.items(), key=lambda item: item[1][1])
+        return Lag(listed[uid].job, now - since)
 
 
 async def serve(port: int, registry: CollectorRegistry, unready: Callable[[], Awaitable[str | None]]) -> aiohttp.web.AppRunner:

@@ -30,7 +30,7 @@ the gang restarts with the larger size after rank 0's next checkpoint (another r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from caramel.contract.api import (
@@ -63,6 +63,8 @@ POD_DELETED = "PodDeleted"
 LOST_REASONS = NODE_LOST_REASONS | {POD_DELETED}
 # kopf cuts longer Event messages in the middle; the restart Event fits its own lines to it.
 EVENT_MESSAGE_BYTES = 1024
+# Sorts failures whose time is not known (which come first anyway) beside those whose time is.
+NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,11 @@ class Decision:
 def restart_policy(job: CaramelJob, settings: OperatorSettings) -> RestartPolicy:
     """The job's restart policy, with the operator's backoff."""
     return RestartPolicy.of(job, settings.restart_backoff_seconds, settings.restart_backoff_max_seconds)
+
+
+def how_it_ended(failure: WorkerFailure) -> str:
+    """A failed worker's reason, with its exit code where it exited: "Error, exit code 137"."""
+    return failure.reason if failure.exit_code is None else f"{failure.reason}, exit code {failure.exit_code}"
 
 
 def timestamp(moment: datetime) -> str:
@@ -479,12 +486,13 @@ class _Reconciliation:
         failures = self.failures(current)
         if not failures:
             return False
-        failure = failures[0]
-        what = f"worker {failure.worker} failed: {failure.reason}"
-        if failure.exit_code is not None:
-            what += f", exit code {failure.exit_code}"
+        failure, followers = failures[0], failures[1:]
+        what = f"worker {failure.worker} failed: {how_it_ended(failure)}"
         if failure.cause:
             what += f": {failure.cause}"
+        if followers:
+            who = ", ".join(f"{follower.worker} ({how_it_ended(follower)})" for follower in followers)
+            what += f"; {who} failed after it"
         lost = [f for f in failures if f.reason in LOST_REASONS]
         if lost:
             # Their room went with them: the survivors fit, and R-Storm places more where they do.
@@ -577,27 +585,32 @@ class _Reconciliation:
         self.delete([w for w in current if not w.terminating])
 
     def failures(self, current: dict[int, WorkerObservation]) -> list[WorkerFailure]:
-        """The current gang's failed workers, by index."""
-        found = []
+        """The current gang's failed workers, the first to fail first (`WorkerObservation.failed_at`):
+        the peers of a worker that fails follow it within moments, each with its own error (a
+        connection reset, a collective aborted), and the first is the cause. Workers gone with no
+        time to tell (a pod deleted and gone, a lost node) come before the rest, since no peer's
+        failure takes a pod away; ties go by index."""
+        found: list[tuple[datetime | None, int, WorkerFailure]] = []
         for index in range(self.expected):
             worker = current.get(index)
             if worker is None:
                 # Gone after the gang ran: deleted by someone, or garbage-collected with its node.
                 if self.status.phase is Phase.RUNNING:
-                    found.append(WorkerFailure(worker=worker_name(self.job, index), reason=POD_DELETED))
+                    found.append((None, index, WorkerFailure(worker=worker_name(self.job, index), reason=POD_DELETED)))
             elif worker.state is WorkerState.FAILED:
-                found.append(
-                    WorkerFailure(
-                        worker=worker.name,
-                        reason=worker.failure_reason,
-                        exit_code=worker.exit_code,
-                        cause=worker.failure_cause,
-                        message=worker.failure_message,
-                    )
+                failure = WorkerFailure(
+                    worker=worker.name,
+                    reason=worker.failure_reason,
+                    exit_code=worker.exit_code,
+                    cause=worker.failure_cause,
+                    message=worker.failure_message,
                 )
+                found.append((worker.failed_at, index, failure))
             elif worker.terminating:
-                found.append(WorkerFailure(worker=worker.name, reason=POD_DELETED, message="deleted while the job was running"))
-        return found
+                failure = WorkerFailure(worker=worker.name, reason=POD_DELETED, message="deleted while the job was running")
+                found.append((worker.failed_at, index, failure))
+        found.sort(key=lambda item: (item[0] is not None, item[0] or NO_TIME, item[1]))
+        return [failure for _, _, failure in found]
 
     def create_gang(self, current: dict[int, WorkerObservation]) -> None:
         placement = self.placement(current)

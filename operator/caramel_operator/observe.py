@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -53,6 +54,10 @@ class WorkerObservation:
     """The pod's creation time (RFC 3339)."""
     final_report: ProgressReport | None = None
     """The last progress report of a worker that succeeded (rank 0's, from worker 0's termination message)."""
+    failed_at: datetime | None = None
+    """When a failed or deleted worker went, as closely as its pod tells: its own record of when its
+    rank failed (to the microsecond), else its container's finishedAt (to the second); for a pod
+    being deleted, when the deletion was asked for, if earlier. None where nothing tells."""
 
 
 def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
@@ -78,9 +83,14 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
         or any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or []),
     )
     terminated = (container.get("state") or {}).get("terminated")
+    deletion = _deletion_asked(metadata)
     if status.get("reason") in NODE_LOST_REASONS:
         return WorkerObservation(
-            **base, state=WorkerState.FAILED, failure_reason=status["reason"], failure_message=status.get("message", "")
+            **base,
+            state=WorkerState.FAILED,
+            failure_reason=status["reason"],
+            failure_message=status.get("message", ""),
+            failed_at=_earliest(deletion, _time((terminated or {}).get("finishedAt"))),
         )
     if phase == "Failed":
         message = ((terminated or {}).get("message") or status.get("message") or "").strip()
@@ -91,14 +101,41 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
             exit_code=(terminated or {}).get("exitCode"),
             failure_cause=termination.failure_cause(message),
             failure_message=message,
+            failed_at=_earliest(deletion, termination.failure_time(message) or _time((terminated or {}).get("finishedAt"))),
         )
     if phase == "Succeeded":
         report = termination.final_report((terminated or {}).get("message") or "")
         return WorkerObservation(**base, state=WorkerState.SUCCEEDED, final_report=report)
     if phase == "Running":
-        return WorkerObservation(**base, state=WorkerState.RUNNING)
+        return WorkerObservation(**base, state=WorkerState.RUNNING, failed_at=deletion)
     pending_reason, pending_message = _pending_cause(status, container)
-    return WorkerObservation(**base, state=WorkerState.PENDING, pending_reason=pending_reason, pending_message=pending_message)
+    return WorkerObservation(
+        **base, state=WorkerState.PENDING, pending_reason=pending_reason, pending_message=pending_message, failed_at=deletion
+    )
+
+
+def _time(text: Any) -> datetime | None:
+    """An RFC 3339 time from the pod (UTC where it names no zone), or None where it has none (or
+    none that parses)."""
+    try:
+        moment = datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+
+
+def _deletion_asked(metadata: dict[str, Any]) -> datetime | None:
+    """When the pod's deletion was asked for: its deletionTimestamp is that moment plus the grace
+    period. None for a pod not being deleted."""
+    deadline = _time(metadata.get("deletionTimestamp"))
+    if deadline is None:
+        return None
+    return deadline - timedelta(seconds=metadata.get("deletionGracePeriodSeconds") or 0)
+
+
+def _earliest(*moments: datetime | None) -> datetime | None:
+    known = [moment for moment in moments if moment is not None]
+    return min(known, default=None)
 
 
 def _pending_cause(status: dict[str, Any], container: dict[str, Any]) -> tuple[str, str]:

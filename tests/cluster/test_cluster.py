@@ -16,8 +16,10 @@ as the real scheduler binds them, a gang too large for the cluster, the Schedule
 what a live v1.36 cluster showed wrong (issue 28): a re-created CRD, a late peer, deadlines of
 gangs that never run, the final step of a resumed run, SIGTERM at the rendezvous, failure causes
 and logs, the operator's log, timeouts, probes and the users' aggregated roles; and a gang that
-shrinks for want of room and grows back (spec.workers.minReplicas). Each test has its own
-restricted namespace.
+shrinks for want of room and grows back (spec.workers.minReplicas). And what issue 36 found: the
+worker that failed first blamed (rank 1 killed), a deleted worker stopped at once with no
+checkpoint after, and a job re-created under the name of one deleted with its CRD. Each test has
+its own restricted namespace.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pytest
 import yaml
 
 from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
+from caramel_operator.config import OperatorSettings
 from caramel_operator.node_resources import free_resources
 from testbed.bad_jobs import HAND_WRITTEN
 from testbed.cluster import (
@@ -47,6 +50,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800), pytest.mark.skipif
 
 # A request timeout other than the default, to see the setting reach the operator.
 API_REQUEST_TIMEOUT_SECONDS = 7
+# CARAMEL_WATCH_STALL_SECONDS as the suite's operator has it: its default.
+WATCH_STALL_SECONDS = OperatorSettings.model_fields["watch_stall_seconds"].default
 CRD = "customresourcedefinition/carameljobs.caramel.dev"
 
 
@@ -157,6 +162,14 @@ def paced_job(name: str, steps: int) -> list[dict]:
     return [claim, job]
 
 
+def kill_training_process(namespace, pod: str) -> None:
+    """SIGKILL the training process inside a worker pod (no procps in the image: /proc by hand)."""
+    kill = ("import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    argv = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+            "    if b'examples/train_small.py' in argv and b'caramel.launch.entrypoint' not in argv: os.kill(int(pid), signal.SIGKILL)")
+    kubectl("exec", "-n", namespace.name, pod, "--", "python", "-c", kill, check=False)
+
+
 def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namespace):
     namespace.apply(paced_job("straight", steps=120))
     assert namespace.wait_for_phase("straight", {"Succeeded", "Failed"}) == "Succeeded"
@@ -170,11 +183,7 @@ def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namesp
     eventually(lambda: namespace.job("resumed")["status"].get("restarts", 0) >= 1, 300, "a restart after the pod deletion", interval=2)
     namespace.wait_for_phase("resumed", {"Running"})
     eventually(lambda: (namespace.job("resumed")["status"].get("progress") or {}).get("step", 0) >= 60, 600, "step 60", interval=2)
-    # Kill the training process inside worker 0 (no procps in the image: /proc by hand).
-    kill = ("import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
-            "    argv = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
-            "    if b'examples/train_small.py' in argv and b'caramel.launch.entrypoint' not in argv: os.kill(int(pid), signal.SIGKILL)")
-    kubectl("exec", "-n", namespace.name, "resumed-worker-0", "--", "python", "-c", kill, check=False)
+    kill_training_process(namespace, "resumed-worker-0")
     eventually(lambda: namespace.job("resumed")["status"].get("restarts", 0) >= 2, 300, "a restart after the kill", interval=2)
     assert namespace.wait_for_phase("resumed", {"Succeeded", "Failed"}) == "Succeeded"
     assert "restored" in namespace.logs("resumed-worker-0")
@@ -182,6 +191,48 @@ def test_a_deleted_pod_and_a_killed_worker_restart_the_gang_which_resumes(namesp
     # Each restart's Event keeps the failed worker's last lines, its pod gone with the gang.
     [killed] = [e for e in namespace.events("resumed", "WorkerFailed") if "rank 0 killed by SIGKILL" in e["message"]]
     assert "rank 0 | " in killed["message"], killed["message"]
+
+
+def test_a_deleted_worker_stops_at_once_and_its_gang_writes_no_checkpoint_after(namespace):
+    """On v1.36 a deleted worker's training process took SIGTERM for itself (TensorFlow's
+    coordination service does) and trained on until the entrypoint's SIGKILL 10 s later: each
+    deletion, restart and suspend took 11.5 s, and the gang wrote checkpoints meanwhile (one at
+    step 1,100 after a deletion at step 708). At 0.5 s a step, 10 s more would be 20 steps."""
+    namespace.apply(paced_job("stopped", steps=400))
+    namespace.wait_for_phase("stopped", {"Running"})
+
+    def checkpoint_step() -> int:
+        return (namespace.job("stopped")["status"].get("progress") or {}).get("checkpointStep", 0)
+
+    eventually(lambda: checkpoint_step() >= 20, 600, "a checkpoint at step 20", interval=2)
+    before = checkpoint_step()  # rank 0's, as the last scrape (2 s ago at most) saw it
+    started = time.monotonic()
+    kubectl("delete", "pod", "-n", namespace.name, "stopped-worker-1", "--wait=true", timeout=120)
+    took = time.monotonic() - started
+    namespace.wait_for_phase("stopped", {"Restarting"})
+    namespace.wait_for_phase("stopped", {"Running"})
+    print(f"\nthe deleted pod was gone {took:.1f} s after the deletion, the new gang running {time.monotonic() - started:.1f} s after it")
+    # The worker exits within 2 s; the rest is the kubelet's and the API server's.
+    assert took < 6, f"the deleted worker took {took:.1f} s to stop"
+    restored = eventually(lambda: re.search(r"restored \S+ at step (\d+)", namespace.logs("stopped-worker-0")), 300, "the restore", interval=2)
+    # The scrape's lag and the gang's last moments run a few steps, past one checkpoint at most.
+    assert int(restored[1]) <= before + 10, (restored[0], before)
+
+
+def test_a_killed_worker_other_than_rank_0_is_the_one_blamed(namespace):
+    """On v1.36 rank 1 was killed with SIGKILL, and the status and the Event blamed worker 0,
+    quoting its follow-on error ("Aborting RingReduce with UNAVAILABLE: Connection reset by
+    peer"): the lowest-numbered failed worker, not the first to fail. The test above kills rank 0
+    only, which the old rule blamed either way."""
+    namespace.apply(paced_job("blamed", steps=120))
+    namespace.wait_for_phase("blamed", {"Running"})
+    eventually(lambda: (namespace.job("blamed")["status"].get("progress") or {}).get("step", 0) >= 10, 600, "step 10", interval=2)
+    kill_training_process(namespace, "blamed-worker-1")
+    eventually(lambda: namespace.job("blamed")["status"].get("restarts", 0) >= 1, 300, "a restart after the kill", interval=2)
+    failure = namespace.job("blamed")["status"]["lastFailure"]
+    assert failure["worker"] == "blamed-worker-1" and failure["cause"] == "rank 1 killed by SIGKILL", failure
+    [restart] = namespace.events("blamed", "WorkerFailed")
+    assert restart["message"].startswith("worker blamed-worker-1 failed: Error, exit code 137: rank 1 killed by SIGKILL"), restart
 
 
 def test_an_operator_restart_mid_job_neither_duplicates_nor_orphans(namespace, operator_release):
@@ -472,14 +523,31 @@ def test_a_gang_without_room_runs_smaller_and_grows_back_at_a_checkpoint(namespa
     assert {env_of(p)["HOROVOD_SIZE"] for p in namespace.pods("elastic")} == {"3"}
 
 
+def operator_restarts(operator_release: str) -> int:
+    return operator_pod(operator_release)["status"]["containerStatuses"][0]["restartCount"]
+
+
 def test_a_deleted_and_recreated_crd_is_served_again(namespace, operator_release):
     """After the CRD was deleted and created again, kopf read the API's discovery too early and
     never again: new jobs got no status and no pods. The operator's liveness probe now fails
     when its watch misses a job (CARAMEL_WATCH_STALL_SECONDS), and the kubelet restarts it.
-    Last in the file: deleting the CRD deletes every CaramelJob."""
+    And a job created again under the namespace and name of one deleted with the CRD succeeded,
+    and then /healthz reported the watch ever further behind, for a needless restart of the
+    operator: the deleted job's version, whose deletion the watch never delivered, stood for the
+    new job's. Last in the file: deleting the CRD deletes every CaramelJob."""
+    namespace.apply(small_job("same-name"))
+    assert namespace.wait_for_phase("same-name", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("same-name")
     kubectl("delete", CRD, "--wait=true", timeout=300)
     run(tool("helm"), "upgrade", RELEASE, str(REPO / "helm" / "caramel"), "--namespace", operator_release, "--reuse-values",
         "--wait", "--timeout", "5m", timeout=600)
     kubectl("wait", "--for=condition=Established", CRD, "--timeout=60s")
+    restarts = operator_restarts(operator_release)
     namespace.apply(small_job("after-crd"))
     assert namespace.wait_for_phase("after-crd", {"Succeeded", "Failed"}, timeout=600) == "Succeeded", namespace.job("after-crd")
+    eventually(lambda: not namespace.pods("same-name"), 180, "the deleted job's pods collected", interval=2)
+    namespace.apply(small_job("same-name"))
+    assert namespace.wait_for_phase("same-name", {"Succeeded", "Failed"}, timeout=600) == "Succeeded", namespace.job("same-name")
+    # Long enough for the watch to seem a stall behind, and for the chart's three failed liveness
+    # probes, 10 s apart, after it.
+    time.sleep(WATCH_STALL_SECONDS + 3 * 10 + 20)
+    assert operator_restarts(operator_release) == restarts, operator_log(operator_release)

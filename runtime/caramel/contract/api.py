@@ -547,7 +547,8 @@ class WorkerFailure(ApiModel):
     """The worker failure that caused the last restart or the job's failure."""
 
     worker: str
-    """Name of the failed worker pod."""
+    """Name of the failed worker pod: the first to fail, where several did (its peers follow it
+    with errors of their own, such as a connection reset)."""
 
     reason: str
     """Why it failed: the container's reason (Error, OOMKilled, ...), PodDeleted or NodeLost."""
@@ -560,8 +561,9 @@ class WorkerFailure(ApiModel):
     says why more often than its last lines do."""
 
     message: str = ""
-    """The worker's termination message, whole: its summary of the failure (the failed rank, the
-    first error line, the last lines of output), or the end of its log where it wrote none."""
+    """The worker's termination message, whole: its summary of the failure (the failed rank, when it
+    failed, the first error line, the last lines of output), or the end of its log where it wrote
+    none."""
 
 
 class TrainingProgress(ApiModel):

@@ -4,8 +4,8 @@ The worker entrypoint writes it to the file CARAMEL_TERMINATION_MESSAGE_PATH nam
 keeps at most TERMINATION_MESSAGE_BYTES of it):
 - a worker that succeeded leaves rank 0's last progress report (`caramel.contract.progress`),
   from which the operator records the step the job ended at (`final_report`);
-- a worker whose rank failed leaves a failure summary: which rank, the first line of its output
-  that reads as an error, and its last lines (`failure_message`).
+- a worker whose rank failed leaves a failure summary: which rank, when it failed, the first line
+  of its output that reads as an error, and its last lines (`failure_message`).
 
 Why a summary: the last lines alone rarely say why. Gloo's abort ends with "See exception
 message above", a failed rank's peers end with their own follow-on errors, and a Python
@@ -14,12 +14,18 @@ operator keeps the message whole in the job's status, finds the cause in it (`fa
 in the kubelet's tail of the log, where the worker wrote nothing), and puts the cause and the
 last lines into the Event of each restart (`fit`), so that a failed gang's logs outlive its
 deleted pods.
+
+Why the moment: when one worker fails its peers follow within milliseconds (a connection reset,
+a collective aborted), and the operator blames the one that failed first. The kubelet's
+`finishedAt` is to the second, and comes after the worker stopped its other ranks; the worker's
+own record of when its rank ended (`failure_time`) is to the microsecond.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from caramel.contract.progress import ProgressReport, format_report, parse_report
 
@@ -37,6 +43,9 @@ _ERROR = re.compile(
 _TRACEBACK_SOURCE = re.compile(r'^\s*File "')
 # Marks the lines left out between the head and the last lines.
 GAP = "..."
+# The line of a failure summary that says when the rank failed, before its time in UTC.
+FAILED_AT = "failed at "
+FAILED_AT_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 def is_error_line(line: str) -> bool:
@@ -84,11 +93,23 @@ def success_message(report: ProgressReport) -> str:
     return format_report(report)
 
 
-def failure_message(headline: str, output_head: Sequence[str], last_lines: Sequence[str]) -> str:
+def failure_message(headline: str, failed_at: datetime, output_head: Sequence[str], last_lines: Sequence[str]) -> str:
     """The termination message of a worker whose rank failed: `headline` (which rank, how it
-    ended), the first error line of the rank's output (`output_head`: its first lines that read as
-    an error, with the line after), and as many of its last lines as fit."""
-    return fit([headline, first_error_line(output_head)], last_lines, TERMINATION_MESSAGE_BYTES)
+    ended), when (`failed_at`, UTC), the first error line of the rank's output (`output_head`: its
+    first lines that read as an error, with the line after), and as many of its last lines as fit."""
+    when = FAILED_AT + failed_at.astimezone(UTC).strftime(FAILED_AT_FORMAT)
+    return fit([headline, when, first_error_line(output_head)], last_lines, TERMINATION_MESSAGE_BYTES)
+
+
+def failure_time(message: str) -> datetime | None:
+    """When the failed rank ended, from its worker's failure summary; None where it says not."""
+    for line in message.splitlines()[:2]:
+        if line.startswith(FAILED_AT):
+            try:
+                return datetime.strptime(line.removeprefix(FAILED_AT), FAILED_AT_FORMAT).replace(tzinfo=UTC)
+            except ValueError:
+                return None
+    return None
 
 
 def final_report(message: str) -> ProgressReport | None:

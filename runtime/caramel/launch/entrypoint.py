@@ -6,12 +6,15 @@ Every output line is prefixed with its rank. If any training process fails, the 
 stopped and the worker exits with the failed process's status, so the whole gang can be
 restarted together. SIGTERM and SIGINT stop it at any point, the rendezvous wait included: as a
 pod's PID 1 it would otherwise ignore SIGTERM and hold up every deletion for the whole grace
-period.
+period. The training processes get SIGTERM at once, and Caramel's runtime ends each at its next
+step boundary, within 2 s, writing nothing more (`caramel.tensorflow.stopping`); whatever is left
+of them after the grace period gets SIGKILL.
 
 Its last words go to CARAMEL_TERMINATION_MESSAGE_PATH (a pod's termination message): when the
 job succeeds, worker 0 writes rank 0's last progress report, from which the operator records the
-step the job ended at; when a rank fails, the worker writes which rank, the first line of its
-output that reads as an error, and its last lines (`caramel.contract.termination`).
+step the job ended at; when a rank fails, the worker writes which rank, when, the first line of
+its output that reads as an error, and its last lines (`caramel.contract.termination`). Where
+several ranks fail, it is the first to fail (the others follow it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -29,7 +33,7 @@ from caramel.contract.progress import ProgressReport, parse_report
 from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, failure_message, is_error_line, success_message
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.gang import CannotStart, run_gang
-from caramel.launch.processes import describe_exit, exit_code, spawn
+from caramel.launch.processes import describe_exit, exit_code, signal_group, spawn
 from caramel.launch.rendezvous import RendezvousServer, wait_for_rendezvous
 from caramel.network.wire import job_topology
 
@@ -43,11 +47,18 @@ HOROVOD_API_DIR = os.path.join(os.path.dirname(os.path.abspath(caramel.__file__)
 
 
 class Stop:
-    """The signal that stops the worker, noted by its handler and acted on by the loops."""
+    """The signal that stops the worker, noted by its handler and acted on by the loops, and
+    passed on to the training processes at once."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.signum = 0
+        self.ranks: list[subprocess.Popen[bytes]] = []
+        """The training processes started so far."""
+
+    def started(self, rank: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        self.ranks.append(rank)
+        return rank
 
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -56,6 +67,13 @@ class Stop:
     def _note(self, signum: int, frame: object) -> None:
         self.signum = self.signum or signum
         self.event.set()
+        # Now, not at the gang's next look: a rank that trained on meanwhile could start a
+        # checkpoint after the worker was asked to stop. (SIGTERM: each rank stops at its next
+        # step boundary, `caramel.tensorflow.stopping`.) Reaped ranks are left alone: their
+        # process group's number may be another's now.
+        for rank in self.ranks:
+            if rank.returncode is None:
+                signal_group(rank, signal.SIGTERM)
 
     @property
     def exit_status(self) -> int:
@@ -146,7 +164,7 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     try:
         end = run_gang(
             len(envs),
-            lambda slot: spawn(argv, envs[slot]),
+            lambda slot: stop.started(spawn(argv, envs[slot])),
             relay,
             stop_reason=lambda: "stopped" if stop.event.is_set() else None,
             on_failure=lambda slot, returncode: say(f"{headline(slot, returncode)}; stopping the other ranks"),
@@ -155,9 +173,10 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     except CannotStart as cannot:
         say(f"cannot start {argv[0]!r}: {cannot.error.strerror} (check spec.script or spec.command)")
         return EXIT_CANNOT_START
-    if end.failed is not None and end.returncode is not None:
+    if end.failed is not None and end.returncode is not None and end.failed_at is not None:
         rank = ranks[end.failed]
-        _leave_message(failure_message(headline(end.failed, end.returncode), first_errors.get(rank, []), last_lines[rank]), say)
+        message = failure_message(headline(end.failed, end.returncode), end.failed_at, first_errors.get(rank, []), last_lines[rank])
+        _leave_message(message, say)
         return exit_code(end.returncode)
     if end.stopped:
         return stop.exit_status or exit_code(-signal.SIGTERM)

@@ -6,6 +6,12 @@
 lines are relayed on the caller's thread, in the order they come. The gang ends when every
 member has exited 0, when one fails (its peers could only wait for it), or when the caller stops
 it; whatever happens, no member is left running when `run_gang` returns or raises.
+
+The failure that ends the gang is the first to happen. A member killed takes its peers down
+with it within milliseconds (a connection reset, a collective aborted), so a look at every member
+now and then found several failed and blamed the lowest-numbered: the peer's follow-on error, not
+the member killed. Each member has a thread that waits for its exit and reports it at once,
+with the moment, in the order exits happen.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 
 from caramel.launch.processes import pump_lines, stop_groups
@@ -40,6 +47,8 @@ class GangEnd:
     """The member that failed (exited other than 0) first, where one did."""
     returncode: int | None = None
     """Its return code (negative: the signal that killed it)."""
+    failed_at: datetime | None = None
+    """When it exited (UTC)."""
     stopped: str = ""
     """Why the caller stopped the gang while members still ran (`stop_reason`'s answer), where it did."""
     still_running: tuple[int, ...] = ()
@@ -48,6 +57,15 @@ class GangEnd:
     @property
     def succeeded(self) -> bool:
         return self.failed is None and not self.stopped
+
+
+@dataclass(frozen=True)
+class _Exited:
+    """A member's exit, as its waiting thread saw it."""
+
+    member: int
+    returncode: int
+    at: datetime
 
 
 def run_gang(
@@ -63,14 +81,15 @@ def run_gang(
     """Start members 0 to size - 1 with `spawn(member)` (a process whose stdout is a pipe, in its
     own process group), and run them until they end.
 
-    Every line a member writes goes to `on_line(member, line)`. Every `poll_seconds` the members
-    are looked at: the first that failed ends the gang (`on_failure(member, returncode)` is told
-    at once, before its peers are stopped); then `stop_reason()` may end it (a signal, a
+    Every line a member writes goes to `on_line(member, line)`. The first member to fail ends the
+    gang (`on_failure(member, returncode)` is told at once, before its peers are stopped); after
+    each line or exit, and every `poll_seconds` at least, `stop_reason()` may end it (a signal, a
     deadline). Before returning or raising, `stop` is given the members still running, or not
     yet reaped (`stop_groups` by default: SIGTERM to their groups, SIGKILL after a grace period),
     and their last lines are relayed. A member that cannot be started raises CannotStart.
     """
-    lines: queue.Queue[tuple[int, str]] = queue.Queue()
+    # The members' lines and exits, in the order they happen.
+    events: queue.Queue[tuple[int, str] | _Exited] = queue.Queue()
     members: list[Member] = []
     pumps: list[threading.Thread] = []
     end = GangEnd()
@@ -82,20 +101,22 @@ def run_gang(
                 raise CannotStart(index, error) from error
             members.append(member)
             assert member.stdout is not None, "a member's stdout must be a pipe"
-            pumps.append(pump_lines(member.stdout, partial(_queue_line, lines, index)))
+            pumps.append(pump_lines(member.stdout, partial(_queue_line, events, index)))
+            threading.Thread(target=_wait_for_exit, args=(events, index, member), daemon=True).start()
         running = set(range(size))
         while running:
-            _relay(lines, on_line, poll_seconds)
-            for index in sorted(running):
-                returncode = members[index].poll()
-                if returncode is None:
-                    continue
-                running.discard(index)
-                if returncode != 0:
-                    end = GangEnd(failed=index, returncode=returncode)
-                    on_failure(index, returncode)
-                    running.clear()
+            try:
+                event = events.get(timeout=poll_seconds)
+            except queue.Empty:
+                event = None
+            if isinstance(event, _Exited):
+                running.discard(event.member)
+                if event.returncode != 0:
+                    end = GangEnd(failed=event.member, returncode=event.returncode, failed_at=event.at)
+                    on_failure(event.member, event.returncode)
                     break
+            elif event is not None:
+                on_line(*event)
             reason = stop_reason() if running else None
             if reason:
                 end = GangEnd(stopped=reason, still_running=tuple(sorted(running)))
@@ -105,21 +126,27 @@ def run_gang(
         stop([member for member in members if member.returncode is None])
         for pump in pumps:
             pump.join(timeout=5)
-        _relay(lines, on_line, 0)
+        _relay_lines(events, on_line)
     return end
 
 
-def _queue_line(lines: queue.Queue[tuple[int, str]], index: int, line: str) -> None:
-    """A member's line, for the caller's thread (`_relay`)."""
-    lines.put((index, line))
+def _queue_line(events: queue.Queue[tuple[int, str] | _Exited], index: int, line: str) -> None:
+    """A member's line, for the caller's thread."""
+    events.put((index, line))
 
 
-def _relay(lines: queue.Queue[tuple[int, str]], on_line: Callable[[int, str], None], timeout: float) -> None:
-    """Pass on every queued line, waiting up to `timeout` seconds for the first."""
-    try:
-        index, line = lines.get(timeout=timeout) if timeout else lines.get_nowait()
-        while True:
-            on_line(index, line)
-            index, line = lines.get_nowait()
-    except queue.Empty:
-        pass
+def _wait_for_exit(events: queue.Queue[tuple[int, str] | _Exited], index: int, member: Member) -> None:
+    """Report the member's exit the moment it happens (its own thread)."""
+    returncode = member.wait()
+    events.put(_Exited(index, returncode, datetime.now(UTC)))
+
+
+def _relay_lines(events: queue.Queue[tuple[int, str] | _Exited], on_line: Callable[[int, str], None]) -> None:
+    """Pass on every line still queued: the gang has ended, its exits tell nothing more."""
+    while True:
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            return
+        if not isinstance(event, _Exited):
+            on_line(*event)

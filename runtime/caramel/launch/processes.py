@@ -56,7 +56,7 @@ def pump_lines(stream: IO[bytes], on_line: Callable[[str], None]) -> threading.T
 def stop_groups(processes: Sequence[subprocess.Popen[bytes]], grace_seconds: float = 10.0) -> None:
     """SIGTERM the process group of every process, then SIGKILL what is left after the grace period."""
     for process in processes:
-        _signal_group(process, signal.SIGTERM)
+        signal_group(process, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
     for process in processes:
         try:
@@ -65,11 +65,12 @@ def stop_groups(processes: Sequence[subprocess.Popen[bytes]], grace_seconds: flo
             pass
     for process in processes:
         # Also reaches grandchildren still in the group after their leader exited.
-        _signal_group(process, signal.SIGKILL)
+        signal_group(process, signal.SIGKILL)
         process.wait()
 
 
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+def signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    """Send `signum` to the process's group, if it still has one."""
     try:
         os.killpg(process.pid, signum)
     except ProcessLookupError:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
 from caramel.tensorflow.backends import Backend, chosen, set_up
+from caramel.tensorflow import stopping
 from caramel.tensorflow.communicator import GradientCommunicator
 
 
@@ -49,6 +50,8 @@ def init() -> Runtime:
         contract = WorkerContract.from_env()
         choice = chosen(contract)
         backend = set_up(choice, contract)
+        # After the backend: TensorFlow's coordination service takes SIGTERM for itself as it starts.
+        stopping.install()
         metrics = WorkerMetrics(backend.rank)
         if contract.metrics_port:
             metrics.serve(contract.metrics_port)
