@@ -209,12 +209,6 @@ class GradientCommunicator:
             yield
         finally:
             self._tracing_own_graph = False
-        # The stamps' variables of the own graph and of the first step of Caramel's, made now: a
-        # variable made while tf.function traces makes it trace the whole function twice.
-        for slot in (OWN_GRAPH_SLOT, 0):
-            self._stamps.reserve(slot)
-        self._stamps.flag(OWN_GRAPH_SLOT, True)
-        self.stamp_releases(0)
 
     def measure_own_step(self) -> None:
         """Hands the release times the own graph's last step stamped, if it did, to the replanner."""

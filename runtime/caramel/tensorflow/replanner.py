@@ -246,8 +246,8 @@ class Replanner:
             except RuntimeError as error:  # a failed search costs a re-plan, not the training
                 print(f"caramel: {error}; keeping the plan in force", file=sys.stderr, flush=True)
             else:
-                if first:
-                    several = self.worth_several_steps(found, steps_left)
+                if first:  # steps that run Caramel's graph already (MULTITREE's trees need it) go on in it
+                    several = self.several_steps or self.worth_several_steps(found, steps_left)
                     chosen = found if several and found.transfers != self.plan.transfers else None
                 else:
                     current = simulate(pending.tensors, self.plan.transfers, pending.link, self.steps_per_execution)

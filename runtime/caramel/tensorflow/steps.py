@@ -113,11 +113,11 @@ class StepFunction:
         replanner.steps_per_execution = self.steps_per_execution  # how the plans' steps will run
         steps_left = None if self.total_steps is None else max(0, self.total_steps - self.completed_steps)
         self._weigh_caramels_graph()
-        several_before = replanner.several_steps
+        several_before, measured_before = replanner.several_steps, replanner.measured
         # No search while the selector measures (a new plan would restart its round), nor while
         # the own graph runs blocks beside Caramel's (it stamps nothing to plan from).
         graphs = gradient_communicator.graphs
-        may_search = not gradient_communicator.selector.exploring and graphs.running == CARAMEL
+        may_search = replanner.several_steps and not gradient_communicator.selector.exploring and graphs.running == CARAMEL
         replanned = replanner.at_boundary(self.completed_steps, steps_left, may_search=may_search)
         if replanner.communicated:
             gradient_communicator.selector.untime_last_step()  # the re-plan's time is neither arm's
@@ -130,8 +130,8 @@ class StepFunction:
             gradient_communicator.selector.start_round(settle=self.steps_per_execution)
             if gradient_communicator.backend.rank == 0:
                 print(f"caramel: from step {self.completed_steps + 1}, {replanner.describe()}", file=sys.stderr, flush=True)
-        if replanner.measured and not replanner.several_steps:
-            gradient_communicator.stamp_own_releases.assign(False)  # decided: the own graph of one step runs on
+        if replanner.measured and not measured_before:
+            gradient_communicator.stamp_own_releases.assign(False)  # the first plan is decided: no more releases to stamp
         if not replanner.several_steps or self._caramels_graph_failed:
             outputs, timed_steps, seconds = self._run_own_steps(iterator, count)
             if timed_steps:
