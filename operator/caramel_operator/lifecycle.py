@@ -54,13 +54,9 @@ from caramel.contract.termination import fit
 from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
 from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable, placed_by, placed_topology, placement_problems
-from caramel_operator.observe import INVALID_IMAGE, NODE_LOST_REASONS, WorkerObservation, WorkerState
+from caramel_operator.observe import INVALID_IMAGE, LOST_REASONS, NODE_LOST_REASONS, POD_DELETED, WorkerObservation, WorkerState
 
 FINISHED = {Phase.SUCCEEDED, Phase.FAILED}
-POD_DELETED = "PodDeleted"
-# Why a worker went that takes its room with it: its node is gone, or its pod was pushed off it or
-# deleted (a drain, a preemption, a node's garbage collection, or someone's `kubectl delete`).
-LOST_REASONS = NODE_LOST_REASONS | {POD_DELETED}
 # kopf cuts longer Event messages in the middle; the restart Event fits its own lines to it.
 EVENT_MESSAGE_BYTES = 1024
 # Sorts failures whose time is not known (which come first anyway) beside those whose time is.
