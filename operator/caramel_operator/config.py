@@ -80,7 +80,8 @@ class OperatorSettings(BaseSettings):
     """Seconds between two reconciliations of a job."""
 
     restart_backoff_seconds: float = Field(10.0, gt=0, validation_alias="CARAMEL_RESTART_BACKOFF_SECONDS")
-    """Wait before the first gang restart, doubled at each further one."""
+    """Wait before the first gang restart after a worker failed, doubled at each further one. A
+    gang whose worker was lost (its pod deleted or evicted, its node gone) restarts at once."""
 
     restart_backoff_max_seconds: float = Field(300.0, gt=0, validation_alias="CARAMEL_RESTART_BACKOFF_MAX_SECONDS")
     """Longest wait before a gang restart."""

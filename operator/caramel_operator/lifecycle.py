@@ -15,6 +15,10 @@ Every gang is placed before any of its pods exists: with R-Storm, `decide` asks 
 status; the next pass creates the pods from the recorded placement. So every pod of a gang, even
 one re-created after an operator restart, follows the same placement and gets the same topology.
 
+A restart after a worker failed of itself waits a backoff that doubles at each such restart; one
+after a worker was lost (observe.LOST_REASONS: its pod deleted or evicted, its node gone) starts
+the new gang at once, as soon as the old pods are gone. Both count against backoffLimit.
+
 A gang may run with fewer workers than spec.workers.replicas, never fewer than minReplicas
 (status.size). Each gang starts with at least `least` workers, set when the gang before it
 ended: all of them for a new or resumed job; as many as the gang before after a failure (R-Storm
@@ -549,24 +553,33 @@ class _Reconciliation:
         spec.workers.minReplicas); `why`, where given, is why it may have fewer than replicas.
 
         After a failure the restart counts against backoffLimit (or the job fails there) and
-        waits the backoff. A resize (no failure) does neither: nothing failed, the gang's size
-        changes, and the new gang resumes from the latest checkpoint at once."""
+        waits the backoff, unless the worker blamed was lost (LOST_REASONS). A resize (no
+        failure) does neither: nothing failed, the gang's size changes, and the new gang resumes
+        from the latest checkpoint at once."""
         current = [w for w in self.workers if w.gang == self.status.gang]
         shrinking = least < self.expected
         limit = self.policy.backoff_limit
-        restarts, backoff = self.status.restarts, 0.0
+        restarts, waited, backoff = self.status.restarts, self.status.backed_off_restarts, 0.0
         if failure is not None:
             self.update(last_failure=failure)
             if not self.policy.may_restart(restarts):
                 self.fail("BackoffLimitExceeded", f"{what}; spec.runPolicy.backoffLimit ({limit}) reached")
                 return
-            backoff = self.policy.backoff(restarts)
             restarts += 1
+            if failure.reason not in LOST_REASONS:  # a crash may well crash again; a lost worker is no crash loop
+                backoff = self.policy.backoff(waited)
+                waited += 1
         self.enter(Phase.RESTARTING)
-        self.update(restarts=restarts, gang=self.status.gang + 1, restart_after=timestamp(self.now + timedelta(seconds=backoff)))
+        self.update(
+            restarts=restarts,
+            backed_off_restarts=waited,
+            gang=self.status.gang + 1,
+            restart_after=timestamp(self.now + timedelta(seconds=backoff)),
+        )
         self.update_size(least=max(self.floor, least), reason=self.size.reason if why is None else why)
         if failure is not None:
-            message = f"{what}; restarting the whole gang ({restarts} of {limit}) in {backoff:.0f} s"
+            when = f"in {backoff:.0f} s" if backoff else "at once"
+            message = f"{what}; restarting the whole gang ({restarts} of {limit}) {when}"
         else:
             message = f"{what}; restarting the whole gang from its latest checkpoint"
         self.update(message=message)
