@@ -21,6 +21,7 @@ from caramel_operator.lifecycle import (
     DeletePods,
     PlaceGang,
     decide,
+    due,
     expires_at,
     record_placement,
     reject_invalid,
@@ -145,6 +146,8 @@ def test_a_failure_restarts_the_gang_with_exponential_backoff():
     assert decision.status.restarts == 3 and decision.status.gang == 1
     assert decision.status.backed_off_restarts == 3
     assert decision.status.restart_after == timestamp(NOW + timedelta(seconds=40))  # 10 s x 2^2
+    assert due(decision.status, NOW) == NOW + timedelta(seconds=40)
+    assert due(decision.status, NOW + timedelta(seconds=40)) is None  # over: the old pods' going, or the interval, calls
     assert decision.status.last_failure.exit_code == 3
     [delete] = actions_of(decision, DeletePods)
     assert sorted(delete.names) == ["demo-worker-0", "demo-worker-1"]
@@ -188,6 +191,10 @@ def test_a_lost_worker_past_the_backoff_limit_fails_the_job():
     assert decision.status.phase is Phase.FAILED
     assert next(c for c in decision.status.conditions if c.type == "Failed").reason == "BackoffLimitExceeded"
     assert decision.status.last_failure == WorkerFailure(worker="demo-worker-1", reason="PodDeleted")
+
+
+def test_nothing_is_due_while_the_gang_runs():
+    assert due(status(phase=Phase.RUNNING, restart_after=timestamp(NOW + timedelta(seconds=5))), NOW) is None
 
 
 def test_backoff_is_capped():

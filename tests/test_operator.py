@@ -19,16 +19,9 @@ from caramel.planner.timing import StepTimes, TransferTiming
 from conftest import free_port
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import placed_topology
-from testbed.operator_harness import CRDS, EVENTS, NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
+from testbed.operator_harness import CRDS, EVENTS, JOBS, NETWORK_POLICIES, SERVICES, Operator, Watch, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
-
-
-@pytest.fixture
-def emulator(tmp_path):
-    emulator = Emulator(tmp_path)
-    yield emulator
-    emulator.stop()
 
 
 @pytest.fixture
@@ -164,7 +157,7 @@ def test_an_invalid_spec_fails_and_creates_nothing(emulator, operator):
     failed = next(c for c in api.status("demo")["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec"
     assert "spec.workers.replicas: Input should be greater than or equal to 1 (got 0)" in failed["message"]
-    assert api.events("InvalidSpec")
+    eventually(lambda: api.events("InvalidSpec"), what="an InvalidSpec Event")  # posted after the status is written
     assert api.pods("demo") == [] and api.get(f"{SERVICES}/demo") is None
 
 
@@ -362,13 +355,19 @@ def test_a_failure_keeps_its_cause_and_the_restart_event_its_last_lines(emulator
     message above"; and the failed pod went with its gang, its log with it."""
     api = emulator.api
     api.running_job("demo", SPEC)
-    api.set_pod_status("demo-worker-0", terminated(134, message=GLOO_ABORT))
-    eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
-    failure = api.status("demo")["lastFailure"]
+    # The status says why while the job is Restarting, which lasts only until the new gang is
+    # created: a moment, here.
+    jobs = Watch(api.url, JOBS)
+    try:
+        api.set_pod_status("demo-worker-0", terminated(134, message=GLOO_ABORT))
+        [restarting, *_] = eventually(lambda: jobs.objects(lambda job: (job.get("status") or {}).get("phase") == "Restarting"), what="a restart")
+    finally:
+        jobs.close()
+    failure = restarting["status"]["lastFailure"]
     assert failure["message"] == GLOO_ABORT and len(GLOO_ABORT) > 400
     assert failure["cause"].startswith("rank 0 | terminate called after throwing an instance of 'gloo::IoException' rank 0 |   what():")
-    assert "Wait timeout after 30 seconds" in api.status("demo")["message"]
-    [event] = api.events("WorkerFailed")
+    assert "Wait timeout after 30 seconds" in restarting["status"]["message"]
+    [event] = eventually(lambda: api.events("WorkerFailed"), what="the restart's Event")
     assert "Wait timeout after 30 seconds" in event["message"] and event["message"].endswith("See exception message above")
     assert len(event["message"]) <= 1024
 

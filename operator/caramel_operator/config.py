@@ -77,7 +77,8 @@ class OperatorSettings(BaseSettings):
     liveness probe fails and the kubelet restarts it."""
 
     reconcile_interval_seconds: float = Field(2.0, gt=0, validation_alias="CARAMEL_RECONCILE_INTERVAL_SECONDS")
-    """Seconds between two reconciliations of a job."""
+    """Longest time between two reconciliations of a job: one also follows every change of its
+    pods at once, and the end of a backoff."""
 
     restart_backoff_seconds: float = Field(10.0, gt=0, validation_alias="CARAMEL_RESTART_BACKOFF_SECONDS")
     """Wait before the first gang restart after a worker failed, doubled at each further one. A

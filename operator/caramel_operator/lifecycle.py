@@ -17,7 +17,8 @@ one re-created after an operator restart, follows the same placement and gets th
 
 A restart after a worker failed of itself waits a backoff that doubles at each such restart; one
 after a worker was lost (observe.LOST_REASONS: its pod deleted or evicted, its node gone) starts
-the new gang at once, as soon as the old pods are gone. Both count against backoffLimit.
+the new gang at once, as soon as the old pods are gone. Both count against backoffLimit. `due`
+says when the status next asks for a pass (a backoff's end), so that the handler comes back then.
 
 A gang may run with fewer workers than spec.workers.replicas, never fewer than minReplicas
 (status.size). Each gang starts with at least `least` workers, set when the gang before it
@@ -279,6 +280,18 @@ def record_room(decision: Decision, job: CaramelJob, outcome: Outcome) -> Decisi
         update={"size": size.model_copy(update={"grow_to": grow_to, "grow_after_step": after})}
     )
     return decision
+
+
+def due(status: CaramelJobStatus, now: datetime) -> datetime | None:
+    """When the status asks for a pass itself, after `now`: at the end of a restart's backoff, or
+    of the wait before R-Storm tries to place the gang again. None while only the pods' changes
+    (the old gang's going, say) and the reconcile interval call for passes."""
+    placement = status.placement if status.placement and status.placement.gang == status.gang else None
+    waits = [
+        status.restart_after if status.phase is Phase.RESTARTING else None,
+        placement.retry_after if placement else None,
+    ]
+    return min((end for end in (parse_timestamp(wait) for wait in waits if wait) if end > now), default=None)
 
 
 def decide(
