@@ -29,6 +29,7 @@ from caramel_operator.lifecycle import (
     status_from,
     parse_timestamp,
     timestamp,
+    with_placement,
 )
 from caramel_operator.observe import INVALID_IMAGE, WorkerObservation, WorkerState
 
@@ -191,6 +192,25 @@ def test_a_lost_worker_past_the_backoff_limit_fails_the_job():
     assert decision.status.phase is Phase.FAILED
     assert next(c for c in decision.status.conditions if c.type == "Failed").reason == "BackoffLimitExceeded"
     assert decision.status.last_failure == WorkerFailure(worker="demo-worker-1", reason="PodDeleted")
+
+
+def test_rstorm_places_and_creates_the_gang_in_one_pass():
+    """The placement had a pass of its own, and the pods came a reconcile interval later."""
+    restarting = status(phase=Phase.RESTARTING, gang=1, restarts=1, restart_after=timestamp(NOW))
+    asked = decide(job(), restarting, [], ALL, NOW, SETTINGS)
+    [place] = actions_of(asked, PlaceGang)
+    placed = with_placement(asked, job(), Placed(workers=(ON_N1, ON_N1)), [], ALL, NOW, SETTINGS)
+    assert not actions_of(placed, PlaceGang)
+    [create] = actions_of(placed, CreatePods)
+    assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-0", "demo-worker-1"]
+    assert all(pod["metadata"]["labels"]["caramel.dev/gang"] == "1" for pod in create.manifests)
+    assert [event.reason for event in placed.events] == ["Placed", "GangCreated"]
+    assert placed.status.placement.workers == [ON_N1, ON_N1]
+    # No room: recorded, nothing created, and the next try is due after the backoff.
+    unplaced = with_placement(asked, job(), NoRoom("cannot place 2 workers; short of memory"), [], ALL, NOW, SETTINGS)
+    assert not actions_of(unplaced, CreatePods) and not actions_of(unplaced, PlaceGang)
+    assert unplaced.status.message.startswith("cannot place the gang: cannot place 2 workers")
+    assert due(unplaced.status, NOW) == NOW + timedelta(seconds=10)
 
 
 def test_nothing_is_due_while_the_gang_runs():

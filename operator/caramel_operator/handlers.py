@@ -46,10 +46,10 @@ from caramel_operator.lifecycle import (
     decide,
     due,
     expires_at,
-    record_placement,
     reject_invalid,
     report_creation_failures,
     status_from,
+    with_placement,
 )
 from caramel_operator.observe import WorkerObservation, WorkerState, observe_pod
 from caramel_operator.progress import read_progress
@@ -260,7 +260,7 @@ async def _reconcile_once(
             key = (namespace, name)
             existing = frozenset([*job_services.get(key, []), *job_network_policies.get(key, [])])
             decision = decide(job, status, workers, existing, now, SETTINGS)
-            decision = await _place_gang(decision, job, memo.cluster, now)
+            decision = await _place_gang(decision, job, workers, existing, memo.cluster, now)
             await _read_progress(decision, job, workers, memo, now)
             status = await _write_status(decision.status, status, namespace, name, memo.cluster)
             refusals = await _carry_out(decision, body, namespace, memo.cluster)
@@ -304,9 +304,16 @@ async def _rest(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float
             wait.cancel()
 
 
-async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now: datetime) -> Decision:
+async def _place_gang(
+    decision: Decision,
+    job: CaramelJob,
+    workers: list[WorkerObservation],
+    existing: frozenset[str],
+    cluster: Cluster,
+    now: datetime,
+) -> Decision:
     """Read the nodes and pods and place the gang, or look for room for a gang that runs short,
-    when the lifecycle asks."""
+    when the lifecycle asks; the pass goes on with the outcome (`with_placement`)."""
     request = next((action for action in decision.actions if isinstance(action, PlaceGang)), None)
     if request is None:
         return decision
@@ -317,7 +324,7 @@ async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now
         outcome = Unreadable(str(error))
     else:
         outcome = place(job, request.worker_pod, nodes, pods, SETTINGS.rack_label, request.fewest, request.most)
-    return record_placement(decision, job, outcome, now, SETTINGS)
+    return with_placement(decision, job, outcome, workers, existing, now, SETTINGS)
 
 
 async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluster: Cluster) -> list[str]:

@@ -11,9 +11,10 @@ is unit-tested; the kopf handlers only observe, call `decide`, and carry out the
        `--suspend--> Suspended --resume--> Pending
 
 Every gang is placed before any of its pods exists: with R-Storm, `decide` asks for a placement
-(`PlaceGang`), the handler reads the cluster and `record_placement` writes the outcome into the
-status; the next pass creates the pods from the recorded placement. So every pod of a gang, even
-one re-created after an operator restart, follows the same placement and gets the same topology.
+(`PlaceGang`), the handler reads the cluster, and `with_placement` writes the outcome into the
+status and runs the pass again from it, which creates the pods from the recorded placement: one
+pass places and creates the gang. So every pod of a gang, even one re-created after an operator
+restart, follows the same placement and gets the same topology.
 
 A restart after a worker failed of itself waits a backoff that doubles at each such restart; one
 after a worker was lost (observe.LOST_REASONS: its pod deleted or evicted, its node gone) starts
@@ -201,13 +202,13 @@ def report_creation_failures(decision: Decision, failures: list[str], now: datet
 def record_placement(decision: Decision, job: CaramelJob, outcome: Outcome, now: datetime, settings: OperatorSettings) -> Decision:
     """The outcome of R-Storm's placement of the current gang, in the status (and Events).
 
-    A placement found is recorded for the next pass to create the pods from; nodes given more CPU
-    than they have free are named, since their workers wait for CPU. When no placement fits, or
-    RStorm was asked for but the operator may not read the nodes, nothing is created: the reason
-    goes into status.message and a Warning Event, and placement is tried again after the restart
-    backoff (10 s, 20 s, ...). Auto, where the nodes cannot be read (namespaced RBAC), leaves the
-    gang to the scheduler. For a look for room while the gang runs (PlaceGang.growing), what fits
-    is room to grow (`record_room`).
+    A placement found is recorded for the pass to create the pods from (`with_placement`); nodes
+    given more CPU than they have free are named, since their workers wait for CPU. When no
+    placement fits, or RStorm was asked for but the operator may not read the nodes, nothing is
+    created: the reason goes into status.message and a Warning Event, and placement is tried again
+    after the restart backoff (10 s, 20 s, ...). Auto, where the nodes cannot be read (namespaced
+    RBAC), leaves the gang to the scheduler. For a look for room while the gang runs
+    (PlaceGang.growing), what fits is room to grow (`record_room`).
     """
     request = next(action for action in decision.actions if isinstance(action, PlaceGang))
     if request.growing:
@@ -280,6 +281,29 @@ def record_room(decision: Decision, job: CaramelJob, outcome: Outcome) -> Decisi
         update={"size": size.model_copy(update={"grow_to": grow_to, "grow_after_step": after})}
     )
     return decision
+
+
+def with_placement(
+    decision: Decision,
+    job: CaramelJob,
+    outcome: Outcome,
+    workers: list[WorkerObservation],
+    existing: frozenset[str],
+    now: datetime,
+    settings: OperatorSettings,
+) -> Decision:
+    """A pass that asked for a placement (`PlaceGang`), given R-Storm's outcome: the outcome
+    recorded (`record_placement`), and the pass run again from that status, on the same
+    observations, which creates the gang's pods where a placement was found (or the gang left to
+    the scheduler). So one pass places and creates a gang: a pass of its own for the placement
+    cost a reconcile interval. The second run's actions are the first's but the request for a
+    placement; the Events and phases entered of both are kept. A look for room to grow is
+    recorded only: it creates nothing."""
+    recorded = record_placement(decision, job, outcome, now, settings)
+    if any(isinstance(action, PlaceGang) and action.growing for action in decision.actions):
+        return recorded
+    again = decide(job, recorded.status, workers, existing, now, settings)
+    return Decision(again.status, again.actions, recorded.events + again.events, recorded.transitions + again.transitions)
 
 
 def due(status: CaramelJobStatus, now: datetime) -> datetime | None:
