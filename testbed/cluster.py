@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.operator_harness import eventually
+from testbed.operator_harness import WatchEvents, eventually
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,3 +105,33 @@ class Namespace:
 
     def delete(self) -> None:
         kubectl("delete", "namespace", self.name, "--wait=false", check=False)
+
+
+class PodWatch(WatchEvents):
+    """`kubectl get pods --watch` of one job's pods, each event stamped as it arrives: when pods
+    came and started, to well under the second the API's own times are written to."""
+
+    def __init__(self, namespace: str, job: str) -> None:
+        super().__init__()
+        command = [tool("kubectl"), "get", "pods", "-n", namespace, "-l", f"caramel.dev/job={job}", "--watch", "--output-watch-events", "-o", "json"]
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        """kubectl writes each event as indented JSON over many lines: decode as soon as one is whole."""
+        assert self._process.stdout is not None
+        decoder, pending = json.JSONDecoder(), ""
+        for line in self._process.stdout:
+            pending += line
+            try:
+                event, end = decoder.raw_decode(pending.lstrip())
+            except ValueError:
+                continue
+            self.add(event)
+            pending = pending.lstrip()[end:]
+
+    def close(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=10)
+        self._reader.join(timeout=10)

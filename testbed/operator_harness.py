@@ -7,12 +7,16 @@ the cluster's nodes: Node objects as the kubelets would have registered them, fo
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -134,6 +138,69 @@ class KubeApi:
         eventually(lambda: len(self.pods(name)) == replicas, what=f"{replicas} worker pods of {name}")
         self.run_pods(name)
         eventually(lambda: self.status(name).get("phase") == "Running", what=f"{name} Running")
+
+
+class WatchEvents:
+    """The events of a watch, each stamped with its arrival (time.monotonic()), for what polling
+    would miss or blur: states that do not last, and when each came. A reader thread adds them."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, dict[str, Any]]] = []
+        self._changed = threading.Condition()
+
+    def add(self, event: dict[str, Any]) -> None:
+        """One event as the API sends it, {"type": ..., "object": ...}, arrived now."""
+        with self._changed:
+            self.events.append((time.monotonic(), event))
+            self._changed.notify_all()
+
+    def first(self, since: float, matches: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 120) -> dict[str, float]:
+        """When each of the first `count` objects to match after `since` first did, by name;
+        waits for them."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                seen: dict[str, float] = {}
+                for at, event in self.events:
+                    if at >= since and matches(event["object"]):
+                        seen.setdefault(event["object"]["metadata"]["name"], at)
+                if len(seen) >= count:
+                    return dict(list(seen.items())[:count])
+                if not self._changed.wait(max(0.0, deadline - time.monotonic())):
+                    raise AssertionError(f"timed out after {timeout} s waiting for {count} objects, seen {sorted(seen)}")
+
+    def objects(self, matches: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """The objects of the events so far that match, in order."""
+        with self._changed:
+            return [event["object"] for _, event in self.events if matches(event["object"])]
+
+
+class Watch(WatchEvents):
+    """A watch of one collection of the emulator. close() it before the emulator stops."""
+
+    def __init__(self, url: str, path: str) -> None:
+        super().__init__()
+        address = urllib.parse.urlsplit(url)
+        self._connection = http.client.HTTPConnection(address.hostname or "127.0.0.1", address.port)
+        self._connection.request("GET", f"{path}?watch=true")
+        self._reader = threading.Thread(target=self._read, args=(self._connection.getresponse(),), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: http.client.HTTPResponse) -> None:
+        try:
+            for line in stream:
+                if line.strip():
+                    self.add(json.loads(line))
+        except (OSError, ValueError):
+            pass  # closed: the chunked stream ends mid-chunk
+
+    def close(self) -> None:
+        """End the stream: the emulator waits for its open streams when it stops. The reader ends
+        first: closing the connection under it breaks http.client's own clean-up."""
+        if self._connection.sock is not None:
+            self._connection.sock.shutdown(socket.SHUT_RDWR)
+        self._reader.join(timeout=10)
+        self._connection.close()
 
 
 def printer_row(job: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.operator_harness import Emulator
 from testbed.ports import free_port, free_port_block  # noqa: F401  (tests import them from here)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,6 +25,14 @@ def runtime_metrics() -> dict[str, str]:
 
     families = WorkerMetrics(rank=0).registry.collect()
     return {f"{family.name}_total" if family.type == "counter" else family.name: family.type for family in families}
+
+
+@pytest.fixture
+def emulator(tmp_path):
+    """kmock's Kubernetes API emulator (testbed/kube_emulator.py), with the harness's nodes, for the operator's tests."""
+    emulator = Emulator(tmp_path)
+    yield emulator
+    emulator.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from caramel_operator.lifecycle import (
     DeletePods,
     PlaceGang,
     decide,
+    due,
     expires_at,
     record_placement,
     reject_invalid,
@@ -28,6 +29,7 @@ from caramel_operator.lifecycle import (
     status_from,
     parse_timestamp,
     timestamp,
+    with_placement,
 )
 from caramel_operator.observe import INVALID_IMAGE, WorkerObservation, WorkerState
 
@@ -139,14 +141,80 @@ def test_all_succeeded_is_succeeded_and_keeps_finished_pods_by_default():
 
 def test_a_failure_restarts_the_gang_with_exponential_backoff():
     failed = worker(1, WorkerState.FAILED, failure_reason="Error", exit_code=3)
-    decision = decide(job(), status(phase=Phase.RUNNING, restarts=2), [worker(0), failed], ALL, NOW, SETTINGS)
+    earlier = status(phase=Phase.RUNNING, restarts=2, backed_off_restarts=2)
+    decision = decide(job(), earlier, [worker(0), failed], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.RESTARTING
     assert decision.status.restarts == 3 and decision.status.gang == 1
+    assert decision.status.backed_off_restarts == 3
     assert decision.status.restart_after == timestamp(NOW + timedelta(seconds=40))  # 10 s x 2^2
+    assert due(decision.status, NOW) == NOW + timedelta(seconds=40)
+    assert due(decision.status, NOW + timedelta(seconds=40)) is None  # over: the old pods' going, or the interval, calls
     assert decision.status.last_failure.exit_code == 3
     [delete] = actions_of(decision, DeletePods)
     assert sorted(delete.names) == ["demo-worker-0", "demo-worker-1"]
     assert "restarting the whole gang (3 of 3) in 40 s" in decision.status.message
+
+
+LOST = {
+    "pod gone": [],
+    "pod being deleted": [worker(1, terminating=True)],
+    "stopped by its deletion": [worker(1, WorkerState.FAILED, failure_reason="PodDeleted", exit_code=143, terminating=True)],
+    "node lost": [worker(1, WorkerState.FAILED, failure_reason="NodeLost")],
+    "evicted": [worker(1, WorkerState.FAILED, failure_reason="Evicted")],
+}
+
+
+@pytest.mark.parametrize("lost", LOST.values(), ids=LOST.keys())
+def test_a_lost_worker_restarts_the_gang_at_once_counted_against_the_backoff_limit(lost):
+    """No crash loop to slow down: the new gang comes as soon as the old pods are gone. Before,
+    a pod deleted waited the backoff as a crash does (10 s, then 20 s, ...)."""
+    earlier = status(phase=Phase.RUNNING, restarts=1, backed_off_restarts=1)
+    decision = decide(job(**BY_SCHEDULER), earlier, [worker(0), *lost], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.RESTARTING
+    assert (decision.status.restarts, decision.status.backed_off_restarts) == (2, 1)
+    assert decision.status.restart_after == timestamp(NOW)
+    assert "; restarting the whole gang (2 of 3) at once" in decision.status.message
+    old_pods_gone = decide(job(**BY_SCHEDULER), decision.status, [], ALL, NOW, SETTINGS)
+    [create] = actions_of(old_pods_gone, CreatePods)
+    assert [pod["metadata"]["labels"]["caramel.dev/gang"] for pod in create.manifests] == ["1", "1"]
+
+
+def test_a_crash_waits_the_backoff_of_the_crashes_before_it_not_of_the_losses():
+    """Two workers lost before (a spot node, a drain) do not make a first crash wait 40 s."""
+    crashed = worker(1, WorkerState.FAILED, failure_reason="Error", exit_code=1)
+    decision = decide(job(), status(phase=Phase.RUNNING, restarts=2), [worker(0), crashed], ALL, NOW, SETTINGS)
+    assert decision.status.restart_after == timestamp(NOW + timedelta(seconds=10))
+    assert (decision.status.restarts, decision.status.backed_off_restarts) == (3, 1)
+
+
+def test_a_lost_worker_past_the_backoff_limit_fails_the_job():
+    decision = decide(job(runPolicy={"backoffLimit": 2}), status(phase=Phase.RUNNING, restarts=2), [worker(0)], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.FAILED
+    assert next(c for c in decision.status.conditions if c.type == "Failed").reason == "BackoffLimitExceeded"
+    assert decision.status.last_failure == WorkerFailure(worker="demo-worker-1", reason="PodDeleted")
+
+
+def test_rstorm_places_and_creates_the_gang_in_one_pass():
+    """The placement had a pass of its own, and the pods came a reconcile interval later."""
+    restarting = status(phase=Phase.RESTARTING, gang=1, restarts=1, restart_after=timestamp(NOW))
+    asked = decide(job(), restarting, [], ALL, NOW, SETTINGS)
+    [place] = actions_of(asked, PlaceGang)
+    placed = with_placement(asked, job(), Placed(workers=(ON_N1, ON_N1)), [], ALL, NOW, SETTINGS)
+    assert not actions_of(placed, PlaceGang)
+    [create] = actions_of(placed, CreatePods)
+    assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-0", "demo-worker-1"]
+    assert all(pod["metadata"]["labels"]["caramel.dev/gang"] == "1" for pod in create.manifests)
+    assert [event.reason for event in placed.events] == ["Placed", "GangCreated"]
+    assert placed.status.placement.workers == [ON_N1, ON_N1]
+    # No room: recorded, nothing created, and the next try is due after the backoff.
+    unplaced = with_placement(asked, job(), NoRoom("cannot place 2 workers; short of memory"), [], ALL, NOW, SETTINGS)
+    assert not actions_of(unplaced, CreatePods) and not actions_of(unplaced, PlaceGang)
+    assert unplaced.status.message.startswith("cannot place the gang: cannot place 2 workers")
+    assert due(unplaced.status, NOW) == NOW + timedelta(seconds=10)
+
+
+def test_nothing_is_due_while_the_gang_runs():
+    assert due(status(phase=Phase.RUNNING, restart_after=timestamp(NOW + timedelta(seconds=5))), NOW) is None
 
 
 def test_backoff_is_capped():

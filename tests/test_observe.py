@@ -46,3 +46,14 @@ def test_a_deleted_worker_went_when_its_deletion_was_asked_for():
     seen = observe_pod(running)
     assert seen.terminating and seen.failed_at == datetime(2026, 11, 21, 12, 0, 5, tzinfo=UTC)
     assert observe_pod({**POD, "status": {"phase": "Running"}}).failed_at is None
+
+
+def test_a_worker_stopped_by_its_pods_deletion_is_lost_whatever_it_exited_with():
+    """Deleted, its worker exits 143 on SIGTERM and the pod turns Failed before it goes: that is
+    a deletion (no backoff), not a crash (a backoff), however late the operator looks."""
+    deleted = {"deletionTimestamp": "2026-11-21T12:00:38Z", "deletionGracePeriodSeconds": 30}  # asked at 12:00:08
+    stopped = observe_pod(failed_pod(**deleted))  # finished at 12:00:09, and wrote no summary
+    assert (stopped.state, stopped.failure_reason, stopped.exit_code) == (WorkerState.FAILED, "PodDeleted", 137)
+    # One whose rank failed of itself before the deletion (its summary says when) keeps its reason.
+    message = failure_message("rank 1 exited with code 1", FAILED_AT, [], [])
+    assert observe_pod(failed_pod(message, **deleted)).failure_reason == "Error"

@@ -19,16 +19,9 @@ from caramel.planner.timing import StepTimes, TransferTiming
 from conftest import free_port
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import placed_topology
-from testbed.operator_harness import CRDS, EVENTS, NETWORK_POLICIES, SERVICES, Emulator, Operator, eventually, printer_row, terminated
+from testbed.operator_harness import CRDS, EVENTS, JOBS, NETWORK_POLICIES, SERVICES, Operator, Watch, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
-
-
-@pytest.fixture
-def emulator(tmp_path):
-    emulator = Emulator(tmp_path)
-    yield emulator
-    emulator.stop()
 
 
 @pytest.fixture
@@ -90,7 +83,7 @@ def test_a_failed_worker_restarts_the_whole_gang(emulator, operator):
     status = api.status("demo")
     assert status["lastFailure"] == {"worker": "demo-worker-1", "reason": "OOMKilled", "exitCode": 137, "cause": "", "message": ""}
     assert any(c["type"] == "Restarting" and c["status"] == "True" for c in status["conditions"])
-    assert api.events("WorkerFailed"), "a Warning event explains the restart"
+    eventually(lambda: api.events("WorkerFailed"), what="a Warning event explaining the restart")
     api.run_pods("demo")
     eventually(lambda: phase(api, "demo") == "Running", what="the new gang running")
     assert "caramel_operator_jobs_restarted_total 1.0" in operator.metrics()
@@ -113,7 +106,7 @@ def test_the_worker_that_failed_first_is_blamed_and_those_that_followed_named(em
     try:
         eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
         assert api.status("demo")["lastFailure"]["worker"] == "demo-worker-1"
-        [event] = api.events("WorkerFailed")
+        [event] = eventually(lambda: api.events("WorkerFailed"), what="the restart's Event")
         assert event["message"].startswith(
             "worker demo-worker-1 failed: Error, exit code 137: rank 1 killed by SIGKILL; "
             "demo-worker-0 (Error, exit code 1) failed after it; restarting the whole gang"
@@ -164,7 +157,7 @@ def test_an_invalid_spec_fails_and_creates_nothing(emulator, operator):
     failed = next(c for c in api.status("demo")["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec"
     assert "spec.workers.replicas: Input should be greater than or equal to 1 (got 0)" in failed["message"]
-    assert api.events("InvalidSpec")
+    eventually(lambda: api.events("InvalidSpec"), what="an InvalidSpec Event")  # posted after the status is written
     assert api.pods("demo") == [] and api.get(f"{SERVICES}/demo") is None
 
 
@@ -198,14 +191,14 @@ def test_pending_workers_say_why(emulator, operator):
     )
     message = eventually(lambda: api.status("demo").get("message"), what="a pending message")
     assert message == "demo-worker-1 is pending: Unschedulable: 0/3 nodes are available: 3 Insufficient cpu."
-    assert api.events("Unschedulable")[0]["message"] == message
+    assert eventually(lambda: api.events("Unschedulable"), what="an Unschedulable Event")[0]["message"] == message
     api.set_pod_status(
         "demo-worker-0",
         {"phase": "Pending", "containerStatuses": [{"name": "worker", "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "caramel:test"'}}}]},
     )
     eventually(lambda: "ImagePullFailed" in api.status("demo").get("message", ""), what="an image pull message")
     assert api.status("demo")["message"].startswith("demo-worker-0 is pending (and 1 more workers): ImagePullFailed: ImagePullBackOff")
-    assert api.events("ImagePullFailed")
+    eventually(lambda: api.events("ImagePullFailed"), what="an ImagePullFailed Event")
 
 
 def test_suspend_deletes_the_pods_and_resume_brings_a_new_gang(emulator, operator):
@@ -280,7 +273,7 @@ def test_a_refused_pod_creation_reaches_the_status_and_an_event(emulator, operat
     message = eventually(lambda: api.status("demo").get("message"), what="a status message")
     # The two pods are created concurrently: either may be the one refused.
     assert re.match(r"cannot create the job's objects: Pod demo-worker-(\d): pods \"demo-worker-\1\" is forbidden: exceeded quota: two-pods", message), message
-    assert api.events("FailedCreate")[0]["message"] == message
+    assert eventually(lambda: api.events("FailedCreate"), what="a FailedCreate Event")[0]["message"] == message
     assert len(api.pods("demo")) == 1
 
 
@@ -362,13 +355,19 @@ def test_a_failure_keeps_its_cause_and_the_restart_event_its_last_lines(emulator
     message above"; and the failed pod went with its gang, its log with it."""
     api = emulator.api
     api.running_job("demo", SPEC)
-    api.set_pod_status("demo-worker-0", terminated(134, message=GLOO_ABORT))
-    eventually(lambda: api.status("demo").get("restarts") == 1, what="a restart")
-    failure = api.status("demo")["lastFailure"]
+    # The status says why while the job is Restarting, which lasts only until the new gang is
+    # created: a moment, here.
+    jobs = Watch(api.url, JOBS)
+    try:
+        api.set_pod_status("demo-worker-0", terminated(134, message=GLOO_ABORT))
+        [restarting, *_] = eventually(lambda: jobs.objects(lambda job: (job.get("status") or {}).get("phase") == "Restarting"), what="a restart")
+    finally:
+        jobs.close()
+    failure = restarting["status"]["lastFailure"]
     assert failure["message"] == GLOO_ABORT and len(GLOO_ABORT) > 400
     assert failure["cause"].startswith("rank 0 | terminate called after throwing an instance of 'gloo::IoException' rank 0 |   what():")
-    assert "Wait timeout after 30 seconds" in api.status("demo")["message"]
-    [event] = api.events("WorkerFailed")
+    assert "Wait timeout after 30 seconds" in restarting["status"]["message"]
+    [event] = eventually(lambda: api.events("WorkerFailed"), what="the restart's Event")
     assert "Wait timeout after 30 seconds" in event["message"] and event["message"].endswith("See exception message above")
     assert len(event["message"]) <= 1024
 

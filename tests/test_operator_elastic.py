@@ -52,6 +52,12 @@ def event_messages(api, reason):
     return [(event["type"], event["message"]) for event in api.events(reason)]
 
 
+def posted(api, reason, count):
+    """The messages of the Events of a reason, once `count` are posted: a pass posts its Events
+    after it has created its pods."""
+    return eventually(lambda: len(event_messages(api, reason)) >= count and event_messages(api, reason), what=f"{count} {reason} Events")
+
+
 def resized_condition(api, job):
     return next((c for c in api.status(job).get("conditions", []) if c["type"] == "Resized"), None)
 
@@ -85,7 +91,7 @@ def test_a_gang_without_room_runs_smaller_and_grows_after_a_checkpoint_once_room
     assert {(env(pod)["HOROVOD_SIZE"], env(pod)["CARAMEL_FULL_SIZE"]) for pod in pods} == {("2", "3")}
     assert sorted(pinned_node(pod) for pod in pods) == ["node-0", "node-1"]
     shrunk = f"running 2 of 3 workers: the whole gang did not fit within the gang scheduling timeout ({GANG_TIMEOUT_SECONDS} s)"
-    assert event_messages(api, "Resized") == [("Warning", shrunk)]
+    assert posted(api, "Resized", 1) == [("Warning", shrunk)]
     assert resized_condition(api, "demo")["message"] == shrunk and resized_condition(api, "demo")["status"] == "True"
     api.run_pods("demo", podIP="127.0.0.1")
     eventually(lambda: api.status("demo").get("phase") == "Running", what="the smaller gang running")
@@ -107,7 +113,7 @@ def test_a_gang_without_room_runs_smaller_and_grows_after_a_checkpoint_once_room
     assert status["restarts"] == 0 and status["size"] == {**status["size"], "replicas": 3, "reason": ""}
     [(kind, grew)] = event_messages(api, "GangResized")
     assert kind == "Normal" and grew.startswith("room for 3 of 3 workers, and a checkpoint at step 20: the gang of 2 grows")
-    assert event_messages(api, "Resized")[-1] == ("Normal", "running all 3 workers again")
+    assert posted(api, "Resized", 2)[-1] == ("Normal", "running all 3 workers again")
     assert resized_condition(api, "demo")["status"] == "False"
 
 
@@ -127,7 +133,7 @@ def test_a_lost_node_restarts_the_gang_with_the_workers_that_fit(cluster):
     assert {env(pod)["HOROVOD_SIZE"] for pod in pods} == {"2"}
     status = api.status("demo")
     assert status["restarts"] == 1 and status["lastFailure"]["reason"] == "NodeLost"  # a failure, counted
-    assert event_messages(api, "Resized") == [("Warning", f"running 2 of 3 workers: {lost} (NodeLost) was lost")]
+    assert posted(api, "Resized", 1) == [("Warning", f"running 2 of 3 workers: {lost} (NodeLost) was lost")]
 
 
 @pytest.mark.parametrize("cluster", [4], indirect=True)
@@ -145,6 +151,6 @@ def test_a_partly_scheduled_gang_runs_with_its_scheduled_part_after_the_timeout(
     assert {env(pod)["HOROVOD_SIZE"] for pod in pods} == {"2"}
     status = api.status("demo")
     assert status["restarts"] == 0 and status.get("lastFailure") is None
-    assert event_messages(api, "Resized") == [
+    assert posted(api, "Resized", 1) == [
         ("Warning", f"running 2 of 3 workers: 1 stayed unschedulable for the gang scheduling timeout ({GANG_TIMEOUT_SECONDS} s)")
     ]

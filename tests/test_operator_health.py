@@ -26,13 +26,6 @@ STUCK_REPLICAS = 40
 STALL_SECONDS = 2
 
 
-@pytest.fixture
-def emulator(tmp_path):
-    emulator = Emulator(tmp_path)
-    yield emulator
-    emulator.stop()
-
-
 def operator_of(emulator, tmp_path, **env):
     return Operator(emulator, tmp_path, **env)
 

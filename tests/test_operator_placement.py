@@ -71,7 +71,7 @@ def test_rstorm_pins_each_worker_and_hands_it_the_placed_topology(emulator, oper
     assert len({worker.node for worker in placement.workers}) == 1 and "rack-1-node-1" not in {w.node for w in placement.workers}
     expected = placed_topology(placement.workers, 1, ClusterLinks.model_validate_json(LINKS))
     assert all(from_json(env(pod)["CARAMEL_TOPOLOGY"]) == expected for pod in pods)
-    placed = api.events("Placed")[0]
+    placed = eventually(lambda: api.events("Placed"), what="a Placed Event")[0]
     assert placed["type"] == "Normal" and placed["message"] == "R-Storm placed 4 workers on 1 nodes in 1 racks (status.placement)"
 
     # A restart places the new gang afresh, not counting the old gang's pods against the nodes.
@@ -90,7 +90,8 @@ def test_a_gang_too_large_says_why_it_waits_and_is_placed_once_a_node_joins(emul
     assert message.startswith(
         "cannot place the gang: cannot place 14 workers (each 4 CPU, 16Gi memory); short of memory: free memory holds 12 of them"
     ), message
-    assert api.events("Unplaceable")[0]["type"] == "Warning" and api.events("Unplaceable")[0]["message"] == message
+    [unplaceable, *_] = eventually(lambda: api.events("Unplaceable"), what="an Unplaceable Event")
+    assert unplaceable["type"] == "Warning" and unplaceable["message"] == message
     assert api.status("big")["phase"] == "Pending" and api.pods("big") == []
     api.create(NODES, node("rack-3-node-1", "rack-3", memory="128Gi"))
     eventually(lambda: len(api.pods("big")) == 14, timeout=30, what="the gang created after the retry")
@@ -117,7 +118,7 @@ def test_without_rights_on_nodes_auto_leaves_placement_to_the_scheduler_and_rsto
         api.create_job("strict", {**SPEC, "workers": WORKERS, "placement": {"policy": "RStorm"}})
         pods = eventually(lambda: gang_of(api, "auto", 0), what="the Auto job's pods")
         assert all("affinity" not in pod["spec"] for pod in pods)
-        unavailable = api.events("PlacementUnavailable")[0]
+        unavailable = eventually(lambda: api.events("PlacementUnavailable"), what="a PlacementUnavailable Event")[0]
         assert "nodes is forbidden" in unavailable["message"] and "the scheduler places the gang" in unavailable["message"]
         message = eventually(lambda: api.status("strict").get("message"), what="the RStorm job's message")
         assert "spec.placement.policy RStorm) needs to list nodes and pods cluster-wide: nodes is forbidden" in message

@@ -35,9 +35,9 @@ SCRAPE_TIMEOUT_SECONDS = 2.0
 
 
 # (API group, resource, verb) the operator uses in the namespaces it serves: its own calls below
-# (read a job, list jobs, release their finalizers, delete expired ones; create pods, Services and
-# NetworkPolicies; delete pods), and kopf's (list and watch what it indexes and serves, patch its
-# finalizer, annotations and the status, post core/v1 Events). Pods, Services and NetworkPolicies
+# (read a job, list jobs, write their status, release their finalizers, delete expired ones;
+# create pods, Services and NetworkPolicies; delete pods), and kopf's (list and watch what it
+# indexes and serves, patch its finalizer and annotations, post core/v1 Events). Pods, Services and NetworkPolicies
 # are deleted by the garbage collector, through their owner reference, or not at all.
 PERMISSIONS = {
     *((GROUP, "carameljobs", verb) for verb in ("get", "list", "watch", "patch", "delete")),
@@ -132,6 +132,23 @@ class Cluster:
                 return []
             raise
         return [job for response in responses for job in json.loads(response.data)["items"]]
+
+    async def write_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge `status` into the job's (absent fields stay, null ones go); nothing if the job is gone."""
+        try:
+            await self._call(
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": status},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status != 404:  # gone: its reconciling task is being stopped
+                raise
 
     async def release_jobs(self, finalizer: str, namespaces: tuple[str, ...]) -> int:
         """Remove the operator's finalizer from every job it serves (in `namespaces`, or all when

@@ -77,10 +77,12 @@ class OperatorSettings(BaseSettings):
     liveness probe fails and the kubelet restarts it."""
 
     reconcile_interval_seconds: float = Field(2.0, gt=0, validation_alias="CARAMEL_RECONCILE_INTERVAL_SECONDS")
-    """Seconds between two reconciliations of a job."""
+    """Longest time between two reconciliations of a job: one also follows every change of its
+    pods at once, and the end of a backoff."""
 
     restart_backoff_seconds: float = Field(10.0, gt=0, validation_alias="CARAMEL_RESTART_BACKOFF_SECONDS")
-    """Wait before the first gang restart, doubled at each further one."""
+    """Wait before the first gang restart after a worker failed, doubled at each further one. A
+    gang whose worker was lost (its pod deleted or evicted, its node gone) restarts at once."""
 
     restart_backoff_max_seconds: float = Field(300.0, gt=0, validation_alias="CARAMEL_RESTART_BACKOFF_MAX_SECONDS")
     """Longest wait before a gang restart."""

@@ -2,10 +2,12 @@
 
 Worker pods, services and network policies are known through kopf indexes, filled from watches
 before any handler runs, so a restarted operator sees every pod it created earlier and creates no
-duplicates. Each unfinished job is reconciled by a timer; the state lives only in the job's
-status. Finished jobs leave the timer (and lose kopf's finalizer); one with a TTL gets a daemon
-that sleeps until it is due. The job's pods and objects are owned by it: the garbage collector
-deletes them with it.
+duplicates. Each unfinished job is reconciled by a daemon of its own, in passes: at once, then
+whenever one of its pods changes (wakeups.py), when its status asks (a backoff's end), and every
+reconcile interval; so a pod deleted, failed or started is acted on as it happens, not up to an
+interval later. The state lives only in the job's status. Finished jobs leave the daemon (and
+lose kopf's finalizer); one with a TTL gets another that sleeps until it is due. The job's pods
+and objects are owned by it: the garbage collector deletes them with it.
 
 The log has a line per change of a job (each Event posted), and kopf's own lines only where
 something failed (__main__ filters the rest). The probes: see health.py.
@@ -25,7 +27,7 @@ import pydantic
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from caramel.contract.api import GROUP, VERSION, CaramelJob, Phase
+from caramel.contract.api import GROUP, VERSION, CaramelJob, CaramelJobStatus, Phase
 from caramel.contract.jobfile import describe_validation_error
 from caramel_operator import metrics
 from caramel_operator.builders import JOB_LABEL
@@ -42,14 +44,16 @@ from caramel_operator.lifecycle import (
     DeletePods,
     PlaceGang,
     decide,
+    due,
     expires_at,
-    record_placement,
     reject_invalid,
     report_creation_failures,
     status_from,
+    with_placement,
 )
 from caramel_operator.observe import WorkerObservation, WorkerState, observe_pod
 from caramel_operator.progress import read_progress
+from caramel_operator.wakeups import Wakeups
 
 SETTINGS = OperatorSettings.from_env()
 LOG = logging.getLogger("caramel_operator")
@@ -97,6 +101,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         request_timeout_seconds=SETTINGS.api_request_timeout_seconds,
     )
     memo.watch = WatchCheck()
+    memo.wakeups = Wakeups()
     memo.server = await serve(SETTINGS.metrics_port, metrics.REGISTRY, lambda: _unready(memo))
     LOG.info(
         f"serving CaramelJobs in {', '.join(SETTINGS.watch_namespaces) or 'every namespace'}; API requests time out "
@@ -180,50 +185,135 @@ def finished_with_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     return not unfinished(status) and (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None
 
 
-@kopf.timer(*JOBS, interval=SETTINGS.reconcile_interval_seconds, when=unfinished)  # type: ignore[arg-type]  # kopf's handler types (above)
+@kopf.on.event("pods", labels=WORKERS)  # type: ignore[arg-type]  # kopf's handler types (above)
+async def wake_the_job(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    """A worker pod changed: its job's next pass comes now, not at the reconcile interval. kopf
+    indexes each event before it calls the handlers, so that pass sees the change."""
+    memo.wakeups.wake((namespace, labels[JOB_LABEL]))
+
+
+# A pass under way when its job is deleted or the operator stops runs to its end (each of its
+# requests has a timeout), or is cancelled after this long.
+PASS_EXIT_SECONDS = 5.0
+
+
+@kopf.daemon(*JOBS, when=unfinished, cancellation_backoff=PASS_EXIT_SECONDS, cancellation_timeout=1.0)  # type: ignore[arg-type]  # kopf's handler types (above)
 async def reconcile(
     body: kopf.Body,
     name: str,
     namespace: str,
-    patch: kopf.Patch,
     memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
     worker_pods: kopf.Index,
     job_services: kopf.Index,
     job_network_policies: kopf.Index,
     **_: Any,
 ) -> None:
+    """Pass over the job until it finishes: at once, then whenever one of its pods changes, when
+    its status asks (`due`: a backoff ends), and every reconcile interval.
+
+    Each pass starts from the status the pass before wrote, not from the body's: a pod's change
+    can call the next pass before the watch has delivered that write, and the operator is the
+    status's only writer. The body gives the spec, always as last delivered."""
+    wake = memo.wakeups.register((namespace, name))
+    if not (body.get("status") or {}).get("phase"):
+        # The first pass over a job. (kopf's on.create fired twice for one job once its CRD
+        # was watched too: it is no count of jobs.)
+        metrics.JOBS_CREATED.inc()
+    status = status_from(body.get("status"))
+    try:
+        while not stopped:
+            wake.clear()
+            status = await _reconcile_once(body, status, name, namespace, memo, worker_pods, job_services, job_network_policies)
+            if status.phase in FINISHED:
+                return
+            await _rest(wake, stopped, _pause(status))
+    finally:
+        memo.wakeups.forget((namespace, name), wake)
+
+
+async def _reconcile_once(
+    body: kopf.Body,
+    status: CaramelJobStatus,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    worker_pods: kopf.Index,
+    job_services: kopf.Index,
+    job_network_policies: kopf.Index,
+) -> CaramelJobStatus:
+    """One pass: observe, decide, write the status, carry out the actions. The status written.
+
+    The status goes first: what it records (a placement, a restart's new gang) is then on record
+    before any pod it concerns is created or deleted, and a pass cut short after it (the operator
+    stopped) leaves the next pass to carry out the rest, which it decides again from that status
+    and the pods. The API server's refusals of creations are written after them."""
     with metrics.RECONCILE_DURATION.time():
         now = datetime.now(UTC)
-        if not (body.get("status") or {}).get("phase"):
-            # The first pass over a job. (kopf's on.create fired twice for one job once its CRD
-            # was watched too: it is no count of jobs.)
-            metrics.JOBS_CREATED.inc()
-        status = status_from(body.get("status"))
         try:
             job = CaramelJob.model_validate({key: body.get(key) for key in ("apiVersion", "kind", "metadata", "spec")})
         except pydantic.ValidationError as error:
             decision = reject_invalid(status, "; ".join(describe_validation_error(error)), now)
+            status = await _write_status(decision.status, status, namespace, name, memo.cluster)
         else:
             workers = list(worker_pods.get((namespace, name), []))
             key = (namespace, name)
             existing = frozenset([*job_services.get(key, []), *job_network_policies.get(key, [])])
             decision = decide(job, status, workers, existing, now, SETTINGS)
-            decision = await _place_gang(decision, job, memo.cluster, now)
+            decision = await _place_gang(decision, job, workers, existing, memo.cluster, now)
+            await _read_progress(decision, job, workers, memo, now)
+            status = await _write_status(decision.status, status, namespace, name, memo.cluster)
             refusals = await _carry_out(decision, body, namespace, memo.cluster)
             decision = report_creation_failures(decision, refusals, now)
-            await _read_progress(decision, job, workers, memo, now)
+            status = await _write_status(decision.status, status, namespace, name, memo.cluster)
         for event in decision.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
             level = logging.WARNING if event.type == "Warning" else logging.INFO
             LOG.log(level, f"CaramelJob {namespace}/{name}: {event.reason}: {event.message.splitlines()[0]}")
         for phase in decision.transitions:
             metrics.count_transition(phase)
-        patch.status.update(decision.status.model_dump(mode="json", by_alias=True))
+        return status
 
 
-async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now: datetime) -> Decision:
+async def _write_status(
+    new: CaramelJobStatus, old: CaramelJobStatus, namespace: str, name: str, cluster: Cluster
+) -> CaramelJobStatus:
+    """Write the job's status where it differs from the one last written; the status written."""
+    written = new.model_dump(mode="json", by_alias=True)
+    if written != old.model_dump(mode="json", by_alias=True):
+        await cluster.write_job_status(namespace, name, written)
+    return new
+
+
+def _pause(status: CaramelJobStatus) -> float:
+    """Seconds to the next pass unless a pod's change calls it sooner: the reconcile interval, or
+    less where the status asks for a pass sooner."""
+    now = datetime.now(UTC)
+    moment = due(status, now)
+    interval = SETTINGS.reconcile_interval_seconds
+    return interval if moment is None else min(interval, (moment - now).total_seconds())
+
+
+async def _rest(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Until the job's wake-up is set, its daemon is stopped, or `seconds` have passed."""
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def _place_gang(
+    decision: Decision,
+    job: CaramelJob,
+    workers: list[WorkerObservation],
+    existing: frozenset[str],
+    cluster: Cluster,
+    now: datetime,
+) -> Decision:
     """Read the nodes and pods and place the gang, or look for room for a gang that runs short,
-    when the lifecycle asks."""
+    when the lifecycle asks; the pass goes on with the outcome (`with_placement`)."""
     request = next((action for action in decision.actions if isinstance(action, PlaceGang)), None)
     if request is None:
         return decision
@@ -234,14 +324,14 @@ async def _place_gang(decision: Decision, job: CaramelJob, cluster: Cluster, now
         outcome = Unreadable(str(error))
     else:
         outcome = place(job, request.worker_pod, nodes, pods, SETTINGS.rack_label, request.fewest, request.most)
-    return record_placement(decision, job, outcome, now, SETTINGS)
+    return with_placement(decision, job, outcome, workers, existing, now, SETTINGS)
 
 
 async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluster: Cluster) -> list[str]:
     """Carry out the actions; the API server's refusals of creations."""
     creates = any(isinstance(action, CreateObject | CreatePods) for action in decision.actions)
     if creates and await cluster.job_uid(namespace, body.metadata.name) != body.metadata.uid:
-        # The job (or its CRD) is gone, though this timer has not heard yet: creating pods now
+        # The job (or its CRD) is gone, though its daemon has not heard yet: creating pods now
         # would make orphans, which the garbage collector deletes and the next pass re-creates.
         return []
     refusals = []

@@ -11,9 +11,15 @@ is unit-tested; the kopf handlers only observe, call `decide`, and carry out the
        `--suspend--> Suspended --resume--> Pending
 
 Every gang is placed before any of its pods exists: with R-Storm, `decide` asks for a placement
-(`PlaceGang`), the handler reads the cluster and `record_placement` writes the outcome into the
-status; the next pass creates the pods from the recorded placement. So every pod of a gang, even
-one re-created after an operator restart, follows the same placement and gets the same topology.
+(`PlaceGang`), the handler reads the cluster, and `with_placement` writes the outcome into the
+status and runs the pass again from it, which creates the pods from the recorded placement: one
+pass places and creates the gang. So every pod of a gang, even one re-created after an operator
+restart, follows the same placement and gets the same topology.
+
+A restart after a worker failed of itself waits a backoff that doubles at each such restart; one
+after a worker was lost (observe.LOST_REASONS: its pod deleted or evicted, its node gone) starts
+the new gang at once, as soon as the old pods are gone. Both count against backoffLimit. `due`
+says when the status next asks for a pass (a backoff's end), so that the handler comes back then.
 
 A gang may run with fewer workers than spec.workers.replicas, never fewer than minReplicas
 (status.size). Each gang starts with at least `least` workers, set when the gang before it
@@ -54,13 +60,9 @@ from caramel.contract.termination import fit
 from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
 from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable, placed_by, placed_topology, placement_problems
-from caramel_operator.observe import INVALID_IMAGE, NODE_LOST_REASONS, WorkerObservation, WorkerState
+from caramel_operator.observe import INVALID_IMAGE, LOST_REASONS, NODE_LOST_REASONS, POD_DELETED, WorkerObservation, WorkerState
 
 FINISHED = {Phase.SUCCEEDED, Phase.FAILED}
-POD_DELETED = "PodDeleted"
-# Why a worker went that takes its room with it: its node is gone, or its pod was pushed off it or
-# deleted (a drain, a preemption, a node's garbage collection, or someone's `kubectl delete`).
-LOST_REASONS = NODE_LOST_REASONS | {POD_DELETED}
 # kopf cuts longer Event messages in the middle; the restart Event fits its own lines to it.
 EVENT_MESSAGE_BYTES = 1024
 # Sorts failures whose time is not known (which come first anyway) beside those whose time is.
@@ -200,13 +202,13 @@ def report_creation_failures(decision: Decision, failures: list[str], now: datet
 def record_placement(decision: Decision, job: CaramelJob, outcome: Outcome, now: datetime, settings: OperatorSettings) -> Decision:
     """The outcome of R-Storm's placement of the current gang, in the status (and Events).
 
-    A placement found is recorded for the next pass to create the pods from; nodes given more CPU
-    than they have free are named, since their workers wait for CPU. When no placement fits, or
-    RStorm was asked for but the operator may not read the nodes, nothing is created: the reason
-    goes into status.message and a Warning Event, and placement is tried again after the restart
-    backoff (10 s, 20 s, ...). Auto, where the nodes cannot be read (namespaced RBAC), leaves the
-    gang to the scheduler. For a look for room while the gang runs (PlaceGang.growing), what fits
-    is room to grow (`record_room`).
+    A placement found is recorded for the pass to create the pods from (`with_placement`); nodes
+    given more CPU than they have free are named, since their workers wait for CPU. When no
+    placement fits, or RStorm was asked for but the operator may not read the nodes, nothing is
+    created: the reason goes into status.message and a Warning Event, and placement is tried again
+    after the restart backoff (10 s, 20 s, ...). Auto, where the nodes cannot be read (namespaced
+    RBAC), leaves the gang to the scheduler. For a look for room while the gang runs
+    (PlaceGang.growing), what fits is room to grow (`record_room`).
     """
     request = next(action for action in decision.actions if isinstance(action, PlaceGang))
     if request.growing:
@@ -279,6 +281,41 @@ def record_room(decision: Decision, job: CaramelJob, outcome: Outcome) -> Decisi
         update={"size": size.model_copy(update={"grow_to": grow_to, "grow_after_step": after})}
     )
     return decision
+
+
+def with_placement(
+    decision: Decision,
+    job: CaramelJob,
+    outcome: Outcome,
+    workers: list[WorkerObservation],
+    existing: frozenset[str],
+    now: datetime,
+    settings: OperatorSettings,
+) -> Decision:
+    """A pass that asked for a placement (`PlaceGang`), given R-Storm's outcome: the outcome
+    recorded (`record_placement`), and the pass run again from that status, on the same
+    observations, which creates the gang's pods where a placement was found (or the gang left to
+    the scheduler). So one pass places and creates a gang: a pass of its own for the placement
+    cost a reconcile interval. The second run's actions are the first's but the request for a
+    placement; the Events and phases entered of both are kept. A look for room to grow is
+    recorded only: it creates nothing."""
+    recorded = record_placement(decision, job, outcome, now, settings)
+    if any(isinstance(action, PlaceGang) and action.growing for action in decision.actions):
+        return recorded
+    again = decide(job, recorded.status, workers, existing, now, settings)
+    return Decision(again.status, again.actions, recorded.events + again.events, recorded.transitions + again.transitions)
+
+
+def due(status: CaramelJobStatus, now: datetime) -> datetime | None:
+    """When the status asks for a pass itself, after `now`: at the end of a restart's backoff, or
+    of the wait before R-Storm tries to place the gang again. None while only the pods' changes
+    (the old gang's going, say) and the reconcile interval call for passes."""
+    placement = status.placement if status.placement and status.placement.gang == status.gang else None
+    waits = [
+        status.restart_after if status.phase is Phase.RESTARTING else None,
+        placement.retry_after if placement else None,
+    ]
+    return min((end for end in (parse_timestamp(wait) for wait in waits if wait) if end > now), default=None)
 
 
 def decide(
@@ -553,24 +590,33 @@ class _Reconciliation:
         spec.workers.minReplicas); `why`, where given, is why it may have fewer than replicas.
 
         After a failure the restart counts against backoffLimit (or the job fails there) and
-        waits the backoff. A resize (no failure) does neither: nothing failed, the gang's size
-        changes, and the new gang resumes from the latest checkpoint at once."""
+        waits the backoff, unless the worker blamed was lost (LOST_REASONS). A resize (no
+        failure) does neither: nothing failed, the gang's size changes, and the new gang resumes
+        from the latest checkpoint at once."""
         current = [w for w in self.workers if w.gang == self.status.gang]
         shrinking = least < self.expected
         limit = self.policy.backoff_limit
-        restarts, backoff = self.status.restarts, 0.0
+        restarts, waited, backoff = self.status.restarts, self.status.backed_off_restarts, 0.0
         if failure is not None:
             self.update(last_failure=failure)
             if not self.policy.may_restart(restarts):
                 self.fail("BackoffLimitExceeded", f"{what}; spec.runPolicy.backoffLimit ({limit}) reached")
                 return
-            backoff = self.policy.backoff(restarts)
             restarts += 1
+            if failure.reason not in LOST_REASONS:  # a crash may well crash again; a lost worker is no crash loop
+                backoff = self.policy.backoff(waited)
+                waited += 1
         self.enter(Phase.RESTARTING)
-        self.update(restarts=restarts, gang=self.status.gang + 1, restart_after=timestamp(self.now + timedelta(seconds=backoff)))
+        self.update(
+            restarts=restarts,
+            backed_off_restarts=waited,
+            gang=self.status.gang + 1,
+            restart_after=timestamp(self.now + timedelta(seconds=backoff)),
+        )
         self.update_size(least=max(self.floor, least), reason=self.size.reason if why is None else why)
         if failure is not None:
-            message = f"{what}; restarting the whole gang ({restarts} of {limit}) in {backoff:.0f} s"
+            when = f"in {backoff:.0f} s" if backoff else "at once"
+            message = f"{what}; restarting the whole gang ({restarts} of {limit}) {when}"
         else:
             message = f"{what}; restarting the whole gang from its latest checkpoint"
         self.update(message=message)

@@ -19,6 +19,13 @@ PERMANENT_IMAGE_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
 INVALID_IMAGE = "InvalidImage"
 # Pod status reasons that mean the pod's node is gone or the pod was pushed off it.
 NODE_LOST_REASONS = {"NodeLost", "Evicted", "Terminated", "NodeShutdown"}
+# A worker whose pod was deleted while it ran: by someone's `kubectl delete`, a drain (the
+# Eviction API), a preemption, the taint manager, or the garbage collector of a gone node's pods.
+POD_DELETED = "PodDeleted"
+# Why a worker is lost rather than failed: it was taken away, its training did not fail. Its
+# node is gone, or it was pushed off it, or its pod deleted while it ran (whatever its container
+# exited with on being stopped). A lost worker takes its room with it, and is no crash loop.
+LOST_REASONS = NODE_LOST_REASONS | {POD_DELETED}
 
 
 class WorkerState(StrEnum):
@@ -94,14 +101,17 @@ def observe_pod(pod: dict[str, Any]) -> WorkerObservation | None:
         )
     if phase == "Failed":
         message = ((terminated or {}).get("message") or status.get("message") or "").strip()
+        ended = termination.failure_time(message) or _time((terminated or {}).get("finishedAt"))
+        # Deleted before it ended: it failed on being stopped (SIGTERM's exit code 143), not of itself.
+        stopped = deletion is not None and (ended is None or deletion <= ended)
         return WorkerObservation(
             **base,
             state=WorkerState.FAILED,
-            failure_reason=(terminated or {}).get("reason") or status.get("reason") or "Failed",
+            failure_reason=POD_DELETED if stopped else (terminated or {}).get("reason") or status.get("reason") or "Failed",
             exit_code=(terminated or {}).get("exitCode"),
             failure_cause=termination.failure_cause(message),
             failure_message=message,
-            failed_at=_earliest(deletion, termination.failure_time(message) or _time((terminated or {}).get("finishedAt"))),
+            failed_at=_earliest(deletion, ended),
         )
     if phase == "Succeeded":
         report = termination.final_report((terminated or {}).get("message") or "")

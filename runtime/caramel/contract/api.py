@@ -701,6 +701,10 @@ class CaramelJobStatus(ApiModel):
     """Whole-gang restarts after failures so far, which spec.runPolicy.backoffLimit bounds (a gang
     restarted to change its size, spec.workers.minReplicas, is not counted)."""
 
+    backed_off_restarts: int = 0
+    """Those of the restarts that waited a backoff: after a worker that failed of itself, not one
+    lost with its pod or node, which restarts at once. Each doubles the next one's wait."""
+
     gang: int = 0
     """Generation of the current gang of pods: it grows by one at every restart."""
 

@@ -5,8 +5,10 @@ A worker that fails fails its whole gang, which restarts whole (a job with spec.
 resumes from its latest checkpoint) after a backoff that doubles at each restart, from a first
 wait up to a longest: 1 s to 30 s under `caramel run`, the operator's settings in a cluster
 (CARAMEL_RESTART_BACKOFF_SECONDS and CARAMEL_RESTART_BACKOFF_MAX_SECONDS, 10 s to 300 s unless
-set). After spec.runPolicy.backoffLimit restarts the next failure fails the job, and so does
-running longer than spec.runPolicy.activeDeadlineSeconds.
+set). In a cluster, a gang whose worker was lost (its pod deleted or evicted, its node gone)
+restarts at once: that is no crash loop to slow down, and the wait doubles only at restarts that
+waited. After spec.runPolicy.backoffLimit restarts, lost workers' included, the next failure
+fails the job, and so does running longer than spec.runPolicy.activeDeadlineSeconds.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ class RestartPolicy:
         """Whether a failure after `restarts_so_far` restarts restarts the gang (else the job fails)."""
         return restarts_so_far < self.backoff_limit
 
-    def backoff(self, restarts_so_far: int) -> float:
-        """Seconds to wait before restart number restarts_so_far + 1."""
-        return min(self.max_backoff_seconds, self.first_backoff_seconds * 2.0**restarts_so_far)
+    def backoff(self, waited_so_far: int) -> float:
+        """Seconds to wait before a restart that follows `waited_so_far` restarts that waited."""
+        return min(self.max_backoff_seconds, self.first_backoff_seconds * 2.0**waited_so_far)
 
     def deadline_passed(self, seconds_running: float) -> bool:
         """Whether a job that has run this long has run out of spec.runPolicy.activeDeadlineSeconds."""
