@@ -29,21 +29,11 @@ import tensorflow as tf
 from caramel.contract.env import slot_env, worker_env
 from caramel.contract.jobfile import parse_job
 from caramel.launch.entrypoint import HOROVOD_API_DIR
-from conftest import REPO, free_port, job_manifest, run_caramel, write_manifest
+from conftest import REPO, free_port, horovod_installed, job_manifest, needs_horovod, run_caramel, write_manifest
 from testbed.local_runs import digests
 
 HOROVOD_EXAMPLES = REPO / "examples" / "horovod"
 SHIM = Path(HOROVOD_API_DIR) / "horovod"
-
-
-def horovod_installed() -> bool:
-    """Whether the real Horovod is installed (looked up without Caramel's package on the path)."""
-    from importlib.machinery import PathFinder
-
-    return PathFinder.find_spec("horovod", [entry for entry in sys.path if Path(entry or ".").resolve() != Path(HOROVOD_API_DIR)]) is not None
-
-
-needs_horovod = pytest.mark.skipif(not horovod_installed(), reason="Horovod is not installed (make setup builds it)")
 
 
 def one_rank_env(backend: str = "tensorflow") -> dict[str, str]:
