@@ -29,19 +29,20 @@ import tensorflow as tf
 from caramel.contract.env import slot_env, worker_env
 from caramel.contract.jobfile import parse_job
 from caramel.launch.entrypoint import HOROVOD_API_DIR
-from conftest import REPO, free_port, horovod_installed, job_manifest, needs_horovod, run_caramel, write_manifest
+from conftest import REPO, free_port, horovod_installed, job_manifest, keras_env, needs_horovod, run_caramel, write_manifest
 from testbed.local_runs import digests
 
 HOROVOD_EXAMPLES = REPO / "examples" / "horovod"
 SHIM = Path(HOROVOD_API_DIR) / "horovod"
 
 
-def one_rank_env(backend: str = "tensorflow") -> dict[str, str]:
-    """The environment of the training process of a one-rank job, Caramel's `horovod` first on its path."""
+def one_rank_env(backend: str = "tensorflow", keras: int = 3) -> dict[str, str]:
+    """The environment of the training process of a one-rank job on Keras `keras`, Caramel's
+    `horovod` first on its path."""
     job = parse_job({
         "apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "unit"},
         "spec": {"command": ["python"], "workers": {"replicas": 1}, "metrics": {"enabled": False},
-                 "rendezvous": {"port": free_port()}, "caramel": {"backend": backend}},
+                 "rendezvous": {"port": free_port()}, "caramel": {"backend": backend}, "env": keras_env(keras)},
     })  # fmt: skip
     env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"])}
     env.update(slot_env(env, 0))
@@ -49,16 +50,16 @@ def one_rank_env(backend: str = "tensorflow") -> dict[str, str]:
     return env
 
 
-def run_one_rank(code: str, backend: str = "tensorflow", timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def run_one_rank(code: str, backend: str = "tensorflow", timeout: float = 180, keras: int = 3) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=one_rank_env(backend), cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-c", textwrap.dedent(code)], env=one_rank_env(backend, keras), cwd=REPO, capture_output=True, text=True,
         timeout=timeout, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
 
-def results_of(code: str, backend: str = "tensorflow") -> dict:
+def results_of(code: str, backend: str = "tensorflow", keras: int = 3) -> dict:
     """The JSON object the code prints last, after it ran to success."""
-    result = run_one_rank(code, backend)
+    result = run_one_rank(code, backend, keras=keras)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -363,11 +364,12 @@ def test_keras2_idioms_are_accepted_once_a_script_uses_the_package():
     assert found["variables"] == [6, True, True, 2, True]  # Adam: iterations, learning rate, 2 x (m, v); SGD: the first two
 
 
-def test_learning_rate_callbacks_follow_horovods_schedules():
+@pytest.mark.parametrize("keras", [3, 2], ids=["keras3", "keras2"])
+def test_learning_rate_callbacks_follow_horovods_schedules(keras):
     """Horovod's schedules for a job of 4 ranks (the size the warm-up divides by, faked on one rank):
     the warm-up from initial_lr / 4 to initial_lr over 2 epochs, batch by batch, the epoch counting
     the batch about to run; a staircase schedule at each epoch's first batch; momentum correction
-    as Horovod's scaling of the momentum coefficient, here of SGD's momentum slots."""
+    as Horovod's scaling of the momentum coefficient, here of SGD's momentum slots. On either Keras."""
     found = results_of("""
         import json
         import numpy as np
@@ -404,8 +406,10 @@ def test_learning_rate_callbacks_follow_horovods_schedules():
         corrected = fit(hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2), momentum=0.9)
         uncorrected = fit(hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2, momentum_correction=False), momentum=0.9)
         nesterov = fit(hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2), momentum=0.9, nesterov=True)
-        print(json.dumps({"warmup": warmup, "staircase": staircase, "corrected": corrected, "uncorrected": uncorrected, "nesterov": nesterov}))
-    """)
+        print(json.dumps({"warmup": warmup, "staircase": staircase, "corrected": corrected, "uncorrected": uncorrected, "nesterov": nesterov,
+                          "keras": tf.keras.Model.__module__.split(".")[0]}))
+    """, keras=keras)
+    assert found["keras"] == {3: "keras", 2: "tf_keras"}[keras]
     expected = [round(0.4 / 4 * ((epoch + (batch + 1) / 3) * 3 / 2 + 1), 6) for epoch in range(2) for batch in range(3)]
     rates, _, epoch_logs = found["warmup"]
     assert rates == pytest.approx(expected + [0.4] * 3)
@@ -508,11 +512,13 @@ EXAMPLES = {
 
 @pytest.mark.e2e
 @needs_horovod
+@pytest.mark.parametrize("keras", [3, 2], ids=["keras3", "keras2"])
 @pytest.mark.parametrize("example", list(EXAMPLES))
-def test_a_script_in_the_shape_of_horovods_example_runs_unchanged(tmp_path, example):
+def test_a_script_in_the_shape_of_horovods_example_runs_unchanged(tmp_path, example, keras):
+    """On Keras 3, and on Keras 2 (tf-keras), which the job asks for as Horovod's users do."""
     args, expected_lines = EXAMPLES[example]
-    output = run_horovod_job(tmp_path, HOROVOD_EXAMPLES / f"{example}.py", args)
-    assert "caramel: 2 ranks on the horovod backend (spec.caramel.backend: auto)" in output
+    output = run_horovod_job(tmp_path, HOROVOD_EXAMPLES / f"{example}.py", args, env=keras_env(keras))
+    assert "caramel: 2 ranks on the horovod backend (spec.caramel.backend: auto); tf.keras is Keras " + str(keras) in output
     for line in expected_lines:
         assert line in output, output[-4000:]
     assert_ranks_agree(output)

@@ -268,8 +268,9 @@ def test_variants_rotate_over_the_repeats_and_horovod_always_runs(capsys):
 def test_tf_keras_is_pinned_to_the_tensorflow_release_and_installed_without_dependencies():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     tensorflow = next(dep for dep in pyproject["project"]["dependencies"] if dep.startswith("tensorflow"))
-    assert pyproject["tool"]["caramel"]["bench-without-dependencies"] == [f"tf-keras=={tensorflow.split('==')[1]}"]
-    assert "--no-deps $(BENCH_NO_DEPS)" in (REPO / "Makefile").read_text()
+    assert pyproject["tool"]["caramel"]["without-dependencies"] == [f"tf-keras=={tensorflow.split('==')[1]}"]
+    assert "--no-deps $(WITHOUT_DEPENDENCIES)" in (REPO / "Makefile").read_text()
+    assert "pip install --no-cache-dir --no-deps -r /opt/caramel/without-dependencies.txt" in (REPO / "Dockerfile").read_text()
 
 
 # -- end to end: the runner is plain Horovod ---------------------------------------------------------

@@ -26,16 +26,19 @@ import tensorflow as tf
 
 from caramel.tensorflow.backends import ReduceOp
 from caramel.tensorflow.compression import Compression, Compressor
+from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from caramel.tensorflow.ledger import broadcast_variables as _broadcast_variables
 from caramel.tensorflow.runtime import Runtime, current
 from caramel.tensorflow.runtime import init as _init
 from caramel.tensorflow.steps import StepFunction, function
+from caramel.tensorflow.unsupported import NotSupportedByCaramel, refuse
 
 __all__ = [
     "Average",
     "Compression",
     "DistributedGradientTape",
     "DistributedOptimizer",
+    "NotSupportedByCaramel",
     "Runtime",
     "StepFunction",
     "Sum",
@@ -124,14 +127,11 @@ class _HorovodOptions:
         self.op = _reduce_op(op, kind)
         self.compression = compression
         if gradient_predivide_factor != 1.0:
-            raise ValueError(f"{kind}(gradient_predivide_factor={gradient_predivide_factor}) is not supported by Caramel: use 1.0")
+            refuse(f"{kind}(gradient_predivide_factor={gradient_predivide_factor})", "use 1.0")
         if backward_passes_per_step != 1:
-            raise ValueError(
-                f"{kind}(backward_passes_per_step={backward_passes_per_step}) (local gradient accumulation) is not supported by "
-                "Caramel: use 1"
-            )
+            refuse(f"{kind}(backward_passes_per_step={backward_passes_per_step}) (local gradient accumulation)", "use 1")
         if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-            raise ValueError(f"{kind}(process_set=...) is not supported by Caramel: gradients are averaged over all ranks")
+            refuse(f"{kind}(process_set=...)", "gradients are averaged over all ranks")
 
 
 def _reduce_op(op: Any, kind: str) -> ReduceOp:
@@ -141,7 +141,7 @@ def _reduce_op(op: Any, kind: str) -> ReduceOp:
     name = getattr(op, "name", None) or {0: "average", 1: "sum", 2: "adasum", 3: "min", 4: "max", 5: "product"}.get(op, str(op))
     if str(name).lower() in ("average", "sum"):
         return ReduceOp(str(name).lower())
-    raise ValueError(f"{kind}(op={name}) is not supported by Caramel: gradients are averaged (Average) or summed (Sum)")
+    refuse(f"{kind}(op={name})", "gradients are averaged (Average) or summed (Sum)")
 
 
 class DistributedGradientTape:
@@ -168,29 +168,20 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, **horovod_opt
 
     It is an instance of a subclass of the optimizer's own class, as Horovod's is, so that
     `model.compile` and checkpoints take it as the optimizer it wraps; it starts from the given
-    optimizer's configuration. Keras 3 optimizers apply gradients through `apply` (which
-    `apply_gradients` calls): that is where they are averaged. Takes Horovod's keywords.
+    optimizer's configuration. Its gradients are averaged where the Keras that `tf.keras` is
+    applies them (`caramel.tensorflow.keras_version.updating_through`: Keras 3's `apply`, Keras
+    2's `apply_gradients`). Takes Horovod's keywords.
     """
+    check_optimizer(optimizer, "DistributedOptimizer")
     base = type(optimizer)
     if getattr(base, "_caramel_distributed", False):
         return optimizer
     options = _HorovodOptions("DistributedOptimizer", **horovod_options)
 
-    def apply(self: Any, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
-        averaged = allreduce_gradients(list(grads), options.op, options.compression)
-        # Keras sums the gradients over a tf.distribute strategy's replicas before it applies them,
-        # in a replica context. Without a strategy (a Caramel job) the sum is an identity, but it
-        # goes through tf.custom_gradient, which registers a gradient function globally on every
-        # trace (every traced step graph then lives as long as the process), and it joins all the
-        # gradients into one IdentityN (no parameter updated before the last transfer ends). In a
-        # merge_call (cross-replica context) Keras applies them as they are: averaged already.
-        context = tf.distribute.get_replica_context()
-        if context is None:
-            return base.apply(self, averaged, trainable_variables)
-        return context.merge_call(lambda _: base.apply(self, averaged, trainable_variables))
+    def averaged(self: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:
+        return allreduce_gradients(gradients, options.op, options.compression)
 
-    distributed = type(base.__name__, (base,), {"apply": apply, "_caramel_distributed": True})
-    return distributed.from_config(optimizer.get_config())
+    return updating_through(base, averaged, _caramel_distributed=True).from_config(optimizer.get_config())
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:

@@ -16,6 +16,7 @@ from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
 from caramel.tensorflow.backends import Backend, chosen, set_up
 from caramel.tensorflow.communicator import GradientCommunicator
+from caramel.tensorflow.keras_version import keras_2
 
 
 @dataclass
@@ -55,7 +56,8 @@ def init(horovod_api: bool = False) -> Runtime:
         if contract.metrics_port:
             metrics.serve(contract.metrics_port)
         _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend), metrics)
-        _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value})")
+        keras = "Keras 2 (tf-keras, TF_USE_LEGACY_KERAS)" if keras_2() else "Keras 3"
+        _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value}); tf.keras is {keras}")
     return _runtime
 
 

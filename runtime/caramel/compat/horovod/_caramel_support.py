@@ -1,18 +1,12 @@
-"""What Caramel's `horovod` package shares: the error for the Horovod features it does not serve,
-and stand-ins that raise it when called."""
+"""What Caramel's `horovod` package shares: the error for the Horovod features it does not serve
+(Caramel's own, `caramel.tensorflow.unsupported`), and stand-ins that raise it when called."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-
-class NotSupportedByCaramel(NotImplementedError):
-    """A Horovod feature Caramel does not serve; the message names it and says what to do instead."""
-
-
-def refuse(feature: str, advice: str) -> NoReturn:
-    raise NotSupportedByCaramel(f"{feature} is not supported by Caramel: {advice}")
+from caramel.tensorflow.unsupported import NotSupportedByCaramel, refuse
 
 
 def unsupported(feature: str, advice: str) -> Callable[..., NoReturn]:

@@ -32,6 +32,7 @@ import caramel.tensorflow as ctf
 import horovod
 from caramel.tensorflow import runtime as _caramel_runtime
 from caramel.tensorflow.backends import ReduceOp, horovod_installed
+from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from horovod import _caramel_keras2_idioms
 
 if horovod._real_horovod_dir is not None and os.path.isdir(os.path.join(horovod._real_horovod_dir, "tensorflow")):
@@ -338,21 +339,16 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
 def distributed_optimizer(optimizer: Any, **horovod_options: Any) -> Any:
     """Caramel's DistributedOptimizer around a copy of `optimizer` that notes the variables it
     updates (for the weights check at exit); horovod.tensorflow.keras's DistributedOptimizer too."""
-    if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
-        refuse(
-            f"hvd.DistributedOptimizer({type(optimizer).__name__})",
-            "it wraps Keras optimizers (tf.keras.optimizers.*); TensorFlow 1 optimizers are gone",
-        )
+    check_optimizer(optimizer, "hvd.DistributedOptimizer")
     base = type(optimizer)
     if getattr(base, "_caramel_distributed", False):
         return optimizer
 
-    @not_converted
-    def apply(self: Any, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
-        _caramel_final_check.note_trained(trainable_variables if trainable_variables is not None else getattr(self, "_trainable_variables", []))
-        return base.apply(self, grads, trainable_variables)
+    def noted(self: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:
+        _caramel_final_check.note_trained(variables)
+        return gradients
 
-    noting = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__})
+    noting = updating_through(base, noted)
     return ctf.DistributedOptimizer(noting.from_config(optimizer.get_config()), **horovod_options)
 
 
