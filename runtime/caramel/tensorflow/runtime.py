@@ -10,7 +10,8 @@ Caramel serves it) find it with `current()` and hand it to everything below them
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
@@ -25,6 +26,9 @@ class Runtime:
     backend: Backend
     communicator: GradientCommunicator
     metrics: WorkerMetrics
+    local_variables: dict[int, Any] = field(default_factory=dict)
+    """Variables each rank trains on its own gradients (Horovod's local sources), by id: the check
+    that every rank ends with the same weights leaves them out."""
 
     @property
     def rank(self) -> int:

@@ -49,7 +49,10 @@ def install() -> None:
 
 
 def _accept_experimental_run_tf_function() -> None:
-    original = tf.keras.Model.compile
+    # Patched where it is defined (Keras' Trainer), not on Model: Keras loads a saved model
+    # without compiling it when the model's class has a compile of its own.
+    owner = next(cls for cls in tf.keras.Model.__mro__ if "compile" in cls.__dict__)
+    original = owner.compile
     if getattr(original, MARK, False):
         return
 
@@ -59,7 +62,7 @@ def _accept_experimental_run_tf_function() -> None:
         return original(self, *args, **kwargs)
 
     setattr(compile, MARK, True)
-    tf.keras.Model.compile = compile
+    owner.compile = compile
 
 
 def _callable_optimizer_variables() -> None:

@@ -31,7 +31,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 from caramel.tensorflow.backends import ReduceOp
 from caramel.tensorflow.keras import TrainingCallback
-from horovod._caramel_support import refuse, unsupported
+from horovod._caramel_support import refuse
 from horovod.tensorflow import _caramel_final_check
 from horovod.tensorflow._caramel_collectives import backend, check_root
 
@@ -192,9 +192,37 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             print(f"\nEpoch {epoch + 1}: the learning rate warm-up ended at {self._learning_rate():g}.", flush=True)
 
 
-BestModelCheckpoint = unsupported(
-    "hvd.callbacks.BestModelCheckpoint", "use keras.callbacks.ModelCheckpoint(filepath, save_best_only=True) on rank 0"
-)
+class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
+    """Keras' ModelCheckpoint keeping only the best model (save_best_only), written by rank 0 alone
+    (every rank holds the same weights). Horovod's takes no path: its Spark estimator sets
+    `filepath` before training; give it here, or set `callback.filepath` before `fit`."""
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        verbose: int = 0,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: str | int = "epoch",
+        filepath: str | None = None,
+    ) -> None:
+        # Keras 3 checks the path's extension when made: a stand-in until the real one is known.
+        super().__init__(filepath or ("best.weights.h5" if save_weights_only else "best.keras"), monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)  # fmt: skip
+        self.filepath = filepath
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if not self.filepath:
+            raise ValueError("hvd.callbacks.BestModelCheckpoint needs a filepath: BestModelCheckpoint(filepath=...), or set callback.filepath")
+        super().on_train_begin(logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if hvd.rank() == 0:
+            super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if hvd.rank() == 0:
+            super().on_epoch_end(epoch, logs)
 
 
 def _run_caramel_callbacks_first() -> None:
