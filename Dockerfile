@@ -1,6 +1,6 @@
 # Caramel's two images, two targets of this one file:
 #   operator  caramel-operator:0.1.0  the operator (python -m caramel_operator): no TensorFlow, no Horovod
-#   runtime   caramel-runtime:0.1.0   the workers: TensorFlow, Keras 3, Horovod and Caramel's runtime
+#   runtime   caramel-runtime:0.1.0   the workers: TensorFlow, Keras 3 and tf-keras (Keras 2), Horovod and Caramel's runtime
 #
 #   scripts/build-image.sh    # here: both; no image can be pulled, so the base is made locally
 #                             # with debootstrap (scripts/build-base-image.sh) and passed as BASE_IMAGE
@@ -27,7 +27,8 @@ RUN if ! command -v python3 >/dev/null || ! python3 -c "import ensurepip, venv" 
     && python3 -c "import sys; assert sys.version_info[:2] == (3, 11), 'Caramel needs Python 3.11, the base has ' + sys.version"
 
 # Every version pin is read from pyproject.toml, the one place they are written: its dependencies
-# into a pip constraints file, the names of its `operator` extra into the operator's requirements
+# into a pip constraints file, the names of its `operator` extra into the operator's requirements,
+# what the runtime installs without dependencies (tf-keras) into a list of its own
 # (scripts/image_pins.py). Only those files are copied onward, so editing other parts of
 # pyproject.toml keeps the cached Horovod build.
 FROM base AS pins
@@ -52,7 +53,7 @@ ENV PATH=$VIRTUAL_ENV/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 RUN python3 -m venv $VIRTUAL_ENV && pip install --no-cache-dir --upgrade pip
-COPY --from=pins /pins/constraints.txt /opt/caramel/
+COPY --from=pins /pins/constraints.txt /pins/without-dependencies.txt /opt/caramel/
 
 # The operator's image: Caramel's wheel without its dependencies (TensorFlow and Keras among them)
 # and exactly the operator's own (the `operator` extra, at the pins of the dependencies). The check
@@ -93,11 +94,14 @@ FROM app AS runtime
 RUN apt-get update && apt-get install -y --no-install-recommends libtcmalloc-minimal4 \
     && apt-get clean && rm -rf /var/lib/apt/lists/*
 # TensorFlow and Horovod first, in their own layer: code changes do not download them again.
+# tf-keras (Keras 2, for jobs whose spec.env asks for it) without its dependencies: its
+# requirement on the full `tensorflow` would install a second TensorFlow.
 COPY --from=builder /wheels/horovod-*.whl /opt/caramel/wheels/
-RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt tensorflow-cpu keras /opt/caramel/wheels/horovod-*.whl
+RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt tensorflow-cpu keras /opt/caramel/wheels/horovod-*.whl \
+    && pip install --no-cache-dir --no-deps -r /opt/caramel/without-dependencies.txt
 COPY --from=wheel /wheels/caramel-*.whl /opt/caramel/wheels/
 RUN pip install --no-cache-dir -c /opt/caramel/constraints.txt /opt/caramel/wheels/caramel-*.whl \
-    && TF_CPP_MIN_LOG_LEVEL=3 python -c "from horovod.tensorflow import mpi_ops; import caramel.tensorflow" \
+    && TF_CPP_MIN_LOG_LEVEL=3 python -c "from horovod.tensorflow import mpi_ops; import caramel.tensorflow, tf_keras" \
     && python -m caramel.launch.one_tensorflow
 WORKDIR /app
 COPY examples examples

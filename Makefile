@@ -15,6 +15,9 @@ WHEEL_CACHE ?= $(HOME)/.cache/caramel/horovod-$(HOROVOD_VERSION)-$(subst ==,,$(T
 # tensorflow), nothing compiled.
 CARAMEL_WITHOUT_HOROVOD ?=
 PYTEST_ARGS ?=
+# Installed without their dependencies ([tool.caramel] in pyproject.toml): tf-keras (Keras 2), whose
+# requirement on the full `tensorflow` would install a second TensorFlow.
+WITHOUT_DEPENDENCIES := $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['caramel']['without-dependencies'])")
 
 .PHONY: setup test test-fast crd clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
 
@@ -32,6 +35,7 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 	@bash scripts/install-k8s-tools.sh $(VENV)
 	@echo "--- installing $(TENSORFLOW) and Caramel"
 	$(VENV_PYTHON) -m pip install --quiet -e '.[test]'
+	$(VENV_PYTHON) -m pip install --quiet --no-deps $(WITHOUT_DEPENDENCIES)
 	@if [ -n "$(CARAMEL_WITHOUT_HOROVOD)" ]; then \
 		echo "--- CARAMEL_WITHOUT_HOROVOD is set: no Horovod (the tensorflow backend only)"; \
 	elif ls $(WHEEL_CACHE)/horovod-*.whl >/dev/null 2>&1; then \
@@ -46,8 +50,7 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 	@touch $@
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 
-# The tests cover the benchmarks too, whose extras (matplotlib; tf-keras for plain Horovod's Keras
-# API in the baselines) the bench set-up installs.
+# The tests cover the benchmarks too, whose extra (matplotlib) the bench set-up installs.
 test: setup $(VENV)/.bench-done
 	$(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
 
@@ -82,15 +85,9 @@ bench-horovod-scripts: $(VENV)/.bench-done
 bench-needs-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make bench needs root: it creates network namespaces, veths, a bridge, tc qdiscs and an iptables rule (try: sudo make bench)" >&2; exit 1; }
 
-# Packages the benchmarks install without their dependencies ([tool.caramel] in pyproject.toml):
-# tf-keras, whose requirement on the full `tensorflow` would install a second TensorFlow.
-BENCH_NO_DEPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['caramel']['bench-without-dependencies'])")
-
-# matplotlib, for the benchmark's plot (the bench extra of pyproject.toml); tf-keras (Keras 2), for
-# plain Horovod's Keras API in benchmarks/plain_horovod_runner.py.
+# matplotlib, for the benchmark's plot (the bench extra of pyproject.toml).
 $(VENV)/.bench-done: $(VENV)/.setup-done pyproject.toml
 	$(VENV_PYTHON) -m pip install --quiet -e '.[test,bench]'
-	$(VENV_PYTHON) -m pip install --quiet --no-deps $(BENCH_NO_DEPS)
 	$(VENV_PYTHON) -m caramel.launch.one_tensorflow
 	@touch $@
 

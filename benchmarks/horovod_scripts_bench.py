@@ -5,19 +5,25 @@
     python -m benchmarks.horovod_scripts_bench --smoke --repeats 1               # tiny arguments: does it all work?
     python -m benchmarks.horovod_scripts_bench --report runs/horovod-scripts-<time>/results.json
 
-Issue 26, item 4: each of the four scripts in examples/horovod/ (in the shape of Horovod's TF2
-examples) runs under Caramel at most 1.0x plain Horovod on the same script. Per script, the same
-arguments, three variants, each a `caramel run` of a generated CaramelJob on this machine (local
-processes; `--workers` workers of one slot, the job's memory allocator), so all three start the
-same way (the worker entrypoint, the rendezvous, the environment contract):
+Issue 26, item 4, and issue 35, item 2: each of the four scripts in examples/horovod/ (in the shape
+of Horovod's TF2 examples) runs under Caramel on tf-keras at most 1.0x plain Horovod on the same
+script. Per script, the same arguments, five variants, each a `caramel run` of a generated
+CaramelJob on this machine (local processes; `--workers` workers of one slot, the job's memory
+allocator), so all start the same way (the worker entrypoint, the rendezvous, the environment
+contract):
     horovod             plain Horovod 0.28.1 in the Keras 2 world it was written for:
                         `spec.command: [python, -m, benchmarks.plain_horovod_runner, SCRIPT]`
                         (Caramel's horovod package off the path, tf-keras for tf.keras and
                         `keras`; plain_horovod_runner.py)
     caramel-horovod     the script as it is (`spec.script`), Caramel serving Horovod's API on
                         Horovod's collectives (`spec.caramel.backend: horovod`, what `auto` picks
-                        for a script that imports Horovod)
-    caramel-tensorflow  the same on TensorFlow's collectives (`backend: tensorflow`)
+                        for a script that imports Horovod), on Keras 3 (TensorFlow's tf.keras)
+    caramel-tensorflow  the same on TensorFlow's collectives (`backend: tensorflow`), on Keras 3
+    caramel-horovod-keras2, caramel-tensorflow-keras2
+                        the same two on tf-keras, as Horovod's users run their scripts: the job's
+                        environment sets TF_USE_LEGACY_KERAS=1 (docs/training-scripts.md)
+Keras 3's own cost shows as the keras2 variants against the others; plain Horovod against
+caramel-*-keras2 is Caramel's, on the same Keras.
 Every variant's job has the same environment besides: PYTHONUNBUFFERED=1 (so that each printed line
 arrives when the script prints it) and the repository on PYTHONPATH (the runner's package); each
 run's working directory is its own scratch directory under the output directory (the MNIST
@@ -69,8 +75,12 @@ from testbed.ports import free_port_block
 REPOSITORY = Path(__file__).resolve().parent.parent
 EXAMPLES = REPOSITORY / "examples" / "horovod"
 BASELINE = "horovod"
-VARIANTS = (BASELINE, "caramel-horovod", "caramel-tensorflow")
-BACKENDS = {"caramel-horovod": "horovod", "caramel-tensorflow": "tensorflow"}
+VARIANTS = (BASELINE, "caramel-horovod", "caramel-tensorflow", "caramel-horovod-keras2", "caramel-tensorflow-keras2")
+BACKENDS = {
+    "caramel-horovod": "horovod", "caramel-tensorflow": "tensorflow", "caramel-horovod-keras2": "horovod", "caramel-tensorflow-keras2": "tensorflow",
+}  # fmt: skip
+KERAS_2 = {"TF_USE_LEGACY_KERAS": "1"}
+"""The environment of a job that runs on tf-keras (the keras2 variants)."""
 WARMUP_FRACTION = 0.25
 """The first quarter of a run's steps are not timed (tracing; Caramel's first plans)."""
 RSS_POLL_SECONDS = 0.5
@@ -212,8 +222,8 @@ def steady_step(points: Sequence[tuple[float, int]], warmup_fraction: float = WA
 
 def job_document(script: Script, variant: str, args: Sequence[str], workers: int, working_dir: Path,
                  memory_allocator: str | None, python: str = sys.executable) -> dict:  # fmt: skip
-    """The CaramelJob of one run: the same for every variant but for how the script is started and
-    the backend."""
+    """The CaramelJob of one run: the same for every variant but for how the script is started, the
+    backend and the Keras."""
     spec: dict = {
         "args": list(args),
         "workingDir": str(working_dir),
@@ -233,6 +243,8 @@ def job_document(script: Script, variant: str, args: Sequence[str], workers: int
     else:
         spec["script"] = str(script.path)
         spec["caramel"] = {"backend": BACKENDS[variant]}
+        if variant.endswith("-keras2"):
+            spec["env"] += [{"name": name, "value": value} for name, value in KERAS_2.items()]
     name = f"hvd-{script.name.replace('_', '-')}-{variant}"
     return {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": name}, "spec": spec}
 

@@ -14,7 +14,7 @@ runner changes, in this process only, before the script runs:
 - Keras 2: Horovod 0.28.1's Python API breaks on Keras 3 (its tape calls `.ref()` on Keras 3
   variables, horovod#4290; its Keras layer and callbacks need Keras 2's backend, `K.constant`).
   TF_USE_LEGACY_KERAS=1 is set before TensorFlow is imported, so `tf.keras` is tf-keras (Keras
-  2.21, installed by the benchmarks' set-up without its dependencies), and `import keras` (which
+  2.21, which `make setup` installs without its dependencies), and `import keras` (which
   Horovod's Keras callbacks do: `from keras import backend as K`) gets tf-keras too, as the
   `keras` package was Keras 2 when Horovod 0.28.1 was released: `keras` and every `keras.X` are
   `tf_keras` and `tf_keras.X` (the same module objects).
@@ -95,8 +95,8 @@ def use_keras_2(environ: MutableMapping[str, str], modules: MutableMapping[str, 
         raise RuntimeError("TensorFlow or Keras was imported before the runner set up Keras 2: nothing may import them before it")
     if importlib.util.find_spec(KERAS_2) is None:
         raise RuntimeError(
-            "tf-keras (Keras 2) is not installed: plain Horovod's Keras API needs it; `make .venv/.bench-done` "
-            "installs it without its dependencies (pyproject.toml, [tool.caramel] bench-without-dependencies)"
+            "tf-keras (Keras 2) is not installed: plain Horovod's Keras API needs it; `make setup` "
+            "installs it without its dependencies (pyproject.toml, [tool.caramel] without-dependencies)"
         )
     environ["TF_USE_LEGACY_KERAS"] = "1"
     if not any(isinstance(finder, KerasIsTfKeras) for finder in meta_path):

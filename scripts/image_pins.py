@@ -5,10 +5,11 @@
 OUT_DIR/constraints.txt: [project] dependencies, every one pinned with ==, as a pip constraints
 file. OUT_DIR/operator.txt: the names of the `operator` extra, the distributions the operator's
 image installs beside Caramel's wheel (itself installed without its dependencies, TensorFlow
-among them); their versions come from the constraints. Fails, naming it, on an operator
-requirement that carries a version of its own or has no pin among the dependencies, so that a
-version is never written twice nor left floating. Standard library only: it runs on the base
-image's bare python3.
+among them); their versions come from the constraints. OUT_DIR/without-dependencies.txt: [tool.caramel]
+without-dependencies, pinned with ==, which the runtime image installs with `pip install --no-deps`
+(tf-keras). Fails, naming it, on an operator requirement that carries a version of its own or has
+no pin among the dependencies, or on an unpinned requirement, so that a version is never written
+twice nor left floating. Standard library only: it runs on the base image's bare python3.
 """
 
 from __future__ import annotations
@@ -32,10 +33,7 @@ def pins(pyproject: dict) -> tuple[list[str], list[str]]:
     dependencies = project["dependencies"]
     pinned: dict[str, str] = {}
     for requirement in dependencies:
-        match = PINNED.match(requirement)
-        if not match:
-            raise SystemExit(f"pyproject.toml: dependency {requirement!r} is not pinned with ==")
-        pinned[canonical(match.group(1))] = requirement
+        pinned[canonical(pinned_name(requirement, "dependency"))] = requirement
     operator = project.get("optional-dependencies", {}).get("operator")
     if not operator:
         raise SystemExit("pyproject.toml: no `operator` extra in [project.optional-dependencies]")
@@ -52,15 +50,33 @@ def pins(pyproject: dict) -> tuple[list[str], list[str]]:
     return dependencies, names
 
 
+def pinned_name(requirement: str, what: str) -> str:
+    """The name of a requirement pinned with ==; SystemExit naming it otherwise."""
+    match = PINNED.match(requirement)
+    if not match:
+        raise SystemExit(f"pyproject.toml: {what} {requirement!r} is not pinned with ==")
+    return match.group(1)
+
+
+def without_dependencies(pyproject: dict) -> list[str]:
+    """What the runtime installs without its dependencies ([tool.caramel] without-dependencies)."""
+    requirements = pyproject.get("tool", {}).get("caramel", {}).get("without-dependencies", [])
+    for requirement in requirements:
+        pinned_name(requirement, "[tool.caramel] without-dependencies entry")
+    return requirements
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     source, out = Path(argv[0]), Path(argv[1])
-    dependencies, operator = pins(tomllib.loads(source.read_text()))
+    pyproject = tomllib.loads(source.read_text())
+    dependencies, operator = pins(pyproject)
     out.mkdir(parents=True, exist_ok=True)
     (out / "constraints.txt").write_text("".join(f"{line}\n" for line in dependencies))
     (out / "operator.txt").write_text("".join(f"{line}\n" for line in operator))
+    (out / "without-dependencies.txt").write_text("".join(f"{line}\n" for line in without_dependencies(pyproject)))
     return 0
 
 

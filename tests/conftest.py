@@ -19,6 +19,27 @@ REPO = Path(__file__).resolve().parent.parent
 SMALL_EXAMPLE = REPO / "examples" / "train_small.py"
 
 
+KERAS_2 = {"TF_USE_LEGACY_KERAS": "1"}
+"""The environment in which tf.keras is Keras 2 (tf-keras) rather than TensorFlow's own Keras 3."""
+
+
+def keras_env(version: int) -> list[dict[str, str]]:
+    """A job's spec.env for tf.keras to be Keras `version`: 3 or 2."""
+    return [{"name": name, "value": value} for name, value in KERAS_2.items()] if version == 2 else []
+
+
+def horovod_installed() -> bool:
+    """Whether the real Horovod is installed (looked up without Caramel's `horovod` package on the path)."""
+    from importlib.machinery import PathFinder
+
+    from caramel.launch.entrypoint import HOROVOD_API_DIR
+
+    return PathFinder.find_spec("horovod", [entry for entry in sys.path if Path(entry or ".").resolve() != Path(HOROVOD_API_DIR)]) is not None
+
+
+needs_horovod = pytest.mark.skipif(not horovod_installed(), reason="Horovod is not installed (make setup builds it)")
+
+
 def runtime_metrics() -> dict[str, str]:
     """Every metric a training process serves, by its queried name (counters end in _total), to its type."""
     from caramel.metrics import WorkerMetrics

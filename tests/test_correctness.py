@@ -1,19 +1,21 @@
 """Every public path and scheduling mode gives the results of plain synchronous SGD, with real
 ranks on each collective backend: the tape and the optimizer with several steps per graph, a
-tf.function per step, eager steps, and Keras `fit`."""
+tf.function per step, eager steps, and Keras `fit`; on Keras 3, and on Keras 2 (tf-keras) where
+a job asks for it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from caramel.contract.lab import lab_variables
 from caramel.planner.rounds import settled_step
-from conftest import job_manifest, run_caramel, write_manifest
-from testbed import small_model
+from conftest import KERAS_2, REPO, job_manifest, run_caramel, write_manifest
+from testbed.sgd_reference import synchronous_sgd
 
 pytestmark = pytest.mark.e2e
 
@@ -32,22 +34,21 @@ BACKENDS = ("tensorflow", "horovod")
 RANKS, STEPS, BATCH, HIDDEN = 2, 15, 16, 32
 
 
-def synchronous_sgd(steps: int = STEPS) -> list[np.ndarray]:
-    """Plain synchronous SGD in this process: one model, the global batch of every rank."""
-    tf.keras.utils.set_random_seed(small_model.SEED)
-    model = small_model.build_model(HIDDEN)
-    optimizer = small_model.build_optimizer(small_model.DEFAULT_LEARNING_RATE)
-    for step in range(1, steps + 1):
-        with tf.GradientTape() as tape:
-            batches = [small_model.batch(step, rank, BATCH) for rank in range(RANKS)]
-            loss = tf.add_n([small_model.LOSS(labels, model(features)) for features, labels in batches]) / RANKS
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-    return [variable.numpy() for variable in model.trainable_variables]
+@pytest.fixture(scope="module")
+def expected() -> list[np.ndarray]:
+    return synchronous_sgd(STEPS, RANKS, BATCH, HIDDEN)
 
 
 @pytest.fixture(scope="module")
-def expected() -> list[np.ndarray]:
-    return synchronous_sgd()
+def expected_on_keras_2(tmp_path_factory) -> list[np.ndarray]:
+    """Synchronous SGD on Keras 2, in a process of its own (this one's tf.keras is Keras 3)."""
+    output = tmp_path_factory.mktemp("keras2") / "weights.npz"
+    command = [sys.executable, "-m", "testbed.sgd_reference", "--steps", str(STEPS), "--ranks", str(RANKS), "--batch-size", str(BATCH),
+               "--hidden", str(HIDDEN), "--output", str(output)]  # fmt: skip
+    result = subprocess.run(command, env={**os.environ, **KERAS_2}, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = np.load(output)
+    return [saved[f"arr_{index}"] for index in range(len(saved.files))]
 
 
 def trained_weights(tmp_path, api: str, caramel: dict, steps_per_execution: int = 4) -> list[np.ndarray]:
@@ -92,6 +93,16 @@ def test_every_public_path_matches_synchronous_sgd(tmp_path, expected, api, back
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("api", ["tape-fit", "keras"])
+def test_caramels_paths_on_keras_2_match_synchronous_sgd_on_keras_2(tmp_path, expected_on_keras_2, api, backend):
+    """A job whose environment asks for Keras 2 (TF_USE_LEGACY_KERAS=1) trains on tf-keras: its
+    optimizer's updates and Keras 2's own `fit`, several steps per graph."""
+    weights, stderr = train(tmp_path, api, {"backend": backend}, steps_per_execution=4, env=KERAS_2)
+    assert "tf.keras is Keras 2" in stderr
+    assert_same_weights(weights, expected_on_keras_2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", [mode for mode in MODES if mode != "automatic"])
 def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode, backend):
     if mode == "split-collectives" and backend == "tensorflow":
@@ -119,7 +130,7 @@ def test_steps_that_go_between_caramels_graph_and_the_backends_own_match_synchro
     steps = settled_step(4) + 8
     weights, stderr = train(tmp_path, api, {"backend": backend}, steps_per_execution=4, steps=steps)
     assert "steps run Caramel's graph of several steps" in stderr or "in a graph of one step: measured" in stderr, stderr
-    assert_same_weights(weights, synchronous_sgd(steps))
+    assert_same_weights(weights, synchronous_sgd(steps, RANKS, BATCH, HIDDEN))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -130,12 +130,13 @@ def test_no_steady_step_without_two_points():
 
 def made_up_runs() -> list[bench.Run]:
     """mnist, 3 repeats: Horovod 100, 110, 90 ms; caramel-horovod 95, 99, 99 ms; caramel-tensorflow
-    failed once."""
+    failed once; caramel-horovod-keras2 80, 88, 72 ms."""
     runs = []
     timings = {
         "horovod": [(0.100, 30.0, 800.0), (0.110, 32.0, 810.0), (0.090, 28.0, 790.0)],
         "caramel-horovod": [(0.095, 33.0, 880.0), (0.099, 32.0, 900.0), (0.099, 30.8, 870.0)],
         "caramel-tensorflow": [(0.120, 36.0, 900.0), None, (0.117, 35.0, 950.0)],
+        "caramel-horovod-keras2": [(0.080, 27.0, 700.0), (0.088, 29.0, 710.0), (0.072, 25.0, 690.0)],
     }
     for variant, rows in timings.items():
         for repeat, row in enumerate(rows):
@@ -172,9 +173,11 @@ def test_the_table_and_summary_line():
     assert lines[3] == "| horovod | 3 | 100.0 (90.0-110.0) |  | 30.0 (28.0-32.0) |  | 800 (790-810) |  |"
     assert lines[4] == "| caramel-horovod | 3 | 99.0 (95.0-99.0) | 0.990x [0.900-1.100] | 32.0 (30.8-33.0) | 1.067x [1.000-1.100] | 880 (870-900) | 1.10x |"
     assert lines[5].startswith("| caramel-tensorflow | 3 (1 failed) | 118.5 (117.0-120.0) | 1.185x [1.200-1.300] |")
+    assert lines[6].startswith("| caramel-horovod-keras2 | 3 | 80.0 (72.0-88.0) | 0.800x [0.800-0.800] |")
     assert bench.summary_line(runs, "mnist") == (
         "mnist caramel_horovod_step_over_horovod=0.990 caramel_horovod_run_over_horovod=1.067 "
-        "caramel_tensorflow_step_over_horovod=1.185 caramel_tensorflow_run_over_horovod=1.183"
+        "caramel_tensorflow_step_over_horovod=1.185 caramel_tensorflow_run_over_horovod=1.183 "
+        "caramel_horovod_keras2_step_over_horovod=0.800 caramel_horovod_keras2_run_over_horovod=0.900"
     )
 
 
@@ -235,7 +238,8 @@ def test_every_variant_runs_the_same_script_the_same_way_but_for_horovod_and_the
         job = parse_job(document, source=variant)  # a valid CaramelJob
         assert job.spec.args == list(script.args) and job.spec.working_dir == str(tmp_path)
         assert job.spec.workers.replicas == 2 and job.spec.run_policy.backoff_limit == 0
-        assert {(env.name, env.value) for env in job.spec.env} == {("PYTHONUNBUFFERED", "1"), ("PYTHONPATH", str(REPO))}
+        keras_2 = {("TF_USE_LEGACY_KERAS", "1")} if variant.endswith("-keras2") else set()
+        assert {(env.name, env.value) for env in job.spec.env} == {("PYTHONUNBUFFERED", "1"), ("PYTHONPATH", str(REPO))} | keras_2
     assert jobs["horovod"]["spec"]["command"] == ["/venv/python", "-m", "benchmarks.plain_horovod_runner", str(script.path)]
     assert "script" not in jobs["horovod"]["spec"] and "caramel" not in jobs["horovod"]["spec"]
     for variant, backend in bench.BACKENDS.items():
@@ -255,7 +259,9 @@ def test_every_scripts_arguments_parse_and_leave_steps_to_time():
 
 
 def test_variants_rotate_over_the_repeats_and_horovod_always_runs(capsys):
-    assert [bench.rotated(bench.VARIANTS, repeat)[0] for repeat in range(4)] == ["horovod", "caramel-horovod", "caramel-tensorflow", "horovod"]
+    assert [bench.rotated(bench.VARIANTS, repeat)[0] for repeat in range(6)] == [
+        "horovod", "caramel-horovod", "caramel-tensorflow", "caramel-horovod-keras2", "caramel-tensorflow-keras2", "horovod",
+    ]
     assert bench.parse_args(["--variants", "caramel-tensorflow"]).variants == ["horovod", "caramel-tensorflow"]
     assert bench.parse_args([]).scripts == list(bench.SCRIPTS)
     for argv, message in ((["--scripts", "mnist,resnet"], "--scripts: unknown resnet (known: synthetic_benchmark,"),
@@ -268,8 +274,9 @@ def test_variants_rotate_over_the_repeats_and_horovod_always_runs(capsys):
 def test_tf_keras_is_pinned_to_the_tensorflow_release_and_installed_without_dependencies():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     tensorflow = next(dep for dep in pyproject["project"]["dependencies"] if dep.startswith("tensorflow"))
-    assert pyproject["tool"]["caramel"]["bench-without-dependencies"] == [f"tf-keras=={tensorflow.split('==')[1]}"]
-    assert "--no-deps $(BENCH_NO_DEPS)" in (REPO / "Makefile").read_text()
+    assert pyproject["tool"]["caramel"]["without-dependencies"] == [f"tf-keras=={tensorflow.split('==')[1]}"]
+    assert "--no-deps $(WITHOUT_DEPENDENCIES)" in (REPO / "Makefile").read_text()
+    assert "pip install --no-cache-dir --no-deps -r /opt/caramel/without-dependencies.txt" in (REPO / "Dockerfile").read_text()
 
 
 # -- end to end: the runner is plain Horovod ---------------------------------------------------------

@@ -41,6 +41,13 @@ def test_the_images_pins_come_from_pyproject(tmp_path) -> None:
     pinned = {image_pins().canonical(line.split("==")[0]) for line in project["dependencies"]}
     assert {image_pins().canonical(name) for name in operator} <= pinned
     assert not {image_pins().canonical(name) for name in operator} & set(NOT_IN_THE_OPERATOR)
+    without = (tmp_path / "without-dependencies.txt").read_text().splitlines()
+    assert without == tomllib.loads(PYPROJECT.read_text())["tool"]["caramel"]["without-dependencies"] == ["tf-keras==2.21.0"]
+
+
+def test_what_the_runtime_installs_without_dependencies_must_be_pinned() -> None:
+    with pytest.raises(SystemExit, match="without-dependencies entry 'tf-keras' is not pinned with =="):
+        image_pins().without_dependencies({"tool": {"caramel": {"without-dependencies": ["tf-keras"]}}})
 
 
 @pytest.mark.parametrize(

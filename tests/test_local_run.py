@@ -73,6 +73,30 @@ def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
     assert_all_gone(everything)
 
 
+# TensorFlow's coordination service declares a task dead after this long without a heartbeat,
+# unless told otherwise.
+TENSORFLOW_DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 10
+
+
+def test_a_rank_without_cpu_for_longer_than_tensorflows_heartbeat_timeout_does_not_fail_the_job(tmp_path):
+    """On the tensorflow backend a rank that got no CPU for 10 s (a 4-rank job starting on 2 busy
+    cores) failed the gang: "The following tasks are unhealthy (stopped sending heartbeats)". A
+    stopped process (SIGSTOP) gets none at all, for as long as the test says."""
+    manifest = job_manifest(args=["--steps", "300", "--batch-size", "32", "--hidden", "64"], caramel={"backend": "tensorflow"},
+                            runPolicy={"backoffLimit": 0})  # fmt: skip
+    run = BackgroundRun(write_manifest(tmp_path, manifest))
+    run.wait_for("caramel-progress")
+    starved = run.training_process(1)
+    starved.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(TENSORFLOW_DEFAULT_HEARTBEAT_TIMEOUT_SECONDS * 1.5)
+    finally:
+        starved.send_signal(signal.SIGCONT)
+    assert run.finish() == 0, run.output[-4000:]
+    assert "unhealthy" not in run.output
+    assert sorted(digests(run.output)) == [0, 1]
+
+
 @pytest.mark.parametrize(
     ("signum", "exit_code", "message"),
     [

@@ -18,6 +18,6 @@ def test_keras_3_is_the_products_keras():
 
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert any(dep.startswith("keras==3.") for dep in dependencies)
-    assert not any(dep.startswith("tf-keras") for dep in dependencies)
+    assert not any(dep.startswith("tf-keras") for dep in dependencies)  # installed without its dependencies: versions.md
     assert keras.__version__.startswith("3.")
-    assert "TF_USE_LEGACY_KERAS" not in (REPO / "Dockerfile").read_text()
+    assert "TF_USE_LEGACY_KERAS" not in (REPO / "Dockerfile").read_text()  # the image's default is Keras 3; a job may ask for 2

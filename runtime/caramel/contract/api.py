@@ -324,7 +324,7 @@ class Scheduling(ApiModel):
 
 
 class Rendezvous(ApiModel):
-    """Where the workers meet: Horovod's Gloo rendezvous server, run by worker 0."""
+    """Where the workers meet: Caramel's rendezvous, served by worker 0, where Horovod's Gloo meets too."""
 
     port: int = Field(29400, ge=1024, le=65535)
     """TCP port of the rendezvous server on worker 0."""

@@ -31,8 +31,8 @@ from caramel.contract.ports import (
 )
 from caramel.contract.topology import WireTopology
 
-# How long the workers of a gang wait for each other at the rendezvous: the others for worker 0's
-# server (a slow image pull or a busy scheduler can hold it back), and worker 0's Gloo for the others
+# How long the workers of a gang wait for each other at the rendezvous, worker 0 included (a slow
+# image pull or a busy scheduler can hold one back), and Horovod's Gloo for the other ranks
 # (HOROVOD_GLOO_TIMEOUT_SECONDS, whose default of 30 s failed whole gangs whenever one pod started
 # late). Gloo also bounds each collective's wait for a peer by it; a peer that dies is seen sooner,
 # by `caramel run` or the operator, which stop the whole gang.

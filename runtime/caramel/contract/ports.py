@@ -2,7 +2,7 @@
 builders all take them from here.
 
 A gang binds
-- the rendezvous port (spec.rendezvous.port): worker 0's Gloo rendezvous server, one per gang;
+- the rendezvous port (spec.rendezvous.port): worker 0's rendezvous server, one per gang;
 - per training process, a port of each kind the job uses:
   - the collective port of its TensorFlow server (the tensorflow backend): the rendezvous port
     plus one onwards;

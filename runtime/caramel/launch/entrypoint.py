@@ -1,7 +1,8 @@
 """The worker entrypoint: `python -m caramel.launch.entrypoint -- TRAINING COMMAND...`.
 
-It reads the environment contract, serves (worker 0) or awaits (the others) the rendezvous,
-then runs one training process per slot with that slot's ranks and the job's memory allocator.
+It reads the environment contract and meets the gang's other workers at the rendezvous, which
+worker 0 serves (`caramel.launch.rendezvous`: Caramel's own, which imports no Horovod); once
+every worker has joined it runs one training process per slot with that slot's ranks and the job's memory allocator.
 Every output line is prefixed with its rank. If any training process fails, the others are
 stopped and the worker exits with the failed process's status, so the whole gang can be
 restarted together. SIGTERM and SIGINT stop it at any point, the rendezvous wait included: as a
@@ -34,11 +35,12 @@ from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, fail
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.gang import CannotStart, run_gang
 from caramel.launch.processes import describe_exit, exit_code, signal_group, spawn
-from caramel.launch.rendezvous import RendezvousServer, wait_for_rendezvous
+from caramel.launch.rendezvous import Host, RendezvousServer, join_round, parse_hosts
 from caramel.network.wire import job_topology
 
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
-EXIT_RENDEZVOUS_TIMEOUT = 1
+EXIT_RENDEZVOUS_FAILED = 1
+LOOPBACK = "127.0.0.1"
 # Lines of each rank kept for its failure summary (more than a termination message holds).
 LAST_LINES_KEPT = 100
 # The directory holding Caramel's `horovod` package (Horovod's training API served by Caramel),
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         contract = WorkerContract.from_env()
         job_topology(contract)  # a CARAMEL_TOPOLOGY that is no network fails here, before any rank starts
+        gang = parse_hosts(contract.hosts)
     except RuntimeError as error:
         print(f"caramel-worker: {error}", file=sys.stderr)
         return 2
@@ -100,29 +103,23 @@ def main(argv: list[str] | None = None) -> int:
     stop = Stop()
     stop.install()
     server = None
-    if contract.worker_index == 0:
-        server = RendezvousServer(contract.rendezvous_port, contract.hosts, contract.world_size)
-        server.start()
-        say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
-    else:
+    try:
+        address = contract.rendezvous_addr
         try:
-            reached = wait_for_rendezvous(
-                contract.rendezvous_addr,
-                contract.rendezvous_port,
-                contract.rendezvous_timeout_seconds,
-                stop.event,
-                on_wait=lambda waited: say(
-                    f"waiting for the rendezvous at {contract.rendezvous_addr}:{contract.rendezvous_port} ({waited:.0f} s)"
-                ),
-            )
-        except TimeoutError as error:
+            if contract.worker_index == 0:
+                server = RendezvousServer(contract.rendezvous_port, gang)
+                server.start()
+                say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
+                address = LOOPBACK  # its own server: no name to resolve, no network in between
+            joined = join_round(address, contract.rendezvous_port, gang[contract.worker_index], contract.rendezvous_timeout_seconds, stop.event, say)
+        except (TimeoutError, RuntimeError, OSError) as error:
             say(str(error))
             _leave_message(str(error), say)
-            return EXIT_RENDEZVOUS_TIMEOUT
-        if not reached:
+            return EXIT_RENDEZVOUS_FAILED
+        if joined is None:
             say(f"stopped by {signal.Signals(stop.signum).name} while waiting for the rendezvous")
             return stop.exit_status
-    try:
+        say(f"all {len(joined.hosts)} workers joined round {joined.number} of the rendezvous: {joined.world_size} ranks")
         return _run_slots(contract, argv, say, stop)
     finally:
         if server:

@@ -19,6 +19,7 @@ Caramel serves `horovod.tensorflow` itself (`caramel.compat`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,21 +27,25 @@ import tensorflow as tf
 
 from caramel.tensorflow.backends import ReduceOp
 from caramel.tensorflow.compression import Compression, Compressor
+from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from caramel.tensorflow.ledger import broadcast_variables as _broadcast_variables
 from caramel.tensorflow.runtime import Runtime, current
 from caramel.tensorflow.runtime import init as _init
 from caramel.tensorflow.steps import StepFunction, function
+from caramel.tensorflow.unsupported import NotSupportedByCaramel, refuse
 
 __all__ = [
     "Average",
     "Compression",
     "DistributedGradientTape",
     "DistributedOptimizer",
+    "NotSupportedByCaramel",
     "Runtime",
     "StepFunction",
     "Sum",
     "allreduce_gradients",
     "broadcast_variables",
+    "distribute",
     "function",
     "init",
     "local_rank",
@@ -119,19 +124,46 @@ class _HorovodOptions:
         # device_*: where Horovod places its collectives' inputs on GPUs; the backend places them.
         # num_groups/groups: Horovod's fusion hints; Caramel plans the grouping of the transfers
         # itself. sparse_as_dense: Caramel reduces every gradient as a dense tensor anyway.
-        # scale_local_gradients and average_aggregated_gradients matter only with features refused below.
-        del device_dense, device_sparse, num_groups, groups, sparse_as_dense, scale_local_gradients, average_aggregated_gradients, name
+        # average_aggregated_gradients matters only with the accumulation refused below.
+        del device_dense, device_sparse, num_groups, groups, sparse_as_dense, average_aggregated_gradients, name
         self.op = _reduce_op(op, kind)
         self.compression = compression
+        self.scale_local_gradients = scale_local_gradients
+        self.local_sources: dict[int, Any] = {}
+        """Horovod's local sources, by id: variables whose gradients each rank keeps to itself."""
         if gradient_predivide_factor != 1.0:
-            raise ValueError(f"{kind}(gradient_predivide_factor={gradient_predivide_factor}) is not supported by Caramel: use 1.0")
+            refuse(f"{kind}(gradient_predivide_factor={gradient_predivide_factor})", "use 1.0")
         if backward_passes_per_step != 1:
-            raise ValueError(
-                f"{kind}(backward_passes_per_step={backward_passes_per_step}) (local gradient accumulation) is not supported by "
-                "Caramel: use 1"
-            )
+            refuse(f"{kind}(backward_passes_per_step={backward_passes_per_step}) (local gradient accumulation)", "use 1")
         if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-            raise ValueError(f"{kind}(process_set=...) is not supported by Caramel: gradients are averaged over all ranks")
+            refuse(f"{kind}(process_set=...)", "gradients are averaged over all ranks")
+
+    def add_local(self, source: Any) -> None:
+        """A variable each rank trains on its own gradient (Horovod's local source). The runtime
+        knows it too, so that the check that every rank ends with the same weights leaves it out."""
+        self.local_sources[id(source)] = source
+        current().local_variables[id(source)] = source
+
+    def reduced(self, gradients: Sequence[Any], sources: Sequence[Any]) -> list[Any]:
+        """The gradients of `sources` averaged (op Sum: summed) over all ranks, those of local
+        sources excepted: each rank's own, divided by the number of ranks where
+        scale_local_gradients (as Horovod does, so that a local layer learns at the rate the
+        averaged ones do)."""
+        shared = [index for index, source in enumerate(sources) if id(source) not in self.local_sources]
+        result = list(gradients)
+        for index, gradient in zip(shared, allreduce_gradients([gradients[index] for index in shared], self.op, self.compression)):
+            result[index] = gradient
+        if self.scale_local_gradients:
+            for index, source in enumerate(sources):
+                if id(source) in self.local_sources and gradients[index] is not None:
+                    result[index] = _divided(gradients[index], current().size)
+        return result
+
+
+def _divided(gradient: Any, ranks: int) -> Any:
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values / ranks, gradient.indices, gradient.dense_shape)
+    return gradient / ranks
 
 
 def _reduce_op(op: Any, kind: str) -> ReduceOp:
@@ -141,56 +173,93 @@ def _reduce_op(op: Any, kind: str) -> ReduceOp:
     name = getattr(op, "name", None) or {0: "average", 1: "sum", 2: "adasum", 3: "min", 4: "max", 5: "product"}.get(op, str(op))
     if str(name).lower() in ("average", "sum"):
         return ReduceOp(str(name).lower())
-    raise ValueError(f"{kind}(op={name}) is not supported by Caramel: gradients are averaged (Average) or summed (Sum)")
+    refuse(f"{kind}(op={name})", "gradients are averaged (Average) or summed (Sum)")
 
 
-class DistributedGradientTape:
-    """Wraps a tf.GradientTape so that gradient() returns gradients averaged over all ranks.
+class DistributedGradientTape(tf.GradientTape):
+    """A tf.GradientTape whose gradient() returns gradients averaged over all ranks.
 
-    Takes Horovod's keywords (`compression`, `op`, `sparse_as_dense`, ...); those Caramel does not
-    support fail here, naming the keyword."""
+    `DistributedGradientTape(tape)` is, as Horovod's, a tape of the wrapped tape's own class
+    (`isinstance` takes it for one) that shares what the wrapped tape recorded: wrap a tape after
+    its `with` block, or wrap a new one and record with the result. Takes Horovod's keywords
+    (`compression`, `op`, `sparse_as_dense`, ...); those Caramel does not support fail here,
+    naming the keyword. `register_local_source(variable)` keeps a variable's gradient each rank's
+    own (Horovod's local sources)."""
+
+    def __new__(cls, tape: tf.GradientTape, **horovod_options: Any) -> DistributedGradientTape:
+        return super().__new__(_of_tape_class(cls, type(tape)))
 
     def __init__(self, tape: tf.GradientTape, **horovod_options: Any) -> None:
-        self._tape = tape
+        super().__init__(persistent=tape._persistent, watch_accessed_variables=tape._watch_accessed_variables)
+        self._tape = tape._tape  # what the wrapped tape recorded; None for a tape not entered yet
         self._options = _HorovodOptions("DistributedGradientTape", **horovod_options)
 
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
-        gradients = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
+    def register_local_source(self, source: Any) -> None:
+        """Keep `source`'s gradient each rank's own: it is not averaged over the ranks."""
+        self._options.add_local(source)
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False, **kwargs: Any) -> Any:
+        """The gradients of `target` with respect to `sources`, averaged over all ranks (local
+        sources excepted). use_generic_names (Horovod's names for its collectives) changes
+        nothing: Caramel names its transfers itself."""
+        del use_generic_names
+        gradients = super().gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(gradients, expand_composites=False)
-        return tf.nest.pack_sequence_as(gradients, allreduce_gradients(flat, self._options.op, self._options.compression))
+        return tf.nest.pack_sequence_as(gradients, self._options.reduced(flat, tf.nest.flatten(sources, expand_composites=False)))
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tape, name)
+    def get_local_and_global_gradients(
+        self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False
+    ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """Horovod's split of `gradient`: (source, gradient) pairs of the local sources, and of the others."""
+        pairs = list(zip(sources, self.gradient(target, sources, output_gradients, use_generic_names)))
+        local = [(source, gradient) for source, gradient in pairs if id(source) in self._options.local_sources]
+        return local, [(source, gradient) for source, gradient in pairs if id(source) not in self._options.local_sources]
 
 
-def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, **horovod_options: Any) -> tf.keras.optimizers.Optimizer:  # noqa: N802 (Horovod's name)
+@functools.cache
+def _of_tape_class(distributed: type, tape_class: type) -> type:
+    """`distributed` (a DistributedGradientTape class) as a subclass of `tape_class` too."""
+    if issubclass(distributed, tape_class):
+        return distributed
+    return type(tape_class.__name__, (distributed, tape_class), {"__module__": tape_class.__module__})
+
+
+def DistributedOptimizer(  # noqa: N802 (Horovod's name)
+    optimizer: tf.keras.optimizers.Optimizer, local_variables: Sequence[Any] = (), **horovod_options: Any
+) -> tf.keras.optimizers.Optimizer:
     """The same Keras optimizer, whose updates first average the gradients over all ranks.
 
     It is an instance of a subclass of the optimizer's own class, as Horovod's is, so that
     `model.compile` and checkpoints take it as the optimizer it wraps; it starts from the given
-    optimizer's configuration. Keras 3 optimizers apply gradients through `apply` (which
-    `apply_gradients` calls): that is where they are averaged. Takes Horovod's keywords.
+    optimizer's configuration. Its gradients are averaged where the Keras that `tf.keras` is
+    applies them (`caramel.tensorflow.keras_version.updating_through`: Keras 3's `apply`, Keras
+    2's `apply_gradients`), but those of `local_variables`, which each rank keeps to itself (the
+    variables of the local layers of Horovod's PartialDistributedOptimizer). Takes Horovod's keywords.
     """
-    base = type(optimizer)
-    if getattr(base, "_caramel_distributed", False):
+    check_optimizer(optimizer, "DistributedOptimizer")
+    if getattr(type(optimizer), "_caramel_distributed", False):
         return optimizer
+    return _distributed_class(optimizer, local_variables, horovod_options).from_config(optimizer.get_config())
+
+
+def distribute(optimizer: tf.keras.optimizers.Optimizer, **horovod_options: Any) -> None:
+    """Make `optimizer` itself Caramel's DistributedOptimizer, keeping its state: for an optimizer
+    that holds state already (a loaded model's, whose slots and step count were restored)."""
+    check_optimizer(optimizer, "DistributedOptimizer")
+    if not getattr(type(optimizer), "_caramel_distributed", False):
+        # The class differs from the optimizer's own by its update method alone: no state to add.
+        optimizer.__class__ = _distributed_class(optimizer, (), horovod_options)
+
+
+def _distributed_class(optimizer: Any, local_variables: Sequence[Any], horovod_options: dict[str, Any]) -> type:
     options = _HorovodOptions("DistributedOptimizer", **horovod_options)
+    for variable in local_variables:
+        options.add_local(variable)
 
-    def apply(self: Any, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
-        averaged = allreduce_gradients(list(grads), options.op, options.compression)
-        # Keras sums the gradients over a tf.distribute strategy's replicas before it applies them,
-        # in a replica context. Without a strategy (a Caramel job) the sum is an identity, but it
-        # goes through tf.custom_gradient, which registers a gradient function globally on every
-        # trace (every traced step graph then lives as long as the process), and it joins all the
-        # gradients into one IdentityN (no parameter updated before the last transfer ends). In a
-        # merge_call (cross-replica context) Keras applies them as they are: averaged already.
-        context = tf.distribute.get_replica_context()
-        if context is None:
-            return base.apply(self, averaged, trainable_variables)
-        return context.merge_call(lambda _: base.apply(self, averaged, trainable_variables))
+    def averaged(self: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:
+        return options.reduced(gradients, variables)
 
-    distributed = type(base.__name__, (base,), {"apply": apply, "_caramel_distributed": True})
-    return distributed.from_config(optimizer.get_config())
+    return updating_through(type(optimizer), averaged, _caramel_distributed=True)
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:

@@ -1,6 +1,6 @@
 """Keras `model.fit` as a Caramel job: one callback does what the job needs.
 
-    model.compile(optimizer=ctf.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=...,
+    model.compile(optimizer=ctf.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), loss=...,
                   steps_per_execution=4)
     caramel = TrainingCallback(model)
     model.fit(data, epochs=5, steps_per_epoch=100, initial_epoch=caramel.initial_epoch,
@@ -19,6 +19,9 @@ The callback reads the steps and epochs from what `fit` tells every callback (`s
 - checkpoints at the end of every epoch once `spec.checkpoint.intervalSteps` steps have passed
   since the last one, and at the end: Keras resumes at epoch boundaries only;
 - at the end, checks that every rank holds the same weights.
+
+It works on either Keras `tf.keras` may be (Keras 3, or Keras 2 where the job sets
+TF_USE_LEGACY_KERAS=1: `caramel.tensorflow.keras_version`).
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import keras
 import tensorflow as tf
 
+from caramel.tensorflow.keras_version import steps_per_execution
 from caramel.tensorflow.ledger import Ledger
 from caramel.tensorflow.runtime import Runtime, current
 from caramel.tensorflow.steps import StepFunction
@@ -37,13 +40,13 @@ BATCH_SIZE = "caramel_batch_size"
 """The output by which Caramel's step tells the callback its batch's size (taken out of the logs)."""
 
 
-class TrainingCallback(keras.callbacks.Callback):
+class TrainingCallback(tf.keras.callbacks.Callback):
     """Broadcast, scheduling, metrics, progress, checkpoints and resume for `model.fit`.
 
     With `checkpoints=False` it leaves checkpoints and resume to the script (Horovod's
     callbacks, as Caramel serves them, are this callback so)."""
 
-    def __init__(self, model: keras.Model | None = None, *, checkpoints: bool = True) -> None:
+    def __init__(self, model: tf.keras.Model | None = None, *, checkpoints: bool = True) -> None:
         super().__init__()
         self._runtime: Runtime = current()
         self._checkpoints = checkpoints
@@ -63,7 +66,7 @@ class TrainingCallback(keras.callbacks.Callback):
             raise RuntimeError("TrainingCallback(model) restores before fit: give it the compiled model to know initial_epoch")
         return int(self._ledger.epochs.numpy())
 
-    def _start(self, model: keras.Model) -> None:
+    def _start(self, model: tf.keras.Model) -> None:
         """Restore (rank 0) and broadcast, before fit: the model is built and compiled."""
         if model.optimizer is None or not model.built:
             raise ValueError("build the model and compile it (with ctf.DistributedOptimizer) before training with TrainingCallback")
@@ -82,7 +85,7 @@ class TrainingCallback(keras.callbacks.Callback):
             )
         self._ledger.total_steps = steps_per_epoch * epochs
         self._steps = StepFunction(
-            self._keras_step, self.model.steps_per_execution, unpack=False,
+            self._keras_step, steps_per_execution(self.model), unpack=False,
             total_steps=self._ledger.total_steps - self._ledger.completed_steps,
         )  # fmt: skip
         self.model.train_function = self._train_function
@@ -98,7 +101,7 @@ class TrainingCallback(keras.callbacks.Callback):
 
     def _train_function(self, iterator: Any) -> Any:
         """What `fit` calls per execution: the steps Keras asks for, several per graph."""
-        count = min(self.model.steps_per_execution, self.params["steps"] - self._next_step)
+        count = min(steps_per_execution(self.model), self.params["steps"] - self._next_step)
         self._next_step += count
         started = time.perf_counter()
         outputs = self._steps(iterator, count)

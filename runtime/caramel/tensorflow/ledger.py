@@ -13,7 +13,7 @@ import hashlib
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -115,7 +115,7 @@ class Ledger:
         """The run's end: the last checkpoint, the weights check, the final progress line."""
         if self.completed_steps != self._last_saved_step:
             self._save()
-        digest = weights_digest(self.model)
+        digest = weights_digest(self.model.trainable_variables, leaving_out=self.runtime.local_variables)
         say(f"weights digest {digest}")
         prefix = np.frombuffer(bytes.fromhex(digest[:16]), dtype=np.int64)
         every_rank = self.runtime.backend.all_gather(tf.constant(prefix), name="caramel_weights_digest").numpy().reshape(-1)
@@ -162,13 +162,13 @@ def plan_record(runtime: Runtime) -> PlanRecord:
     return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes, gradient_communicator.runs_plan)
 
 
-def weights_digest(model: tf.keras.Model) -> str:
-    """SHA-256 of the trainable weights (their bytes in order), equal on every rank of a correct
-    synchronous run. Hashed a slice at a time: `numpy()` and `tobytes()` of a whole variable
-    were two transient copies of it, which for a model with one large weight set the run's peak
-    RSS on every rank, at the end of training."""
+def weights_digest(variables: Sequence[tf.Variable], leaving_out: Collection[int] = ()) -> str:
+    """SHA-256 of the variables (their bytes in order; those whose id is in `leaving_out`, each
+    rank's own, left out), equal on every rank of a correct synchronous run. Hashed a slice at a
+    time: `numpy()` and `tobytes()` of a whole variable were two transient copies of it, which for
+    a model with one large weight set the run's peak RSS on every rank, at the end of training."""
     digest = hashlib.sha256()
-    for variable in model.trainable_variables:
+    for variable in (variable for variable in variables if id(variable) not in leaving_out):
         flat = tf.reshape(variable, [-1])  # the variable's buffer, read without a copy
         for start in range(0, flat.shape[0], DIGEST_SLICE_ELEMENTS):
             digest.update(flat[start : start + DIGEST_SLICE_ELEMENTS].numpy())

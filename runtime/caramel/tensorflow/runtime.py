@@ -10,13 +10,15 @@ Caramel serves it) find it with `current()` and hand it to everything below them
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
 from caramel.tensorflow.backends import Backend, chosen, set_up
 from caramel.tensorflow import stopping
 from caramel.tensorflow.communicator import GradientCommunicator
+from caramel.tensorflow.keras_version import keras_2
 
 
 @dataclass
@@ -25,6 +27,9 @@ class Runtime:
     backend: Backend
     communicator: GradientCommunicator
     metrics: WorkerMetrics
+    local_variables: dict[int, Any] = field(default_factory=dict)
+    """Variables each rank trains on its own gradients (Horovod's local sources), by id: the check
+    that every rank ends with the same weights leaves them out."""
 
     @property
     def rank(self) -> int:
@@ -56,7 +61,8 @@ def init() -> Runtime:
         if contract.metrics_port:
             metrics.serve(contract.metrics_port)
         _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend), metrics)
-        _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value})")
+        keras = "Keras 2 (tf-keras, TF_USE_LEGACY_KERAS)" if keras_2() else "Keras 3"
+        _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value}); tf.keras is {keras}")
     return _runtime
 
 

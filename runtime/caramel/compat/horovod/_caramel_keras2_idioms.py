@@ -3,7 +3,9 @@ use Caramel's `horovod` package, and only for them: `install()` runs at `hvd.ini
 `horovod.tensorflow.keras` is imported, never when Caramel's own API is used.
 
 Horovod's examples and most scripts written for it target Keras 2 (tf.keras up to TensorFlow 2.15).
-Under TensorFlow 2.16+ tf.keras is Keras 3, which breaks these lines of theirs:
+Under TensorFlow 2.16+ tf.keras is Keras 3 (unless a job asks for Keras 2 with
+TF_USE_LEGACY_KERAS=1, where there is nothing to accept: `caramel.tensorflow.keras_version`),
+which breaks these lines of theirs:
 
 - `model.compile(..., experimental_run_tf_function=False)`: Horovod asked Keras 2 for this so that
   its DistributedOptimizer computed the gradients. Keras 3's compile takes no such keyword
@@ -23,7 +25,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import keras
+import tensorflow as tf
+
+from caramel.tensorflow.keras_version import keras_2
 
 MARK = "_caramel_keras2_idiom"
 
@@ -37,29 +41,34 @@ class CallableList(list):
 
 
 def install() -> None:
-    """Accept the Keras 2 idioms above (idempotent)."""
+    """Accept the Keras 2 idioms above on Keras 3 (idempotent)."""
+    if keras_2():
+        return
     _accept_experimental_run_tf_function()
     _callable_optimizer_variables()
 
 
 def _accept_experimental_run_tf_function() -> None:
-    original = keras.Model.compile
+    # Patched where it is defined (Keras' Trainer), not on Model: Keras loads a saved model
+    # without compiling it when the model's class has a compile of its own.
+    owner = next(cls for cls in tf.keras.Model.__mro__ if "compile" in cls.__dict__)
+    original = owner.compile
     if getattr(original, MARK, False):
         return
 
     @functools.wraps(original)
-    def compile(self: keras.Model, *args: Any, experimental_run_tf_function: Any = None, **kwargs: Any) -> Any:  # noqa: A001
+    def compile(self: tf.keras.Model, *args: Any, experimental_run_tf_function: Any = None, **kwargs: Any) -> Any:  # noqa: A001
         del experimental_run_tf_function  # Keras 2's; Keras 3 always applies gradients through the optimizer
         return original(self, *args, **kwargs)
 
     setattr(compile, MARK, True)
-    keras.Model.compile = compile
+    owner.compile = compile
 
 
 def _callable_optimizer_variables() -> None:
     """Every optimizer class that defines the `variables` property (Keras' base optimizer, and the
     wrappers that override it) returns a CallableList; subclasses made later inherit it."""
-    root = next(cls for cls in keras.optimizers.Optimizer.__mro__ if isinstance(cls.__dict__.get("variables"), property))
+    root = next(cls for cls in tf.keras.optimizers.Optimizer.__mro__ if isinstance(cls.__dict__.get("variables"), property))
     pending, seen = [root], set()
     while pending:
         cls = pending.pop()

@@ -1,42 +1,51 @@
-"""What Caramel's `horovod` package shares: the error for the Horovod features it does not serve,
-and stand-ins that raise it when called."""
+"""What Caramel's `horovod` package shares: the error for the Horovod features it does not serve
+(Caramel's own, `caramel.tensorflow.unsupported`), and stand-ins that raise it when called."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-
-class NotSupportedByCaramel(NotImplementedError):
-    """A Horovod feature Caramel does not serve; the message names it and says what to do instead."""
+from caramel.tensorflow.unsupported import NotSupportedByCaramel, refuse
 
 
-def refuse(feature: str, advice: str) -> NoReturn:
-    raise NotSupportedByCaramel(f"{feature} is not supported by Caramel: {advice}")
-
-
-def unsupported(feature: str, advice: str) -> Callable[..., NoReturn]:
-    """A stand-in for a Horovod function or class that fails when called, not when looked up, so
-    that a script may still test for it (`hasattr`, imports) and fails only where it uses it."""
+def unsupported(feature: str, advice: str) -> Any:
+    """A stand-in for a Horovod function or class that fails when used, not when looked up, so that
+    a script may still test for it (`hasattr`, imports) and fails only where it uses it, naming it.
+    A class's stand-in (a capitalized name) fails when made or subclassed (`class
+    State(hvd.elastic.ObjectState)`); an exception's can still be named in an `except` clause."""
+    name = feature.rsplit(".", 1)[-1]
+    doc = f"Not supported by Caramel: {advice}"
 
     def stand_in(*args: Any, **kwargs: Any) -> NoReturn:
         refuse(feature, advice)
 
-    stand_in.__name__ = stand_in.__qualname__ = feature.rsplit(".", 1)[-1]
-    stand_in.__doc__ = f"Not supported by Caramel: {advice}"
-    return stand_in
+    if not name[:1].isupper():
+        stand_in.__name__ = stand_in.__qualname__ = name
+        stand_in.__doc__ = doc
+        return stand_in
+
+    def refused_subclass(cls: type, **kwargs: Any) -> NoReturn:
+        refuse(feature, advice)
+
+    base = Exception if name.endswith(("Error", "Exception", "Interrupt")) else object
+    return type(name, (base,), {"__new__": stand_in, "__init_subclass__": classmethod(refused_subclass), "__doc__": doc})
 
 
-def unsupported_module(module_name: str, feature: str, advice: str) -> Callable[[str], Any]:
-    """A module-level `__getattr__` for a Horovod module Caramel does not serve (elastic training):
-    every name looked up in it is a stand-in that fails when called."""
+def unsupported_module(module_name: str, feature: str, advice: str, names: Sequence[str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A module-level `__getattr__` and `__dir__` for a Horovod module Caramel does not serve
+    (elastic training): every name looked up in it is a stand-in that fails when used, and `dir()`
+    lists Horovod's `names` of it."""
 
     def module_getattr(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         return unsupported(f"{feature}.{name}", advice)
 
-    return module_getattr
+    def module_dir() -> list[str]:
+        return sorted(names)
+
+    return module_getattr, module_dir
 
 
 __all__ = ["NotSupportedByCaramel", "refuse", "unsupported", "unsupported_module"]

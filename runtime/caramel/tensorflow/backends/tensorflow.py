@@ -18,7 +18,7 @@ themselves, in the order they were traced, and against nothing else.
 
 A collective waits for its peers at most the contract's collective timeout, and a peer whose
 process ended fails it at once (its server is gone): the step then fails, the process exits, and
-the gang restarts as after any failure.
+the gang restarts as after any failure. The coordination service waits as long for a slow peer.
 """
 
 from __future__ import annotations
@@ -163,6 +163,15 @@ def _start_server(contract: WorkerContract, rank: int, size: int) -> None:
     coordination.service_type = "standalone"
     coordination.service_leader = leader
     coordination.coordinated_job_list.append(coordination_config_pb2.CoordinatedJob(name=JOB, num_tasks=size))
+    # Its waits for a task, as long as the contract lets any peer take: TensorFlow's defaults
+    # declare a task dead after 10 s without a heartbeat, and a rank that gets no CPU for that long
+    # (ranks starting on fewer cores than they are, or beside busier processes) failed the whole
+    # gang ("The following tasks are unhealthy (stopped sending heartbeats)"), which a collective
+    # would have waited for. A task whose process ended is still seen at once: its connections close.
+    patience_ms = int(contract.collective_timeout_seconds * 1000)
+    coordination.heartbeat_timeout_in_ms = patience_ms
+    coordination.cluster_register_timeout_in_ms = patience_ms
+    coordination.shutdown_barrier_timeout_in_ms = patience_ms
     server = tensorflow_server_pb2.ServerDef(
         cluster=cluster, job_name=JOB, task_index=rank, protocol="grpc", port=addresses[rank][1], default_session_config=config
     )

@@ -14,10 +14,14 @@ rank to rank), `broadcast` and their grouped forms work eagerly and in graphs; `
 and `allgather_object` eagerly. At exit every rank's trained weights are compared
 (`_caramel_final_check`).
 
+The tape takes local sources (`register_local_source`, `PartialDistributedGradientTape`), whose
+gradients each rank keeps; `SyncBatchNormalization` averages batch statistics over the ranks;
+`broadcast_global_variables` takes TensorFlow 1's call in TensorFlow 2's meaning (every variable of
+the process: `functions.py`).
+
 The rest of Horovod's API fails when called, naming the feature (`NotSupportedByCaramel`): process
-sets, Adasum and Product, alltoall, reducescatter, join, the timeline, elastic training,
-SyncBatchNormalization, PartialDistributedGradientTape, TF1's global variables and sessions, and
-local gradient accumulation (`backward_passes_per_step` above 1).
+sets, Adasum and Product, alltoall, reducescatter, join, the timeline, elastic training, TF1's
+sessions, and local gradient accumulation (`backward_passes_per_step` above 1).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import caramel.tensorflow as ctf
 import horovod
 from caramel.tensorflow import runtime as _caramel_runtime
 from caramel.tensorflow.backends import ReduceOp, horovod_installed
+from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from horovod import _caramel_keras2_idioms
 
 if horovod._real_horovod_dir is not None and os.path.isdir(os.path.join(horovod._real_horovod_dir, "tensorflow")):
@@ -53,8 +58,16 @@ from horovod.tensorflow._caramel_collectives import (  # noqa: E402
     not_converted,
     reduce_op,
 )
+from horovod.tensorflow._caramel_variable_refs import refs_to_vars, vars_to_refs  # noqa: E402
 from horovod.tensorflow.compression import Compression  # noqa: E402
-from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables  # noqa: E402
+from horovod.tensorflow.functions import (  # noqa: E402
+    allgather_object,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_object_fn,
+    broadcast_variables,
+)
+from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: E402
 
 Average, Sum = ctf.Average, ctf.Sum
 Min, Max = ReduceOp.MIN, ReduceOp.MAX
@@ -208,11 +221,13 @@ def grouped_allreduce(
     op: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-    name: str | None = None,
     process_set: Any = global_process_set,
+    ignore_name_scope: bool = False,
+    name: str | None = None,
 ) -> list[tf.Tensor]:
-    """Every tensor reduced over all ranks, in one collective per dtype."""
-    del device_dense, device_sparse
+    """Every tensor reduced over all ranks, in one collective per dtype (Horovod's arguments, in
+    Horovod's order, which differs from allreduce's)."""
+    del device_dense, device_sparse, ignore_name_scope
     reduction = reduce_op(average, op, "hvd.grouped_allreduce")
     check_process_set(process_set, "hvd.grouped_allreduce")
     if any(isinstance(tensor, tf.IndexedSlices) for tensor in tensors):
@@ -271,20 +286,13 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None
 
 
 class _DistributedGradientTape(ctf.DistributedGradientTape):
-    """Caramel's tape, which also notes the variables it trains and works as a context manager
-    (`with hvd.DistributedGradientTape(tf.GradientTape()) as tape:`)."""
+    """Caramel's tape, which also notes the variables it averages, for the weights check at exit."""
 
     @not_converted
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
-        _caramel_final_check.note_trained(sources)
-        return super().gradient(target, sources, output_gradients, **kwargs)
-
-    def __enter__(self) -> _DistributedGradientTape:
-        self._tape.__enter__()
-        return self
-
-    def __exit__(self, *exception: Any) -> Any:
-        return self._tape.__exit__(*exception)
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False, **kwargs: Any) -> Any:
+        local = self._options.local_sources
+        _caramel_final_check.note_trained([source for source in tf.nest.flatten(sources) if id(source) not in local])
+        return super().gradient(target, sources, output_gradients, use_generic_names, **kwargs)
 
 
 def DistributedGradientTape(  # noqa: N802 (Horovod's name)
@@ -306,6 +314,41 @@ def DistributedGradientTape(  # noqa: N802 (Horovod's name)
         op=op, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups, process_set=process_set,
         scale_local_gradients=scale_local_gradients,
     )  # fmt: skip
+
+
+def PartialDistributedGradientTape(  # noqa: N802 (Horovod's name)
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: Any = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> _DistributedGradientTape:
+    """The tape of DistributedGradientTape, whose gradients of the local layers' trainable
+    weights each rank keeps to itself (their sources registered local)."""
+    tape = DistributedGradientTape(
+        gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+        process_set, scale_local_gradients,
+    )  # fmt: skip
+    for variable in local_layer_variables(local_layers):
+        tape.register_local_source(variable)
+    return tape
+
+
+def local_layer_variables(local_layers: Any) -> list[Any]:
+    """The trainable weights of Horovod's `local_layers` (a Keras layer, a list of them, or None)."""
+    if local_layers is None:
+        return []
+    layers = [local_layers] if isinstance(local_layers, tf.keras.layers.Layer) else list(local_layers)
+    if not all(isinstance(layer, tf.keras.layers.Layer) for layer in layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")  # Horovod's own error
+    return [variable for layer in layers for variable in layer.trainable_weights]
 
 
 def DistributedOptimizer(  # noqa: N802 (Horovod's name)
@@ -335,25 +378,34 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     )  # fmt: skip
 
 
-def distributed_optimizer(optimizer: Any, **horovod_options: Any) -> Any:
+def distributed_optimizer(optimizer: Any, local_variables: Sequence[Any] = (), **horovod_options: Any) -> Any:
     """Caramel's DistributedOptimizer around a copy of `optimizer` that notes the variables it
-    updates (for the weights check at exit); horovod.tensorflow.keras's DistributedOptimizer too."""
-    if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
-        refuse(
-            f"hvd.DistributedOptimizer({type(optimizer).__name__})",
-            "it wraps Keras optimizers (tf.keras.optimizers.*); TensorFlow 1 optimizers are gone",
-        )
-    base = type(optimizer)
-    if getattr(base, "_caramel_distributed", False):
+    updates (for the weights check at exit); horovod.tensorflow.keras's DistributedOptimizer too.
+    `local_variables`: those each rank keeps to itself (PartialDistributedOptimizer's)."""
+    check_optimizer(optimizer, "hvd.DistributedOptimizer")
+    if getattr(type(optimizer), "_caramel_distributed", False):
         return optimizer
+    noting = _noting_class(type(optimizer))
+    return ctf.DistributedOptimizer(noting.from_config(optimizer.get_config()), local_variables, **horovod_options)
 
-    @not_converted
-    def apply(self: Any, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
-        _caramel_final_check.note_trained(trainable_variables if trainable_variables is not None else getattr(self, "_trainable_variables", []))
-        return base.apply(self, grads, trainable_variables)
 
-    noting = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__})
-    return ctf.DistributedOptimizer(noting.from_config(optimizer.get_config()), **horovod_options)
+def distribute(optimizer: Any, **horovod_options: Any) -> None:
+    """Make `optimizer` itself Horovod's DistributedOptimizer as Caramel serves it, keeping its
+    state (a loaded model's: `hvd.load_model`)."""
+    check_optimizer(optimizer, "hvd.DistributedOptimizer")
+    if not getattr(type(optimizer), "_caramel_distributed", False):
+        optimizer.__class__ = _noting_class(type(optimizer))  # the update method alone differs: no state to add
+        ctf.distribute(optimizer, **horovod_options)
+
+
+def _noting_class(base: type) -> type:
+    """`base`, noting the variables its updates train."""
+
+    def noted(self: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:
+        _caramel_final_check.note_trained(variables)
+        return gradients
+
+    return updating_through(base, noted)
 
 
 # -- what Caramel does not serve -----------------------------------------------------------------
@@ -368,13 +420,6 @@ grouped_reducescatter = unsupported("hvd.grouped_reducescatter", "use hvd.groupe
 join = unsupported("hvd.join", "every rank must run the same number of steps")
 start_timeline = unsupported("hvd.start_timeline", "Caramel records each step's transfers in its own metrics")
 stop_timeline = unsupported("hvd.stop_timeline", "Caramel records each step's transfers in its own metrics")
-broadcast_global_variables = unsupported(
-    "hvd.broadcast_global_variables", "TensorFlow 1's global variables are gone; use hvd.broadcast_variables(model.variables, root_rank)"
-)
-SyncBatchNormalization = unsupported("hvd.SyncBatchNormalization", "use keras.layers.BatchNormalization (per-rank statistics)")
-PartialDistributedGradientTape = unsupported(
-    "hvd.PartialDistributedGradientTape", "use hvd.DistributedGradientTape, which averages every gradient over the ranks"
-)
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min", "NotSupportedByCaramel",
@@ -384,5 +429,6 @@ __all__ = [
     "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
     "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size", "local_size_op", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "process_set_included_op", "rank", "rank_op", "reducescatter",
-    "remove_process_set", "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline", "sycl_built",
+    "refs_to_vars", "remove_process_set", "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline", "sycl_built",
+    "vars_to_refs",
 ]  # fmt: skip

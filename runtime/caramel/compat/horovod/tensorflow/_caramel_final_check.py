@@ -46,13 +46,6 @@ class _State:
 _state = _State()
 
 
-@dataclass
-class _Weights:
-    """What `weights_digest` reads of a model."""
-
-    trainable_variables: list[Any]
-
-
 def note_trained(variables: Any) -> None:
     """Variables that training through Caramel updates (trace time or eager)."""
     for variable in tf.nest.flatten(variables):
@@ -98,7 +91,7 @@ def check() -> None:
 
 
 def _check(runtime: Runtime, variables: list[Any]) -> None:
-    digest = weights_digest(_Weights(variables))
+    digest = weights_digest(variables, leaving_out=runtime.local_variables)
     if variables:
         print(f"caramel: weights digest {digest}", file=sys.stderr, flush=True)
     prefix = np.frombuffer(bytes.fromhex(digest[:16]), dtype=np.int64)

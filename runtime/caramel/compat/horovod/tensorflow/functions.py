@@ -1,5 +1,10 @@
 """Horovod's `horovod.tensorflow.functions`: variables and Python objects broadcast or gathered.
 
+`broadcast_global_variables(root_rank)` is TensorFlow 1's call in TensorFlow 2's meaning: TensorFlow
+2 keeps no collection of global variables, so it takes every variable the process holds, in the
+order they were made (the same on every rank of one script), Caramel's own left out (they are each
+rank's own: clocks, keys), and gives each rank root_rank's values.
+
 Objects travel pickled (with cloudpickle where it is installed, as Horovod does, so that lambdas
 and local classes travel too) as uint8 tensors: a broadcast sends the root's length first, and a
 gather is the ragged allgather of every rank's bytes. Both run eagerly, as Horovod's do in TF2.
@@ -7,7 +12,9 @@ gather is the ragged allgather of every rank's bytes. Both run eagerly, as Horov
 
 from __future__ import annotations
 
+import gc
 import pickle
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,6 +49,32 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: A
     variables = list(variables)
     final_check.note_trained([variable for variable in variables if getattr(variable, "trainable", False)])
     ctf.broadcast_variables(variables, root_rank)
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Every variable of the process (Caramel's own left out) takes rank root_rank's value, eagerly."""
+    if not tf.executing_eagerly():
+        refuse("hvd.broadcast_global_variables inside a tf.function", "call it eagerly, once the variables exist")
+    check_root(root_rank, "hvd.broadcast_global_variables")
+    variables = global_variables()
+    collectives = backend()
+    counts = collectives.all_gather(tf.constant(len(variables), tf.int64), name="hvd_broadcast_global_variables_count").numpy().tolist()
+    if len(set(counts)) != 1:
+        raise ValueError(f"hvd.broadcast_global_variables: the ranks hold different numbers of variables ({counts}, by rank): "
+                         "broadcast the variables of the model and the optimizer with hvd.broadcast_variables instead")
+    broadcast_variables(variables, root_rank)
+
+
+def global_variables() -> list[tf.Variable]:
+    """Every tf.Variable alive in the process, in the order they were made (each one's unique id
+    ends in a number TensorFlow counts up), Caramel's own (named caramel_*) left out."""
+    gc.collect()  # variables of garbage not yet collected would differ from rank to rank
+    found = [obj for obj in gc.get_objects() if isinstance(obj, tf.Variable) and not _is_caramels(obj)]
+    return sorted(found, key=lambda variable: int(re.search(r"(\d+)$", variable._unique_id).group(1)))
+
+
+def _is_caramels(variable: tf.Variable) -> bool:
+    return variable.name.rsplit("/", 1)[-1].startswith("caramel_")
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None, process_set: Any = global_process_set) -> Any:

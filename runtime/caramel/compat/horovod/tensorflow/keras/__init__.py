@@ -9,7 +9,8 @@
 TrainingCallback`): it broadcasts the root's variables when training begins, runs Keras' training
 step in Caramel's graphs with Caramel's scheduling, records metrics and progress, and checks at the
 end that all ranks hold the same weights. The functions here return NumPy values, as Horovod's
-Keras functions do. Importing this module accepts the Keras 2 idioms of Horovod-era scripts
+Keras functions do; `load_model` loads a saved model and makes its optimizer Horovod's
+DistributedOptimizer, keeping its state; `broadcast_global_variables` is horovod.tensorflow's. Importing this module accepts the Keras 2 idioms of Horovod-era scripts
 (`horovod._caramel_keras2_idioms`).
 """
 
@@ -21,13 +22,14 @@ import tensorflow as tf
 
 import horovod.tensorflow as _hvd
 from horovod import _caramel_keras2_idioms
-from horovod._caramel_support import unsupported
+from horovod._caramel_support import refuse, unsupported
 from horovod.tensorflow import (
     Average,
     Compression,
     ProcessSet,
     Sum,
     add_process_set,
+    broadcast_global_variables,
     ccl_built,
     cross_rank,
     cross_size,
@@ -109,14 +111,22 @@ def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
     return _hvd.broadcast(tf.convert_to_tensor(value), root_rank, name=name).numpy()
 
 
-broadcast_global_variables = unsupported(
-    "hvd.broadcast_global_variables",
-    "TensorFlow 1's global variables are gone; use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) in fit",
-)
+def load_model(
+    filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None, compression: Any = Compression.none, legacy_opts: bool = False
+) -> Any:
+    """A saved Keras model, its optimizer Horovod's DistributedOptimizer with the state it was saved
+    with (the optimizer itself becomes one: `horovod.tensorflow.distribute`). `custom_optimizers`
+    are optimizer classes the file may name, besides Keras' own."""
+    if legacy_opts:
+        refuse("hvd.load_model(legacy_opts=True)", "Keras 2's legacy optimizers are not served; save with tf.keras.optimizers.*")
+    objects = {optimizer.__name__: optimizer for optimizer in custom_optimizers or ()}
+    model = tf.keras.models.load_model(filepath, custom_objects={**objects, **(custom_objects or {})})
+    if getattr(model, "optimizer", None) is not None:
+        _hvd.distribute(model.optimizer, compression=compression)
+    return model
+
+
 reducescatter = unsupported("hvd.reducescatter", "use hvd.allreduce")
-load_model = unsupported(
-    "hvd.load_model", "load with keras.models.load_model, then compile with hvd.DistributedOptimizer(model.optimizer)"
-)
 
 __all__ = [
     "Average", "Compression", "DistributedOptimizer", "ProcessSet", "Sum", "add_process_set", "allgather", "allreduce",

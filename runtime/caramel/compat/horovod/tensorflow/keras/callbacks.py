@@ -11,9 +11,12 @@
   Horovod's do: `initial_lr * multiplier(epoch)` at the start of each epoch (staircase) or of each
   batch (epoch + batch / steps_per_epoch) between start_epoch and end_epoch, the warm-up going from
   initial_lr / size to initial_lr over warmup_epochs, with the momentum correction of Goyal et
-  al. (Horovod scales the momentum coefficient by new_lr / old_lr for the batch; a Keras 3
+  al. (Horovod scales the momentum coefficient by new_lr / old_lr for the batch; a Keras
   optimizer's coefficient is a constant of its compiled step, so the momentum slots are scaled
   instead, which is the same update for SGD and RMSprop).
+
+They are callbacks of the Keras `tf.keras` is (Keras 3, or Keras 2 where the job sets
+TF_USE_LEGACY_KERAS=1), as are the models they serve.
 """
 
 from __future__ import annotations
@@ -23,13 +26,12 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
 from caramel.tensorflow.backends import ReduceOp
 from caramel.tensorflow.keras import TrainingCallback
-from horovod._caramel_support import refuse, unsupported
+from horovod._caramel_support import refuse
 from horovod.tensorflow import _caramel_final_check
 from horovod.tensorflow._caramel_collectives import backend, check_root
 
@@ -65,7 +67,7 @@ class BroadcastGlobalVariablesCallback(TrainingCallback):
         _caramel_final_check.checked_by_fit()
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(tf.keras.callbacks.Callback):
     """The epoch's logs averaged over the ranks at the end of every epoch, in place, so that the
     callbacks after this one see the averages."""
 
@@ -83,7 +85,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[name] = float(value)
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     """The learning rate `initial_lr * multiplier(epoch)` from start_epoch to end_epoch (exclusive):
     set at each epoch's start (staircase) or each batch's (the epoch then counts the batches done:
     epoch + batch / steps_per_epoch). A constant multiplier m means m ** epoch."""
@@ -134,7 +136,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             logs["lr"] = self._learning_rate()
 
     def _learning_rate(self) -> float:
-        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        return float(self.model.optimizer.learning_rate)
 
     def _adjust(self, epoch: float) -> None:
         optimizer = self.model.optimizer
@@ -153,11 +155,11 @@ def _momentum_slots(optimizer: Any, feature: str) -> list[Any]:
         if momentum:
             refuse(f"{feature}(momentum_correction=True) with a momentum that is not a number", "pass momentum_correction=False")
         return []
-    if isinstance(optimizer, keras.optimizers.SGD):
+    if isinstance(optimizer, tf.keras.optimizers.SGD):
         if optimizer.nesterov:
             refuse(f"{feature}(momentum_correction=True) with SGD(nesterov=True)", "pass momentum_correction=False")
         return list(getattr(optimizer, "momentums", []))
-    if isinstance(optimizer, keras.optimizers.RMSprop):
+    if isinstance(optimizer, tf.keras.optimizers.RMSprop):
         return list(getattr(optimizer, "_momentums", []))
     refuse(f"{feature}(momentum_correction=True) with {type(optimizer).__name__}", "pass momentum_correction=False")
 
@@ -190,9 +192,37 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             print(f"\nEpoch {epoch + 1}: the learning rate warm-up ended at {self._learning_rate():g}.", flush=True)
 
 
-BestModelCheckpoint = unsupported(
-    "hvd.callbacks.BestModelCheckpoint", "use keras.callbacks.ModelCheckpoint(filepath, save_best_only=True) on rank 0"
-)
+class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
+    """Keras' ModelCheckpoint keeping only the best model (save_best_only), written by rank 0 alone
+    (every rank holds the same weights). Horovod's takes no path: its Spark estimator sets
+    `filepath` before training; give it here, or set `callback.filepath` before `fit`."""
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        verbose: int = 0,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: str | int = "epoch",
+        filepath: str | None = None,
+    ) -> None:
+        # Keras 3 checks the path's extension when made: a stand-in until the real one is known.
+        super().__init__(filepath or ("best.weights.h5" if save_weights_only else "best.keras"), monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)  # fmt: skip
+        self.filepath = filepath
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if not self.filepath:
+            raise ValueError("hvd.callbacks.BestModelCheckpoint needs a filepath: BestModelCheckpoint(filepath=...), or set callback.filepath")
+        super().on_train_begin(logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if hvd.rank() == 0:
+            super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if hvd.rank() == 0:
+            super().on_epoch_end(epoch, logs)
 
 
 def _run_caramel_callbacks_first() -> None:
@@ -200,13 +230,13 @@ def _run_caramel_callbacks_first() -> None:
     yet from its data's shape before any callback runs (Keras 3 builds it only in the first step,
     after callbacks start: a Sequential model of Horovod's examples has no input shape), once
     installed, for every fit with a Caramel callback."""
-    original = keras.Model.fit
+    original = tf.keras.Model.fit
     if getattr(original, _CARAMEL_FIRST, False):
         return
     signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def fit(self: keras.Model, *args: Any, **kwargs: Any) -> Any:
+    def fit(self: tf.keras.Model, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(self, *args, **kwargs)
         given = bound.arguments.get("callbacks")
         if isinstance(given, list | tuple):
@@ -217,10 +247,10 @@ def _run_caramel_callbacks_first() -> None:
         return original(*bound.args, **bound.kwargs)
 
     setattr(fit, _CARAMEL_FIRST, True)
-    keras.Model.fit = fit
+    tf.keras.Model.fit = fit
 
 
-def _build_from_data(model: keras.Model, x: Any) -> None:
+def _build_from_data(model: tf.keras.Model, x: Any) -> None:
     """Build `model` for the features of `x` (a tf.data.Dataset of (features, labels...) or of
     features, or an array), where they are one tensor; otherwise leave it to fit."""
     spec = getattr(x, "element_spec", None)

@@ -1,0 +1,149 @@
+"""Caramel's rendezvous (caramel.launch.rendezvous): workers join a round that closes once the whole
+gang is there, a refused worker is told why, a wait ends by timeout or stop; and each closed round
+serves the key-value store Horovod's Gloo meets at, as Horovod's own server does. The end-to-end
+test runs Horovod's collectives over it with several ranks per worker (its local and cross scopes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from caramel.launch.gloo_store import scope_sizes
+from caramel.launch.rendezvous import Host, Refused, RendezvousServer, Round, Rounds, join_round, parse_hosts
+from conftest import free_port, job_manifest, needs_horovod, run_caramel, write_manifest
+
+GANG = (Host("job-worker-0", 2), Host("job-worker-1", 2))
+
+
+def test_a_round_closes_once_every_worker_of_the_gang_has_joined():
+    rounds = Rounds(GANG)
+    assert rounds.join(GANG[1]) == 0
+    assert rounds.status(0) == [GANG[0]]
+    assert rounds.store is None
+    assert rounds.join(GANG[0]) == 0
+    assert rounds.status(0) == Round(0, GANG)
+    assert rounds.store is not None
+    assert rounds.join(GANG[1]) == 0  # a retried join is told the round it is in
+
+
+def test_only_the_gangs_workers_join_with_their_slots():
+    rounds = Rounds(GANG)
+    with pytest.raises(Refused, match=r"job-worker-2 is not a worker of this gang \(job-worker-0, job-worker-1\)"):
+        rounds.join(Host("job-worker-2", 2))
+    with pytest.raises(Refused, match="job-worker-1 runs 1 training processes; the gang gives it 2"):
+        rounds.join(Host("job-worker-1", 1))
+    with pytest.raises(Refused, match="there is no round 1 yet"):
+        rounds.status(1)
+
+
+def test_the_hosts_of_the_contract_are_parsed_or_refused_by_name():
+    assert parse_hosts("a-worker-0:1,a-worker-1:3") == (Host("a-worker-0", 1), Host("a-worker-1", 3))
+    for bad in ("a-worker-0", "a-worker-0:0", ":2", "a:1,,b:1"):
+        with pytest.raises(RuntimeError, match="CARAMEL_HOSTS is"):
+            parse_hosts(bad)
+
+
+def test_horovods_scopes_are_sized_from_the_hosts():
+    assert scope_sizes([("w0", 2), ("w1", 1)]) == {"global": 3, "local_w0": 2, "local_w1": 1, "cross_0": 2, "cross_1": 1}
+
+
+@pytest.fixture
+def server():
+    port = free_port()
+    serving = RendezvousServer(port, GANG)
+    serving.start()
+    yield port
+    serving.stop()
+
+
+def join_in_thread(port: int, host: Host, results: dict, stop: threading.Event, messages: list) -> threading.Thread:
+    thread = threading.Thread(target=lambda: results.__setitem__(host.name, join_round("127.0.0.1", port, host, 30, stop, messages.append)))
+    thread.start()
+    return thread
+
+
+def test_workers_meet_over_http_and_read_the_same_round(server):
+    results, messages, stop = {}, [], threading.Event()
+    first = join_in_thread(server, GANG[0], results, stop, messages)
+    first.join(timeout=1)
+    assert first.is_alive()  # waits for the other worker
+    assert messages == [f"waiting for job-worker-1 to join round 0 at the rendezvous at 127.0.0.1:{server} (0 s)"]
+    second = join_in_thread(server, GANG[1], results, stop, messages)
+    for thread in (first, second):
+        thread.join(timeout=10)
+    assert results == {"job-worker-0": Round(0, GANG), "job-worker-1": Round(0, GANG)}
+
+
+def test_a_refused_worker_is_told_why(server):
+    with pytest.raises(RuntimeError, match="refused PUT /caramel/join/stranger: stranger is not a worker of this gang"):
+        join_round("127.0.0.1", server, Host("stranger", 2), 5, threading.Event())
+
+
+def test_a_wait_ends_at_its_timeout_or_when_stopped():
+    port = free_port()  # nobody serves it
+    with pytest.raises(TimeoutError, match=rf"timed out after 1 s waiting for the rendezvous at 127.0.0.1:{port}: "):
+        join_round("127.0.0.1", port, GANG[1], 1, threading.Event())
+    stop = threading.Event()
+    stop.set()
+    assert join_round("127.0.0.1", port, GANG[1], 30, stop) is None
+
+
+def request(port: int, method: str, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method), timeout=5) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_each_closed_round_serves_the_store_horovods_gloo_meets_at(server):
+    """Horovod's HTTPStore: PUT /<scope>/<rank>, GET it (404 until there), DELETE once connected;
+    the last of a scope's members to delete clears the scope, as Horovod's own server does."""
+    assert request(server, "GET", "/global/0")[0] == 409  # no round closed: Horovod asks again
+    rounds_closed = {}
+    stop = threading.Event()
+    threads = [join_in_thread(server, host, rounds_closed, stop, []) for host in GANG]
+    for thread in threads:
+        thread.join(timeout=10)
+    assert request(server, "GET", "/global/1") == (404, b"")
+    assert request(server, "PUT", "/global/1", b"\x00address of rank 1") == (200, b"")
+    assert request(server, "GET", "/global/1") == (200, b"\x00address of rank 1")
+    for rank in range(3):
+        assert request(server, "DELETE", f"/global/{rank}")[0] == 200
+    assert request(server, "GET", "/global/1") == (200, b"\x00address of rank 1")  # rank 3 has not finished
+    request(server, "DELETE", "/global/3")
+    assert request(server, "GET", "/global/1")[0] == 404
+    # A scope the round does not size: DELETE removes that key alone.
+    request(server, "PUT", "/adhoc/a", b"1")
+    request(server, "PUT", "/adhoc/b", b"2")
+    request(server, "DELETE", "/adhoc/a")
+    assert [request(server, "GET", f"/adhoc/{key}")[0] for key in "ab"] == [404, 200]
+    assert request(server, "GET", "/not/a/scope")[0] == 400
+    assert json.loads(request(server, "GET", "/caramel/round/0")[1]) == Round(0, GANG).to_json()
+
+
+HOROVOD_ON_SLOTS = """
+import tensorflow as tf
+import horovod.tensorflow as hvd
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank())]), op=hvd.Sum).numpy().tolist()
+print(f"ranks {hvd.rank()}/{hvd.size()} local {hvd.local_rank()}/{hvd.local_size()} cross {hvd.cross_rank()}/{hvd.cross_size()} sum {total}", flush=True)
+"""
+
+
+@pytest.mark.e2e
+@needs_horovod
+def test_horovods_collectives_meet_at_caramels_rendezvous_with_several_slots_per_worker(tmp_path):
+    manifest = job_manifest(
+        script=None, command=[sys.executable, "-c", HOROVOD_ON_SLOTS], args=[], workers={"replicas": 2, "slotsPerWorker": 2},
+        caramel={"backend": "horovod"}, runPolicy={"backoffLimit": 0},
+    )  # fmt: skip
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in range(4):
+        assert f"rank {rank} | ranks {rank}/4 local {rank % 2}/2 cross {rank // 2}/2 sum [6.0]" in result.stderr, result.stderr[-4000:]
