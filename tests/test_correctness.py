@@ -57,13 +57,20 @@ def trained_weights(tmp_path, api: str, caramel: dict, steps_per_execution: int 
 
 
 def train(
-    tmp_path, api: str, caramel: dict, steps_per_execution: int, lab: dict | None = None, steps: int = STEPS
+    tmp_path,
+    api: str,
+    caramel: dict,
+    steps_per_execution: int,
+    lab: dict | None = None,
+    env: dict | None = None,
+    steps: int = STEPS,
 ) -> tuple[list[np.ndarray], str]:
     """Rank 0's weights after training `steps` steps through `api` with these spec.caramel
-    settings and lab settings, and the job's standard error. The steps wait for the first plan's
-    search (a lab setting: these steps take milliseconds, the search's process about a second to
-    start), so that Caramel's graph of several steps runs from the second execution on."""
-    env = lab_variables(first_plan_waits=True, **(lab or {}))
+    settings, lab settings and extra environment variables, and the job's standard error. The
+    steps wait for the first plan's search (a lab setting: these steps take milliseconds, the
+    search's process about a second to start), so that Caramel's graph of several steps runs
+    from the second execution on."""
+    env = {**lab_variables(first_plan_waits=True, **(lab or {})), **(env or {})}
     output = tmp_path / "weights.npz"
     command = [
         sys.executable, "-m", "testbed.sgd_worker", "--api", api, "--steps", str(steps), "--batch-size", str(BATCH),

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from testbed.operator_harness import CRDS, Emulator, Operator, eventually, terminated
 
 SPEC = {"script": "examples/train_small.py", "workers": {"replicas": 2}}

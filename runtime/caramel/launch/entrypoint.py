@@ -35,7 +35,7 @@ from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, fail
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.gang import CannotStart, run_gang
 from caramel.launch.processes import describe_exit, exit_code, signal_group, spawn
-from caramel.launch.rendezvous import Host, RendezvousServer, join_round, parse_hosts
+from caramel.launch.rendezvous import RendezvousServer, join_round, parse_hosts
 from caramel.network.wire import job_topology
 
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run

@@ -2,8 +2,6 @@
 `horovod.tensorflow.keras.callbacks`, served by Caramel, and BestModelCheckpoint with standalone
 Keras' parameters (no save_weights_only)."""
 
-from typing import Any
-
 from horovod.tensorflow.keras import callbacks as _tensorflow_keras
 from horovod.tensorflow.keras.callbacks import *  # noqa: F403
 from horovod.tensorflow.keras.callbacks import __all__  # noqa: F401
