@@ -11,8 +11,8 @@ sizes, averaged over the shaped links by the strategy's real collectives.
                              is Caramel's horovod package (on the backend spec.caramel.backend names)
     --strategy mwms          TensorFlow's MultiWorkerMirroredStrategy over gRPC (benchmarks/mwms.py)
     --strategy caramel       the same script with Caramel's drop-ins, on the backend the job's
-                             spec.caramel.backend names (auto: tensorflow, as this script does not
-                             import Horovod's API)
+                             spec.caramel.backend names (auto: horovod wherever Horovod is
+                             installed, tensorflow elsewhere)
     --strategy compute-only  the same training with a plain optimizer or tape: no communication
     --strategy comm-only     every gradient-sized tensor allreduced at once, plain Horovod's defaults
     --strategy comm-only-tf  every gradient-sized tensor averaged at once by MultiWorkerMirroredStrategy

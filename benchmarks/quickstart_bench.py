@@ -8,9 +8,10 @@ another, so that drift of the machine hits all of them alike:
                  a tf.function called once per step, as Horovod's TF2 examples train
                  (benchmarks/quickstart_horovod.py as the job's command; Caramel's horovod
                  package, first on the training processes' path, bypassed)
-    caramel@tf   the quickstart as it is (Caramel's tape, `TrainingRun.fit`, several steps per
-                 graph), with spec.caramel.backend tensorflow: what `auto` picks for it
-    caramel@hvd  the same with spec.caramel.backend horovod: Horovod's collectives
+    caramel@hvd  the quickstart as it is (Caramel's tape, `TrainingRun.fit`, several steps per
+                 graph), with spec.caramel.backend horovod: Horovod's collectives, what `auto`
+                 picks wherever Horovod is installed
+    caramel@tf   the same with spec.caramel.backend tensorflow: TensorFlow's own collectives
 (--variants picks some). The examples' own `--horovod-baseline` is gone (the examples train with
 Caramel only). A run's figures are the median step time its final report gives (the first step,
 which traces the graph, left out) and the whole run's wall time, from `caramel run`'s start to
