@@ -65,7 +65,7 @@ def for_a_long_training() -> None:
     """The runtime's decisions as for a long training, whose steps left repay a graph of several
     steps: the measured steps of a benchmark run stand for such a training's steady state, not
     for a job as short as the run itself."""
-    runtime.current().communicator.replanner.worth_several_steps = lambda found, steps_left: True
+    runtime.current().communicator.control.assume_long_training()
 
 
 def train_in_executions(

@@ -144,7 +144,7 @@ def caramel_details() -> dict:
     where the steps ran the backend's own way alone: a tf.function per step)."""
     caramel = runtime.current()
     communicator = caramel.communicator
-    replanner = communicator.replanner
+    replanner = communicator.control.replanner
     plan = replanner.plan
     recent = replanner.recent_steps
     planned = {
@@ -164,14 +164,14 @@ def caramel_details() -> dict:
         "bytes_per_second": replanner.link.bytes_per_second,
         "plan_changes": replanner.plan_changes,
         "planned": communicator.runs_plan if plan else None,  # None: no plan was made (a per-step path)
-        "graph": communicator.graphs.running,
+        "graph": communicator.control.graphs.running,
         # What the last round between Caramel's graph and the backend's own graph of one step measured, per
         # step (graph_choice.py's CARAMEL and OWN_GRAPH).
-        "graph_step_seconds": communicator.graphs.means,
-        "arm_decisions": int(communicator.selector.decisions.numpy()),
+        "graph_step_seconds": communicator.control.graphs.means,
+        "arm_decisions": int(communicator.control.selector.decisions.numpy()),
         # What the last round of the selector measured, per step: each arm's mean.
-        "own_way_step_seconds": float(communicator.selector.means.numpy()[0]) or None,
-        "planned_step_seconds": float(communicator.selector.means.numpy()[1]) or None,
+        "own_way_step_seconds": float(communicator.control.selector.means.numpy()[0]) or None,
+        "planned_step_seconds": float(communicator.control.selector.means.numpy()[1]) or None,
     }
 
 

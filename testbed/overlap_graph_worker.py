@@ -114,7 +114,7 @@ def main() -> None:
         tape_of, broadcast = ctf.DistributedGradientTape, ctf.broadcast_variables
     runtime = current()
     # A run this short would keep one step per graph; the graphs of several steps are the ones to see.
-    runtime.communicator.replanner.worth_several_steps = lambda found, steps_left: True
+    runtime.communicator.control.assume_long_training()
     context.context().enable_graph_collection()  # graphs are collected as functions are instantiated
     model = tf.keras.Sequential([ReleasingLayer(name=f"layer_{index}") for index in range(LAYERS)])
     model.build((None, WIDTH))
@@ -134,7 +134,7 @@ def main() -> None:
         # and then two executions of Caramel's graph of several steps.
         steps = ctf.function(step, steps_per_execution=4)
         iterator = iter(data)
-        while not runtime.communicator.replanner.measured:
+        while not runtime.communicator.control.replanner.measured:
             steps(iterator)
         for _ in range(2):
             steps(iterator)

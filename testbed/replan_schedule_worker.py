@@ -33,14 +33,6 @@ def decision_steps(steps_per_execution: int, search_ends_first: bool = True, fir
     lab = LabScheduling(first_plan_waits=first_plan_waits)
     replanner = Replanner(Scheduling(), LinkModel(alpha=1e-4, beta=1e-9), TensorFlowBackend(0, 1, 0, 1, timeout_seconds=10.0), lab)
     replanner.plan_for(GRADIENT_SIZES)
-    decided = []
-    adopt = replanner._adopt
-
-    def recording_adopt(*args, **kwargs) -> bool:
-        decided.append(completed)
-        return adopt(*args, **kwargs)
-
-    replanner._adopt = recording_adopt
     step = StepTimes(
         transfers=tuple(TransferTiming(nbytes, 0.002) for nbytes, _ in GRADIENT_SIZES),
         backward_seconds=(0.01,) * len(GRADIENT_SIZES),
@@ -49,16 +41,15 @@ def decision_steps(steps_per_execution: int, search_ends_first: bool = True, fir
         exposed_seconds=0.0,
     )
     completed, deadline = 0, time.monotonic() + GIVE_UP_SECONDS
-    while len(decided) < 2 and time.monotonic() < deadline:
+    while len(replanner.decided_at) < 2 and time.monotonic() < deadline:
         completed += steps_per_execution
         replanner.observe([step] * steps_per_execution)
-        pending = replanner._pending  # noqa: SLF001 (the test drives the replanner's own search)
-        while search_ends_first and pending is not None and pending.search is not None and not pending.search.done():
+        while search_ends_first and replanner.searching:
             time.sleep(0.01)
         if not search_ends_first:
             time.sleep(0.01)  # a short step, beside the search
-        replanner.at_boundary(completed, steps_left=10_000)
-    return decided
+        replanner.at_boundary(completed, steps_per_execution, steps_left=10_000)
+    return replanner.decided_at
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def train_past_the_first_plan(
     steps = ctf.function(step, steps_per_execution=steps_per_execution, total_steps=total_steps)
     data = iter(tf.data.Dataset.range(steps_per_execution * MAX_EXECUTIONS).map(lambda i: batch(i, ctf.rank(), 16)))
     executions = 0
-    while not runtime.communicator.replanner.measured:
+    while not runtime.communicator.control.replanner.measured:
         if executions == MAX_EXECUTIONS:
             raise RuntimeError(f"no first plan after {MAX_EXECUTIONS} executions")
         steps(data)

@@ -57,6 +57,8 @@ def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one
     assert replanner.worth_several_steps(plan, steps_left=None)  # not said: as many steps per graph as asked
     slower = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.55)
     assert not replanner.worth_several_steps(slower, steps_left=10**6)
+    replanner.assume_long_training = True  # as the benchmarks' few steps stand for a long training
+    assert replanner.worth_several_steps(plan, steps_left=200)
 
 
 def test_the_steps_time_a_search_took_beside_them_counts_as_the_re_plans_cost(one_rank):

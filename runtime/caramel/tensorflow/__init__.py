@@ -187,7 +187,7 @@ class DistributedGradientTape(tf.GradientTape):
     own (Horovod's local sources)."""
 
     def __new__(cls, tape: tf.GradientTape, **horovod_options: Any) -> DistributedGradientTape:
-        return super().__new__(_of_tape_class(cls, type(tape)))
+        return super().__new__(_of_tape_class(cls, type(tape)))  # type: ignore[arg-type]  # classes hash; the untyped tf base hides it
 
     def __init__(self, tape: tf.GradientTape, **horovod_options: Any) -> None:
         super().__init__(persistent=tape._persistent, watch_accessed_variables=tape._watch_accessed_variables)
@@ -251,7 +251,7 @@ def distribute(optimizer: tf.keras.optimizers.Optimizer, **horovod_options: Any)
         optimizer.__class__ = _distributed_class(optimizer, (), horovod_options)
 
 
-def _distributed_class(optimizer: Any, local_variables: Sequence[Any], horovod_options: dict[str, Any]) -> type:
+def _distributed_class(optimizer: Any, local_variables: Sequence[Any], horovod_options: dict[str, Any]) -> type[Any]:
     options = _HorovodOptions("DistributedOptimizer", **horovod_options)
     for variable in local_variables:
         options.add_local(variable)

@@ -85,7 +85,7 @@ def run_split_transfers(
     for transfer in transfers:
         inputs = [flat[p.tensor][p.start : p.stop] for p in transfer.pieces]
         with tf.control_dependencies(chain.dependencies()):
-            outputs = backend.reduce_scatter(inputs)  # type: ignore[attr-defined]  (Horovod's only: see GradientCommunicator)
+            outputs = backend.reduce_scatter(inputs)  # type: ignore[attr-defined]  # Horovod's only: see GradientCommunicator
         chain.issued(inputs, outputs)
         shards.append(outputs)
     pieces_of: list[list[tuple[int, tf.Tensor]]] = [[] for _ in gradients]

@@ -46,14 +46,13 @@ from caramel.contract.lab import LAB_SCHEDULING, Collective
 from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
 from caramel.planner.linkmodel import LinkModel
-from caramel.planner.rounds import MIN_BLOCK_STEPS
 from caramel.planner.timing import StepStamps, StepTimes, backward_seconds_from_releases, execution_times
 from caramel.tensorflow.backends import Backend, ReduceOp
 from caramel.tensorflow.collectives import Chain, run_split_transfers, run_transfers
-from caramel.tensorflow.graph_choice import CARAMEL, GraphChoice
-from caramel.tensorflow.replanner import Replanner
-from caramel.tensorflow.selector import OWN_WAY, PLANNED, ArmSelector
+from caramel.tensorflow.graph_choice import CARAMEL
+from caramel.tensorflow.selector import OWN_WAY, PLANNED
 from caramel.tensorflow.stamps import StampBook
+from caramel.tensorflow.step_control import StepControl
 from caramel.tensorflow.tree_reduce import TreeReduce
 from caramel.transport.tree_allreduce import SUPPORTED_DTYPES
 
@@ -90,15 +89,10 @@ class GradientCommunicator:
                 f"{LAB_SCHEDULING} collective split needs reduce-scatter, which the {backend.name} backend has not on the CPU "
                 "(TensorFlow's CollectiveReduceScatterV2 has no CPU kernel); use collective allreduce or backend horovod"
             )
-        self.replanner = Replanner(contract.scheduling, initial_link(contract.tuning), backend, self.lab)
-        self.selector = ArmSelector(backend)
         self.algorithm: str | None = None
         """ring or multitree, chosen when the first graph's gradients are seen."""
         self._trees: TreeReduce | None = None
         """MULTITREE's trees, where they average the plan's transfers instead of the backend."""
-        self.graphs = GraphChoice(MIN_BLOCK_STEPS, backend)
-        """Caramel's graph of several steps against Horovod's own per-step graph (driven by the
-        step function between executions)."""
         self._stamps = StampBook()
         self._releases: tf.Variable | None = None
         """While Caramel's own steps are traced (None at any other time): whether the step stamps
@@ -111,6 +105,9 @@ class GradientCommunicator:
             self._stamps.reserve(slot)
         self._stamps.flag(OWN_GRAPH_SLOT, True)
         self.stamp_releases(0)
+        self.control = StepControl(contract, backend, initial_link(contract.tuning), lambda: self.stamp_own_releases.assign(False))
+        """The decisions between executions: the plan in force (its replanner), the arm of each
+        step (its selector), Caramel's graph or the own (its graph choice)."""
 
     def allreduce(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
         """Every (dense) gradient reduced over all ranks: averaged, or summed (op SUM)."""
@@ -124,13 +121,13 @@ class GradientCommunicator:
         if self._releases is None and self.algorithm == "ring":
             averaged = self.backend.own_way(gradients, op)  # a step of a graph Caramel does not build (see the module's docstring)
             if self._tracing_own_graph:
-                self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])  # the sizes to plan for
+                self.control.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])  # the sizes to plan for
                 self._stamp_releases_beside(gradients)
             return averaged
         if self._trees is not None and op is not ReduceOp.AVERAGE:
             raise ValueError("MULTITREE's trees average the gradients; summing them (op Sum) needs spec.caramel.allreduce: ring")
         reduce = self._trees or (lambda pieces, name: self.backend.all_reduce(pieces, op, name))
-        plan = self.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
+        plan = self.control.replanner.plan_for([(g.shape.num_elements() * g.dtype.size, g.dtype.size) for g in gradients])
         count, transfers = len(gradients), plan.transfers
 
         def unplanned() -> list[tf.Tensor]:
@@ -145,7 +142,7 @@ class GradientCommunicator:
 
         start = self._stamps.stamp()  # the execution's start (no input: it runs first), for its first step
         # The arm was chosen when the step before ended, so it is there before any gradient is.
-        arm = self.selector.arm.read_value()
+        arm = self.control.selector.arm.read_value()
         outputs = tf.switch_case(arm, [unplanned, planned], name=ARMS_NAME)
         averaged, done = outputs[:count], outputs[count:]
         ready = []  # per transfer, a tensor that exists once all of its gradients do
@@ -157,14 +154,14 @@ class GradientCommunicator:
         # The step's time runs from when the step before released its last gradient to when
         # this one does: a point of every step that no transfer holds up.
         with tf.control_dependencies(gradients):
-            self.selector.tick(tf.identity(gradients[0]))
+            self.control.selector.tick(tf.identity(gradients[0]))
         return list(averaged)
 
     @property
     def runs_plan(self) -> bool:
         """Whether the steps send their gradients by the plan (not the backend's own way, in
         Caramel's graph or in the backend's own)."""
-        return self.graphs.running == CARAMEL and self.selector.planned
+        return self.control.graphs.running == CARAMEL and self.control.selector.planned
 
     def _stamped(self, start: tf.Tensor, gradients: Sequence[tf.Tensor], ready: Sequence[tf.Tensor], done: Sequence[tf.Tensor]) -> tf.Tensor:
         """The stamps of a step that ran the plan: its execution's start, when each transfer's
@@ -214,7 +211,7 @@ class GradientCommunicator:
         """Hands the release times the own graph's last step stamped, if it did, to the replanner."""
         values = self._stamps.read(OWN_GRAPH_SLOT)
         if values is not None and values.size and values[0] == RELEASES:
-            self.replanner.observe_releases(backward_seconds_from_releases(values[2:]))
+            self.control.replanner.observe_releases(backward_seconds_from_releases(values[2:].tolist()))
 
     @contextmanager
     def tracing_steps(self) -> Iterator[tf.Variable]:
@@ -253,9 +250,9 @@ class GradientCommunicator:
         if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(job_topology(self.contract), nbytes) == "multitree"):
             self.algorithm = "multitree"
             self._trees = TreeReduce(self.contract, self.backend.rank)
-            self.replanner.probe_allreduce = self._trees.allreduce_now  # the plans are for the trees' link
         else:
             self.algorithm = "ring"
+        self.control.use_algorithm(self.algorithm, self._trees.allreduce_now if self._trees else None)  # the plans are for the trees' link
         if self.backend.rank == 0:
             print(f"caramel: gradients all-reduced by {self.algorithm} (spec.caramel.allreduce: {wanted.value})", file=sys.stderr, flush=True)
 
@@ -263,7 +260,7 @@ class GradientCommunicator:
         """The timings of the steps of the execution just run (`steps` of them), if they ran the
         plan in force, and hands them to the replanner; [] if they ran the backend's own way (which
         stamps nothing) or communicated eagerly."""
-        plan = self.replanner.plan
+        plan = self.control.replanner.plan
         if plan is None:
             return []
         transfers = len(plan.transfers)
@@ -282,5 +279,5 @@ class GradientCommunicator:
                 )
             )
         times = execution_times(stamps, plan.transfers)
-        self.replanner.observe(times)
+        self.control.replanner.observe(times)
         return times

@@ -25,7 +25,7 @@ def per_dtype(tensors: Sequence[tf.Tensor], name: str, reduce_group: GroupReduce
         group_name = name if len(dtypes) == 1 else f"{name}_{dtype.name}"
         for i, reduced in zip(members, reduce_group([tensors[i] for i in members], group_name)):
             outputs[i] = reduced
-    return outputs  # type: ignore[return-value]
+    return outputs
 
 
 def joined(tensors: Sequence[tf.Tensor], name: str, reduce_flat: Callable[[tf.Tensor, str], tf.Tensor]) -> list[tf.Tensor]:

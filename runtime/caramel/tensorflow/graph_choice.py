@@ -40,7 +40,7 @@ class GraphChoice:
         self.exploit_steps = exploit_steps
         self.chosen = CARAMEL
         self.running = CARAMEL
-        """The graph the last steps ran (set by the step function)."""
+        """The graph the last full execution ran."""
         self.means: dict[str, float] = {}
         """Each graph's mean step in the last round measured (seconds)."""
         self._position: int | None = None
@@ -53,6 +53,10 @@ class GraphChoice:
     @property
     def measuring(self) -> bool:
         return self._position is not None
+
+    def set_block(self, steps: int) -> None:
+        """Blocks of this many steps (whole executions of Caramel's graph)."""
+        self.block_steps = steps
 
     def start_round(self) -> None:
         """Measure both graphs again, from the next execution."""
@@ -70,6 +74,7 @@ class GraphChoice:
         """`steps` steps of `graph` ran; `timed_steps` of them, which built nothing, took
         `timed_seconds`. Returns the round's outcome, for people, where this ended a round (on
         every rank), else None."""
+        self.running = graph
         if self._position is None:
             if graph == OWN_GRAPH:
                 self._own_steps += steps

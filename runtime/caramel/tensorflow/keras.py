@@ -27,10 +27,12 @@ TF_USE_LEGACY_KERAS=1: `caramel.tensorflow.keras_version`).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
+from caramel.planner.timing import StepTimes
 from caramel.tensorflow.keras_version import steps_per_execution
 from caramel.tensorflow.ledger import Ledger
 from caramel.tensorflow.runtime import Runtime, current
@@ -66,7 +68,14 @@ class TrainingCallback(tf.keras.callbacks.Callback):
             raise RuntimeError("TrainingCallback(model) restores before fit: give it the compiled model to know initial_epoch")
         return int(self._ledger.epochs.numpy())
 
-    def _start(self, model: tf.keras.Model) -> None:
+    @property
+    def _training(self) -> tuple[Ledger, StepFunction]:
+        """The ledger and the step function of the fit under way (`on_train_begin` makes them)."""
+        if self._ledger is None or self._steps is None:
+            raise RuntimeError("TrainingCallback's training hooks are Keras fit's: they run only after on_train_begin")
+        return self._ledger, self._steps
+
+    def _start(self, model: tf.keras.Model) -> Ledger:
         """Restore (rank 0) and broadcast, before fit: the model is built and compiled."""
         if model.optimizer is None or not model.built:
             raise ValueError("build the model and compile it (with ctf.DistributedOptimizer) before training with TrainingCallback")
@@ -74,19 +83,19 @@ class TrainingCallback(tf.keras.callbacks.Callback):
         self._ledger = Ledger(
             self._runtime, model, model.optimizer, model.optimizer.iterations, total_steps=0, batch_size=None, checkpoints=self._checkpoints
         )
+        return self._ledger
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if self._ledger is None:
-            self._start(self.model)
+        ledger = self._ledger or self._start(self.model)
         steps_per_epoch, epochs = self.params.get("steps"), self.params.get("epochs")
         if not steps_per_epoch:
             raise ValueError(
                 "Caramel runs a known number of steps per epoch: pass steps_per_epoch to fit, or a dataset whose length is known"
             )
-        self._ledger.total_steps = steps_per_epoch * epochs
+        ledger.total_steps = steps_per_epoch * epochs
         self._steps = StepFunction(
             self._keras_step, steps_per_execution(self.model), unpack=False,
-            total_steps=self._ledger.total_steps - self._ledger.completed_steps,
+            total_steps=ledger.total_steps - ledger.completed_steps,
         )  # fmt: skip
         self.model.train_function = self._train_function
 
@@ -104,22 +113,23 @@ class TrainingCallback(tf.keras.callbacks.Callback):
         count = min(steps_per_execution(self.model), self.params["steps"] - self._next_step)
         self._next_step += count
         started = time.perf_counter()
-        outputs = self._steps(iterator, count)
+        outputs = self._training[1](iterator, count)
         self._execution = ((time.perf_counter() - started) / count, outputs)
         return {name: value for name, value in outputs[-1].items() if name != BATCH_SIZE}
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         seconds, outputs = self._execution
-        times = self._steps.last_times or [None] * len(outputs)
-        ledger = self._ledger
+        ledger, steps = self._training
+        times: Sequence[StepTimes | None] = steps.last_times or [None] * len(outputs)
         if ledger.global_batch is None and outputs:
             ledger.global_batch = int(outputs[0][BATCH_SIZE]) * self._runtime.size
         losses = [float(output["loss"]) if "loss" in output else float("nan") for output in outputs]
         ledger.record_steps(ledger.completed_steps - len(outputs) + 1, seconds, losses, times)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._ledger.epochs.assign(epoch + 1)
-        self._ledger.checkpoint_if_due()
+        ledger = self._training[0]
+        ledger.epochs.assign(epoch + 1)
+        ledger.checkpoint_if_due()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self._ledger.finish()
+        self._training[0].finish()

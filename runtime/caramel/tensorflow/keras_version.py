@@ -47,7 +47,7 @@ def check_optimizer(optimizer: Any, feature: str) -> None:
     refuse(f"{feature}({kind})", "it wraps Keras optimizers (tf.keras.optimizers.*); TensorFlow 1 optimizers are gone")
 
 
-def updating_through(base: type, transform: Transform, **attributes: Any) -> type:
+def updating_through(base: type[Any], transform: Transform, **attributes: Any) -> type[Any]:
     """A subclass of Keras optimizer class `base` (with `attributes`) whose updates pass their
     gradients through `transform` first: Keras 3's `apply` (which `apply_gradients` and a Keras
     model's training step call), Keras 2's `apply_gradients` (which its `minimize` calls).

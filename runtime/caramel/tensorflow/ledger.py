@@ -74,7 +74,7 @@ class Ledger:
         # Optimizer state must exist before it can be restored or broadcast.
         self.optimizer.build(self.model.trainable_variables)
         manager = None
-        if self._checkpoints:
+        if self._checkpoints and self.contract.checkpoint is not None:
             checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.counter, epochs=self.epochs)
             manager = tf.train.CheckpointManager(checkpoint, self.contract.checkpoint.path, max_to_keep=CHECKPOINTS_KEPT)
             if self.rank == 0 and manager.latest_checkpoint:
@@ -96,7 +96,7 @@ class Ledger:
             self._step_seconds.append(seconds)
         last = first_step + len(losses) - 1
         self.metrics.record_plan(plan_record(self.runtime))
-        decision = self.runtime.communicator.selector.new_decision()
+        decision = self.runtime.communicator.control.selector.new_decision()
         if decision and self.rank == 0:
             say(f"at step {last}, {decision}")
         self._last_loss = losses[-1]
@@ -108,7 +108,8 @@ class Ledger:
     def checkpoint_if_due(self) -> None:
         """At a point where the variables hold the state after the last step counted: save if
         spec.checkpoint.intervalSteps steps passed since the last checkpoint."""
-        if self._checkpoints and self.completed_steps - self._last_saved_step >= self.contract.checkpoint.interval_steps:
+        interval = self.contract.checkpoint.interval_steps if self._checkpoints and self.contract.checkpoint else None
+        if interval is not None and self.completed_steps - self._last_saved_step >= interval:
             self._save()
 
     def finish(self) -> None:
@@ -157,7 +158,7 @@ def broadcast_variables(runtime: Runtime, variables: list[tf.Variable], root_ran
 def plan_record(runtime: Runtime) -> PlanRecord:
     """The plan in force, the link it was made for, and whether the steps run it."""
     gradient_communicator = runtime.communicator
-    replanner = gradient_communicator.replanner
+    replanner = gradient_communicator.control.replanner
     bucket = replanner.plan.batch.max_bytes if replanner.plan else 0
     return PlanRecord(bucket, replanner.link.alpha, replanner.link.beta, replanner.plan_changes, gradient_communicator.runs_plan)
 

@@ -107,7 +107,7 @@ class Replanner:
         """Of the last execution that traced nothing and ran with no search beside it (None
         until one ran): what plans and re-plans are weighed against (`executed`)."""
         self.steps_per_execution: int | None = None
-        """Steps per graph execution, as the caller runs them: plans are predicted for such
+        """Steps per graph execution, as the last boundary was told: plans are predicted for such
         executions (None: the steady state of steps that never meet an execution boundary)."""
         self._interval_steps = scheduling.replan_interval_steps
         """Steps between re-plans, as rank 0 last decided (`replan_interval`)."""
@@ -122,7 +122,12 @@ class Replanner:
         self.retrace_seconds: float | None = None
         """What adopting the last plan cost: its first execution's time beyond an ordinary one's.
         Before the first measured plan, the caller's estimate of what building its graphs of
-        several steps will cost (None: nothing to weigh)."""
+        several steps will cost (None: nothing to weigh). Set by `rebuild_cost`."""
+        self.assume_long_training = False
+        """Whether the first plan goes on to several steps per graph whatever the steps left (a
+        benchmark's or test's few steps standing for a long training's)."""
+        self.decided_at: list[int] = []
+        """The completed steps at which a search's plan was decided (adopted or not), in order."""
 
     @property
     def gradients(self) -> int:
@@ -142,6 +147,22 @@ class Replanner:
             )
         return self.plan
 
+    def rebuild_cost(self, seconds: float) -> None:
+        """What building the graphs for a new plan costs: estimated before the first measured
+        plan, measured after each plan adopted. A later plan is adopted only if it repays it."""
+        self.retrace_seconds = seconds
+
+    def require_several_steps(self) -> None:
+        """The steps must run several per graph whatever a plan gains (the gradients go through
+        MULTITREE's trees, which only Caramel's graph of several steps uses)."""
+        self.several_steps = True
+
+    @property
+    def searching(self) -> bool:
+        """Whether rank 0's search for the next plan is still running (on rank 0; False elsewhere)."""
+        pending = self._pending
+        return pending is not None and pending.search is not None and not pending.search.done()
+
     def executed(self, steps: int, seconds: float) -> None:
         """An execution of `steps` steps that traced nothing took `seconds`."""
         if self._pending is not None and self.seconds_per_step is not None:
@@ -156,19 +177,21 @@ class Replanner:
             for transfer in step.transfers:
                 self._observer.observe_transfer(transfer.nbytes, transfer.seconds)
 
-    def at_boundary(self, completed_steps: int, steps_left: int | None = None, may_search: bool = True) -> bool:
+    def at_boundary(self, completed_steps: int, steps_per_execution: int | None, steps_left: int | None = None, may_search: bool = True) -> bool:
         """Between executions, on every rank at the same step count: adopt a plan that is due,
         start a search that is due. True if a new plan is now in force (stale graphs must be
-        re-traced). `steps_left`, where known, is how many steps the training still runs.
-        `communicated` then says whether this boundary ran collectives (probes, a decision)."""
+        re-traced). The steps run `steps_per_execution` per graph execution (plans are predicted
+        for such executions); `steps_left`, where known, is how many steps the training still
+        runs. `communicated` then says whether this boundary ran collectives (probes, a decision)."""
         self.communicated = False
+        self.steps_per_execution = steps_per_execution
         if not self.measured:
             return self._first_plan(completed_steps, steps_left)
         if not self.several_steps:
             return False  # one step per graph: no order of the transfers has a window to gain in
         adopted = False
         if self._pending is not None and completed_steps >= self._pending.adopt_at and self._search_done(self._pending):
-            adopted = self._adopt(self._pending, steps_left)
+            adopted = self._adopt(self._pending, completed_steps, steps_left)
             self._pending = None
         if may_search and self.plan is not None and self._pending is None and completed_steps >= self._next_replan:
             self._pending = self._start_search(completed_steps)
@@ -188,7 +211,7 @@ class Replanner:
         elif completed_steps < self._pending.adopt_at or not self._search_done(self._pending):
             return False
         self.measured = True
-        adopted = self._adopt(self._pending, steps_left, first=True)
+        adopted = self._adopt(self._pending, completed_steps, steps_left, first=True)
         self._pending = None
         self._next_replan = completed_steps + self._interval_steps  # as this decision weighed a re-plan's cost
         return adopted
@@ -204,9 +227,16 @@ class Replanner:
         """The timings of the last steps observed that ran the plan (of the last RECENT_STEPS)."""
         return [step for step in self._recent if step.transfers]
 
+    @property
+    def in_force(self) -> Plan:
+        """The plan in force (the first is made by `plan_for`, as the first step is traced)."""
+        if self.plan is None:
+            raise RuntimeError("no plan yet: the first is made as the first step is traced (plan_for)")
+        return self.plan
+
     def describe(self) -> str:
         """The plan in force and the link it was made for, for people."""
-        plan = self.plan
+        plan = self.in_force
         largest = max(transfer.nbytes for transfer in plan.transfers) / 2**20
         return (
             f"plan {self.version}: {len(plan.transfers)} transfers per step (largest {largest:.3g} MiB), predicted step "
@@ -234,10 +264,11 @@ class Replanner:
         done = pending.search is not None and pending.search.done()
         return bool(self.backend.broadcast([tf.constant(int(done))], root_rank=0, name="caramel_search_done")[0].numpy())
 
-    def _adopt(self, pending: _PendingSearch, steps_left: int | None, first: bool = False) -> bool:
+    def _adopt(self, pending: _PendingSearch, completed_steps: int, steps_left: int | None, first: bool = False) -> bool:
         """Rank 0 decides from its search and its measurements; every rank takes its decision.
         The `first` measured plan also decides whether the steps go on to several per graph."""
         self.communicated = True
+        self.decided_at.append(completed_steps)
         started = time.perf_counter()
         chosen, several = None, self.several_steps
         if pending.search is not None:
@@ -248,10 +279,10 @@ class Replanner:
             else:
                 if first:  # steps that run Caramel's graph already (MULTITREE's trees need it) go on in it
                     several = self.several_steps or self.worth_several_steps(found, steps_left)
-                    chosen = found if several and found.transfers != self.plan.transfers else None
+                    chosen = found if several and found.transfers != self.in_force.transfers else None
                 else:
-                    current = simulate(pending.tensors, self.plan.transfers, pending.link, self.steps_per_execution)
-                    if found.transfers != self.plan.transfers and found.predicted_step_seconds <= current * (1 - MIN_GAIN):
+                    current = simulate(pending.tensors, self.in_force.transfers, pending.link, self.steps_per_execution)
+                    if found.transfers != self.in_force.transfers and found.predicted_step_seconds <= current * (1 - MIN_GAIN):
                         chosen = self._worth_retracing(found, current, steps_left)
         self._tensors = pending.tensors
         # What this re-plan cost rank 0, whose measure is shared: starting the search, the steps'
@@ -261,7 +292,7 @@ class Replanner:
         interval = replan_interval(self.scheduling.replan_interval_steps, replan_seconds, self.seconds_per_step)
         previous_interval = self._interval_steps
         self.link, chosen, self._interval_steps, self.several_steps = _share_decision(self.backend, pending.link, chosen, interval, several)
-        if self._interval_steps != previous_interval and self.backend.rank == 0:
+        if self._interval_steps != previous_interval and self.seconds_per_step is not None and self.backend.rank == 0:
             print(
                 f"caramel: re-planning every {self._interval_steps} steps (a re-plan costs {replan_seconds * 1e3:.4g} ms at "
                 f"steps of {self.seconds_per_step * 1e3:.4g} ms; spec.caramel.replanIntervalSteps is the least)",
@@ -279,7 +310,7 @@ class Replanner:
         estimate in `retrace_seconds`) against the step measured so far, one per graph, within
         the steps left. Where nobody said how many steps are left, the steps per execution
         asked for are taken as they are."""
-        if self.seconds_per_step is None or steps_left is None:
+        if self.assume_long_training or self.seconds_per_step is None or steps_left is None:
             return True
         return self._repays_rebuild(self.seconds_per_step - found.predicted_step_seconds, steps_left, "one step per graph")
 

@@ -33,17 +33,15 @@ faster runs on (graph_choice.py).
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import tensorflow as tf
 
-from caramel.planner.rounds import block_steps
 from caramel.planner.timing import StepTimes
 from caramel.tensorflow.communicator import ARMS_NAME, GradientCommunicator
-from caramel.tensorflow.graph_choice import CARAMEL, OWN_GRAPH
+from caramel.tensorflow.graph_choice import OWN_GRAPH
 from caramel.tensorflow.runtime import current
 from caramel.tensorflow.unrolled import TracedStep
 
@@ -89,7 +87,6 @@ class StepFunction:
         self._own_first_call_seconds: float | None = None
         """What the own graph's first call cost: tracing the step, TensorFlow's optimization of
         its graph, and the step."""
-        self._selector_decisions = 0
         self._caramels_graph_failed = False
         """Caramel's graph could not be built for this step: the own graph runs from then on."""
         functools.update_wrapper(self, step)
@@ -104,101 +101,23 @@ class StepFunction:
         count = self.steps_per_execution if steps is None else steps
         if not 1 <= count <= self.steps_per_execution:
             raise ValueError(f"steps must be between 1 and steps_per_execution ({self.steps_per_execution}), got {count}")
-        gradient_communicator = self._communicator
-        replanner = gradient_communicator.replanner
-        if self.steps_per_execution == 1:
-            # One step per graph: no order of the transfers has a window to gain in (see the
-            # module's docstring), and nothing is planned.
-            return self._run_own_steps(iterator, count)[0]
-        replanner.steps_per_execution = self.steps_per_execution  # how the plans' steps will run
+        control = self._communicator.control
         steps_left = None if self.total_steps is None else max(0, self.total_steps - self.completed_steps)
-        self._weigh_caramels_graph()
-        several_before, measured_before = replanner.several_steps, replanner.measured
-        # No search while the selector measures (a new plan would restart its round), nor while
-        # the own graph runs blocks beside Caramel's (it stamps nothing to plan from).
-        graphs = gradient_communicator.graphs
-        may_search = replanner.several_steps and not gradient_communicator.selector.exploring and graphs.running == CARAMEL
-        replanned = replanner.at_boundary(self.completed_steps, steps_left, may_search=may_search)
-        if replanner.communicated:
-            gradient_communicator.selector.untime_last_step()  # the re-plan's time is neither arm's
-        if replanned:
+        execution = control.at_boundary(
+            self.completed_steps, steps_left, self.steps_per_execution, count, self._own_first_call_seconds, self._caramels_graph_failed
+        )
+        if execution.retrace:
             self._traced, self._executions = None, {}  # traced and built for the old plan
-        if replanned or replanner.several_steps != several_before:
-            # The first execution of the new graphs builds them: it is not measured.
-            gradient_communicator.selector.set_block(block_steps(self.steps_per_execution))
-            graphs.block_steps = block_steps(self.steps_per_execution)
-            gradient_communicator.selector.start_round(settle=self.steps_per_execution)
-            if gradient_communicator.backend.rank == 0:
-                print(f"caramel: from step {self.completed_steps + 1}, {replanner.describe()}", file=sys.stderr, flush=True)
-        if replanner.measured and not measured_before:
-            gradient_communicator.stamp_own_releases.assign(False)  # the first plan is decided: no more releases to stamp
-        if not replanner.several_steps or self._caramels_graph_failed:
-            outputs, timed_steps, seconds = self._run_own_steps(iterator, count)
-            if timed_steps:
-                replanner.executed(timed_steps, seconds)
-            return outputs
-        regular = count == self.steps_per_execution
-        graph = self._next_graph(regular)
-        if graph == OWN_GRAPH:
+        if execution.graph == OWN_GRAPH:
             outputs, timed_steps, timed_seconds = self._run_own_steps(iterator, count)
+            seconds = timed_seconds
         else:
             started, built = time.perf_counter(), len(self._executions)
             outputs = self._execute(iterator, count)
             seconds = time.perf_counter() - started
             timed_steps, timed_seconds = (count, seconds) if len(self._executions) == built else (0, 0.0)
-            if timed_steps and regular:
-                replanner.executed(count, seconds)  # what the steps take, as re-plans are weighed
-            elif regular and replanner.seconds_per_step is not None:
-                replanner.retrace_seconds = max(0.0, seconds - count * replanner.seconds_per_step)  # what adopting a plan cost
-        if regular:
-            graphs.running = graph
-            outcome = graphs.ran(graph, count, timed_steps, timed_seconds)
-            if outcome and gradient_communicator.backend.rank == 0:
-                print(f"caramel: at step {self.completed_steps}, {outcome}", file=sys.stderr, flush=True)
-        elif graph == OWN_GRAPH:
-            gradient_communicator.selector.untime_last_step()  # its last tick was before these steps
+        control.executed(execution, self.completed_steps, count, timed_steps, timed_seconds, seconds)
         return outputs
-
-    def _weigh_caramels_graph(self) -> None:
-        """Before the first measured plan: what the replanner weighs its gain against (what
-        building Caramel's graph of several steps will cost: the step traced once, with both ways
-        to send its gradients, and copied once per step, each copy optimized and run once, about
-        what the own graph's first call cost each), and whether the steps must run Caramel's
-        graph whatever it costs (the gradients go through MULTITREE's trees, which only Caramel's
-        graph uses)."""
-        gradient_communicator = self._communicator
-        replanner = gradient_communicator.replanner
-        if replanner.measured or self._own_first_call_seconds is None:
-            return
-        if replanner.seconds_per_step is not None:
-            own_build = max(0.0, self._own_first_call_seconds - replanner.seconds_per_step)
-            replanner.retrace_seconds = (self.steps_per_execution + 1) * own_build
-        if gradient_communicator.algorithm not in (None, "ring"):
-            replanner.several_steps = True
-
-    def _next_graph(self, regular: bool) -> str:
-        """The graph the next steps run (graph_choice.py): the own graph for executions shorter
-        than the rest (the end of an epoch or of the training), whose graph of several steps
-        would cost more to build than its steps can gain; Caramel's where the gradients go
-        through MULTITREE's trees, which the own graph does not use."""
-        gradient_communicator = self._communicator
-        selector, graphs = gradient_communicator.selector, gradient_communicator.graphs
-        if gradient_communicator.algorithm != "ring":
-            return CARAMEL
-        if not regular:
-            return OWN_GRAPH
-        decisions = int(selector.decisions.numpy())
-        if decisions != self._selector_decisions and not graphs.measuring and graphs.chosen == CARAMEL:
-            graphs.start_round()  # the selector chose anew: against the own graph again
-        self._selector_decisions = decisions
-        graph = graphs.next_graph()
-        if graph == CARAMEL and graphs.running == OWN_GRAPH:
-            # Back from the own graph: the selector's last tick was before it, and its step
-            # counts for nothing; after a spell of it, the selector measures both arms again.
-            selector.untime_last_step()
-            if not graphs.measuring:
-                selector.start_round(settle=self.steps_per_execution)
-        return graph
 
     def _run_own_steps(self, iterator: Iterator[Any], count: int) -> tuple[list[Any], int, float]:
         """`count` steps of the backend's own graph, one call each; and how many of them built
@@ -209,17 +128,16 @@ class StepFunction:
         outputs, timed_steps, timed_seconds = [], 0, 0.0
         for _ in range(count):
             built = self._own_step is None
-            if built:
-                self._own_step = tf.function(self._one_step)
+            own_step = self._own_step = self._own_step or tf.function(self._one_step)
             started = time.perf_counter()
             try:
                 batch = next(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise _data_ran_out(count) from None
             with gradient_communicator.tracing_own_graph():  # where the call traces the step
-                outputs.append(self._own_step(batch))  # returns once the step has run
+                outputs.append(own_step(batch))  # returns once the step has run
             seconds = time.perf_counter() - started
-            if not gradient_communicator.replanner.measured:
+            if gradient_communicator.control.wants_releases:
                 gradient_communicator.measure_own_step()
             if built:
                 self._own_first_call_seconds = seconds
@@ -249,7 +167,7 @@ class StepFunction:
         self._caramels_graph_failed = True
         self._traced, self._executions = None, {}
         current().say(
-            f"{self._communicator.replanner.describe()} could not be built into the step's graph ({type(error).__name__}: {error}); "
+            f"{self._communicator.control.describe_plan()} could not be built into the step's graph ({type(error).__name__}: {error}); "
             "the steps run the backend's own way from here on"
         )
         return self._run_own_steps(iterator, count)[0]
@@ -260,7 +178,7 @@ class StepFunction:
         gradient_communicator = self._communicator
         if self._traced is None:
             with gradient_communicator.tracing_steps():
-                self._traced = TracedStep(self._one_step, iterator.element_spec)
+                self._traced = TracedStep(self._one_step, iterator.element_spec)  # type: ignore[attr-defined]  # a tf.data iterator's
             self._traced.bypass_identity_n(ARMS_NAME)
         # Each copy of the step reads its own slot's variables where the trace read the first's.
         per_slot = [gradient_communicator.slot_variables(i) for i in range(count)]

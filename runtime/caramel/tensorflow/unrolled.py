@@ -87,7 +87,8 @@ def bypass_identity_n(graph_def: graph_pb2.GraphDef, scope: str) -> None:
         if node.op == "IdentityN" and any(_producer(name) in called for name in node.input if not name.startswith("^"))
     }
     for node in graph_def.node:
-        data, control = [], []
+        data: list[str] = []
+        control: list[str] = []
         for name in node.input:
             producer, _, index = name.lstrip("^").partition(":")
             if producer not in barriers:

@@ -93,7 +93,7 @@ class TensorFlowBackend(Backend):
         for number, bucket in enumerate(release_buckets([g.shape.num_elements() * g.dtype.size for g in gradients], BUCKET_BYTES)):
             for index, value in zip(bucket, self.all_reduce([gradients[i] for i in bucket], op, f"caramel_gradients_{number}")):
                 averaged[index] = value
-        return averaged  # type: ignore[return-value]
+        return averaged
 
     def _collective(self, tensor: tf.Tensor, op: ReduceOp) -> tf.Tensor:
         merge, final = MERGE[op]
