@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from caramel.contract.api import GROUP, VERSION
 from caramel_operator.crd import PLURAL
+from caramel_operator.gang_schedulers import GroupResource
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
 
@@ -108,6 +109,38 @@ class Cluster:
         }[manifest["kind"]]
         refusal = await self._create(create, manifest)
         return [refusal] if refusal else []
+
+    async def create_group(self, resource: GroupResource, manifest: dict[str, Any]) -> list[str]:
+        """Create a gang scheduler's group object; the API server's refusal, if any."""
+
+        def create(namespace: str, body: dict[str, Any], **options: Any) -> Any:
+            return self.custom.create_namespaced_custom_object(resource.group, resource.version, namespace, resource.plural, body, **options)
+
+        refusal = await self._create(create, manifest)
+        return [refusal] if refusal else []
+
+    async def group(self, resource: GroupResource, namespace: str, name: str) -> dict[str, Any] | None:
+        """A gang scheduler's group object, or None where there is none."""
+        try:
+            response = await self._call(self.custom.get_namespaced_custom_object, resource.group, resource.version, namespace, resource.plural, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return json.loads(response.data)
+
+    async def serves(self, resource: GroupResource) -> bool:
+        """Whether the API server serves the resource (its discovery lists it): whether its CRD is installed."""
+        try:
+            response = await self._call(self.custom.get_api_resources, resource.group, resource.version)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return any(item.get("name") == resource.plural for item in json.loads(response.data).get("resources") or [])
+
+    async def delete_group(self, resource: GroupResource, namespace: str, name: str) -> None:
+        await self._delete(self.custom.delete_namespaced_custom_object, resource.group, resource.version, namespace, resource.plural, name)
 
     async def job_uid(self, namespace: str, name: str) -> str | None:
         """The uid of the job now in the API, or None if it is gone (its CRD too, perhaps)."""
