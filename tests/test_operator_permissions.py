@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from caramel_operator.cluster import CRD_READS, PERMISSIONS, PLACEMENT_READS
+from caramel_operator.rbac import CRD_READS, PERMISSIONS, PLACEMENT_READS
 from testbed.operator_harness import Emulator, Operator, eventually, terminated
 
 SPEC = {"script": "examples/train_small.py", "workers": {"replicas": 2}, "runPolicy": {"ttlSecondsAfterFinished": 0}}

@@ -11,11 +11,7 @@ the object already there and deletions that find it gone count as done, which ma
 safe to repeat after an operator restart. Other refusals of a creation (Pod Security, quota,
 admission webhooks, RBAC) are returned as the API server's messages, for the job's status.
 
-PERMISSIONS lists what these calls and kopf need, no more: tests check it against the requests
-the operator makes, and that every RBAC variant grants exactly it.
-PLACEMENT_READS is what R-Storm placement reads at cluster scope, which only the cluster-wide
-variants grant: nodes are cluster-scoped, and a node's free resources depend on the pods of every
-namespace. Without them, spec.placement.policy Auto leaves placement to the scheduler.
+The rights these calls and kopf's need are rbac.py's rules, from which every RBAC copy is made.
 """
 
 from __future__ import annotations
@@ -35,25 +31,6 @@ from caramel_operator.gang_schedulers import GroupResource
 SCRAPE_TIMEOUT_SECONDS = 2.0
 
 
-# (API group, resource, verb) the operator uses in the namespaces it serves: its own calls below
-# (read a job, list jobs, write their status, release their finalizers, delete expired ones;
-# create pods, Services and NetworkPolicies; delete pods), and kopf's (list and watch what it
-# indexes and serves, patch its finalizer and annotations, post core/v1 Events). Pods, Services and NetworkPolicies
-# are deleted by the garbage collector, through their owner reference, or not at all.
-PERMISSIONS = {
-    *((GROUP, "carameljobs", verb) for verb in ("get", "list", "watch", "patch", "delete")),
-    (GROUP, "carameljobs/status", "patch"),
-    *(("", "pods", verb) for verb in ("list", "watch", "create", "delete")),
-    *(("", "services", verb) for verb in ("list", "watch", "create")),
-    *(("networking.k8s.io", "networkpolicies", verb) for verb in ("list", "watch", "create")),
-    ("", "events", "create"),
-}
-# What kopf reads at cluster scope whatever it serves: the CRDs, so that it notices the CaramelJob
-# CRD being installed, upgraded or deleted while it runs. Confined to namespaces, it also lists and
-# watches namespaces (NAMESPACE_READS), to learn which of the served ones exist.
-CRD_READS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
-NAMESPACE_READS = {("", "namespaces", verb) for verb in ("list", "watch")}
-PLACEMENT_READS = {("", "nodes", "list"), ("", "pods", "list")}
 # The pods whose requests hold their nodes' resources, as the scheduler selects them.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
+from caramel_operator.rbac import PERMISSIONS, PLACEMENT_READS
 from caramel_operator.config import OperatorSettings
 from caramel_operator.node_resources import free_resources
 from testbed.bad_jobs import HAND_WRITTEN
