@@ -381,6 +381,12 @@ class Operator:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
             return response.read().decode()
 
+    def __enter__(self) -> Operator:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         self.process.terminate()
         try:

@@ -612,10 +612,12 @@ def test_a_volcano_gang_gets_its_podgroup_first_and_its_pods_once_volcano_admits
     [create] = actions_of(first, CreateGroup)
     assert create.resource == PODGROUPS and create.manifest["spec"]["minMember"] == 2
     assert not actions_of(first, CreatePods) and first.status.phase is Phase.PENDING
-    assert first.status.message == "waiting for Volcano to admit PodGroup demo-gang-0"
-    assert [e.reason for e in first.events] == ["GroupCreated"]
-    pending = decide(job(**VOLCANO), first.status, [], ALL, NOW, SETTINGS, podgroup("Pending"))
-    assert not pending.actions and pending.status.message == "waiting for Volcano to admit PodGroup demo-gang-0 (phase Pending)"
+    created = decide(job(**VOLCANO), first.status, [], ALL, NOW, SETTINGS, podgroup())
+    assert not created.actions and created.status.message == "waiting for Volcano to admit PodGroup demo-gang-0, a gang of 2 workers"
+    assert [e.reason for e in created.events] == ["WaitingForAdmission"]
+    pending = decide(job(**VOLCANO), created.status, [], ALL, NOW, SETTINGS, podgroup("Pending"))
+    assert not pending.actions and pending.status.message.endswith("a gang of 2 workers (phase Pending)")
+    assert not pending.events  # one Event for the wait, not one per phase
     admitted = decide(job(**VOLCANO), pending.status, [], ALL, NOW, SETTINGS, podgroup("Inqueue"))
     [pods] = actions_of(admitted, CreatePods)
     assert [pod["spec"]["schedulerName"] for pod in pods.manifests] == ["volcano", "volcano"]

@@ -340,7 +340,8 @@ async def _read_group(
     is not there, whether the API server serves its resource at all: a missing CRD fails the job."""
     resource = gang_scheduler(job).resource
     gang = status.gang
-    if resource is None or status.phase in FINISHED or any(worker.gang == gang for worker in workers):
+    waits = status.phase not in FINISHED and not job.spec.run_policy.suspend and not any(worker.gang == gang for worker in workers)
+    if resource is None or not waits:
         return None
     found = await cluster.group(resource, job.metadata.namespace, group_name(job, gang))
     if found is None and not await cluster.serves(resource):

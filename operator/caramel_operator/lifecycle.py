@@ -66,6 +66,8 @@ from caramel_operator.observe import INVALID_IMAGE, LOST_REASONS, NODE_LOST_REAS
 FINISHED = {Phase.SUCCEEDED, Phase.FAILED}
 # kopf cuts longer Event messages in the middle; the restart Event fits its own lines to it.
 EVENT_MESSAGE_BYTES = 1024
+# status.pendingReason (and the Event's reason) of a gang whose gang scheduler has yet to admit it.
+WAITING_FOR_ADMISSION = "WaitingForAdmission"
 # Sorts failures whose time is not known (which come first anyway) beside those whose time is.
 NO_TIME = datetime.min.replace(tzinfo=UTC)
 
@@ -743,13 +745,15 @@ class _Reconciliation:
             )
             return False
         if seen.found is None:
+            # Said nothing of yet: a refusal of the creation is what the status says (FailedCreate).
             self.decision.actions.append(CreateGroup(resource, group))
-            self.event("Normal", "GroupCreated", f"created {what} for {scheduler} to admit a gang of {size} workers")
-            self.update(message=f"waiting for {scheduler} to admit {what}")
             return False
         if not self.scheduler.admitted(seen.found):
-            phase = (seen.found.get("status") or {}).get("phase") or "none yet"
-            self.update(message=f"waiting for {scheduler} to admit {what} (phase {phase})")
+            phase = (seen.found.get("status") or {}).get("phase")
+            message = f"waiting for {scheduler} to admit {what}, a gang of {size} workers" + (f" (phase {phase})" if phase else "")
+            if self.status.pending_reason != WAITING_FOR_ADMISSION:  # an Event once, not at every change of phase
+                self.event("Normal", WAITING_FOR_ADMISSION, message)
+            self.update(message=message, pending_reason=WAITING_FOR_ADMISSION)
             return False
         return True
 

@@ -707,7 +707,9 @@ class CaramelJobStatus(ApiModel):
 
     pending_reason: str = ""
     """While workers of the gang wait: the reason of the first one's wait (Unschedulable,
-    ImagePullFailed, ...). A Warning Event is posted when it changes, not each time the detail does."""
+    ImagePullFailed, ...), or WaitingForAdmission while the gang's gang scheduler has yet to admit
+    it. An Event (a Warning, but for WaitingForAdmission) is posted when it changes, not each time
+    the detail does."""
 
     workers: WorkerCounts = WorkerCounts()
     """Worker pods of the current gang, by state."""
