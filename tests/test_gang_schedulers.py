@@ -36,14 +36,14 @@ def test_an_unknown_gang_scheduler_is_refused_naming_the_field():
 def test_no_gang_scheduler_takes_no_group_and_leaves_the_pods_as_built():
     the_job = job()
     pod = build_worker_pod(the_job, 0, default_image="x")
-    assert NONE.resource is None and NONE.group(the_job, 0, 2) is None and NONE.admitted({})
+    assert NONE.resource is None and NONE.group(the_job, 0, 2, pod) is None and NONE.admitted({})
     assert "schedulerName" not in pod["spec"] and pod["metadata"]["annotations"] == {}
     assert not [key for key in pod["metadata"]["labels"] if "kueue" in key]
 
 
 def test_kueue_takes_no_group_object_and_admits_by_gating_the_pods_themselves():
     the_job = job(runPolicy={"schedulingPolicy": {"queue": "research"}})
-    assert KUEUE.resource is None and KUEUE.group(the_job, 0, 2) is None
+    assert KUEUE.resource is None and KUEUE.group(the_job, 0, 2, build_worker_pod(the_job, 0, default_image="x")) is None
     # Nothing for the operator to wait on: Kueue's scheduling gate holds the pods.
     assert KUEUE.admitted({})
     pod = build_worker_pod(the_job, 1, default_image="x", gang=2)
@@ -51,15 +51,20 @@ def test_kueue_takes_no_group_object_and_admits_by_gating_the_pods_themselves():
     assert "schedulerName" not in pod["spec"]
 
 
-def test_volcano_podgroup_has_the_gangs_size_as_min_member_and_the_queue():
-    the_job = job(workers={"replicas": 4, "minReplicas": 2}, runPolicy=VOLCANO_POLICY)
-    group = VOLCANO.group(the_job, 3, 3)
+def test_volcano_podgroup_has_the_gangs_size_as_min_member_its_requests_and_the_queue():
+    resources = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    sidecar = {"spec": {"containers": [{"name": "log", "image": "busybox", "resources": {"requests": {"cpu": "100m"}}}]}}
+    the_job = job(workers={"replicas": 4, "minReplicas": 2, "resources": resources, "template": sidecar}, runPolicy=VOLCANO_POLICY)
+    group = VOLCANO.group(the_job, 3, 3, build_worker_pod(the_job, 0, default_image="x", gang=3, replicas=3))
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1" and group["kind"] == "PodGroup"
     assert group["metadata"]["name"] == "demo-gang-3" and group["metadata"]["namespace"] == "ml"
     assert group["metadata"]["labels"] == {"caramel.dev/job": "demo", "caramel.dev/gang": "3"}
     # A gang of 3 (running short of its 4) needs all 3: its world is fixed when it starts.
-    assert group["spec"] == {"minMember": 3, "queue": "training"}
+    # Volcano's enqueue weighs a queue's capability against minResources: the whole gang's, sidecar included.
+    assert group["spec"] == {"minMember": 3, "queue": "training", "minResources": {"cpu": "1.05", "memory": "3221225472"}}
     assert "ownerReferences" not in group["metadata"]  # the handler adopts it (kopf.adopt)
+    unasked = job(runPolicy=VOLCANO_POLICY)
+    assert "minResources" not in VOLCANO.group(unasked, 0, 2, build_worker_pod(unasked, 0, default_image="x"))["spec"]
     assert VOLCANO.resource == PODGROUPS and str(PODGROUPS) == "podgroups.scheduling.volcano.sh/v1beta1"
 
 
@@ -76,7 +81,8 @@ def test_volcano_pods_name_their_podgroup_and_volcanos_scheduler():
     [(None, False), ("Pending", False), ("Inqueue", True), ("Running", True), ("Unknown", False), ("Completed", False)],
 )
 def test_volcano_admits_a_gang_when_its_podgroup_is_inqueue_or_running(phase, admitted):
-    group = VOLCANO.group(job(runPolicy=VOLCANO_POLICY), 0, 2)
+    the_job = job(runPolicy=VOLCANO_POLICY)
+    group = VOLCANO.group(the_job, 0, 2, build_worker_pod(the_job, 0, default_image="x"))
     if phase is not None:
         group["status"] = {"phase": phase}
     assert VOLCANO.admitted(group) is admitted

@@ -11,7 +11,8 @@ it, delete it when its gang is gone) is the handlers'; everything here is pure.
 - `KUEUE`: a Kueue plain pod group. Kueue makes its Workload from the pods' labels and gates the
   pods until it admits them, so there is no group object and the pods are created at once.
 - `VOLCANO`: a Volcano PodGroup (scheduling.volcano.sh/v1beta1) whose minMember is the gang's
-  size; the pods name it and are scheduled by Volcano. They are created only once Volcano admits
+  size and whose minResources are its workers' CPU and memory (without them Volcano enqueues a
+  group whatever its queue's capability); the pods name it and are scheduled by Volcano. They are created only once Volcano admits
   the group (phase Inqueue, "controllers can start to create pods", or Running), as Volcano's own
   Job controller does.
 
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 
 from caramel.contract.api import CaramelJob, GangSchedulerName, PlacedBy
 from caramel_operator.labels import GANG_LABEL, JOB_LABEL, WORKER_INDEX_LABEL
+from caramel_operator.node_resources import pod_requests
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
@@ -99,9 +101,9 @@ class GangScheduler(Protocol):
     installed: str
     """What the cluster needs installed for this scheduler, for the message when it is missing."""
 
-    def group(self, job: CaramelJob, gang: int, replicas: int) -> dict[str, Any] | None:
-        """The group object of gang generation `gang` of `replicas` workers, not yet owned by the
-        job (the handler adopts it); None where the scheduler takes none."""
+    def group(self, job: CaramelJob, gang: int, replicas: int, worker_pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The group object of gang generation `gang` of `replicas` workers like `worker_pod`, not
+        yet owned by the job (the handler adopts it); None where the scheduler takes none."""
 
     def decorate(self, pod: dict[str, Any], job: CaramelJob, gang: int, replicas: int) -> None:
         """Label and annotate a worker pod of the gang and set its schedulerName, in place."""
@@ -123,7 +125,7 @@ class _NoGroupObject:
 
     resource: GroupResource | None = None
 
-    def group(self, job: CaramelJob, gang: int, replicas: int) -> dict[str, Any] | None:
+    def group(self, job: CaramelJob, gang: int, replicas: int, worker_pod: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
 
     def admitted(self, group: Mapping[str, Any]) -> bool:
@@ -172,9 +174,16 @@ class Volcano:
     resource: GroupResource | None = PODGROUPS
     installed = f"Volcano, whose CRDs serve {PODGROUPS}"
 
-    def group(self, job: CaramelJob, gang: int, replicas: int) -> dict[str, Any] | None:
+    def group(self, job: CaramelJob, gang: int, replicas: int, worker_pod: Mapping[str, Any]) -> dict[str, Any] | None:
         policy = job.spec.run_policy.scheduling_policy
         assert policy is not None  # chosen by gang_scheduler() for a job that has one
+        spec: dict[str, Any] = {"minMember": replicas, "queue": policy.queue}
+        # What the pods request as the scheduler counts it (sidecars, init containers, overhead);
+        # extended resources (GPUs) are not among them. None requested, none given: Volcano reads
+        # an empty minResources as no minimum too.
+        requests = {name: format((amount * replicas).normalize(), "f") for name, amount in pod_requests(worker_pod).items() if amount}
+        if requests:
+            spec["minResources"] = requests
         return {
             "apiVersion": PODGROUPS.api_version,
             "kind": PODGROUPS.kind,
@@ -183,7 +192,7 @@ class Volcano:
                 "namespace": job.metadata.namespace,
                 "labels": {JOB_LABEL: job.name, GANG_LABEL: str(gang)},
             },
-            "spec": {"minMember": replicas, "queue": policy.queue},
+            "spec": spec,
         }
 
     def decorate(self, pod: dict[str, Any], job: CaramelJob, gang: int, replicas: int) -> None:

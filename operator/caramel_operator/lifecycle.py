@@ -729,10 +729,14 @@ class _Reconciliation:
         fails the job, naming what to install. Pods of a gang already created belong to an
         admitted gang: its missing ones are created without asking again."""
         resource = self.scheduler.resource
-        group = self.scheduler.group(self.job, self.status.gang, size)
-        if resource is None or group is None:
+        if resource is None:
             return True
-        seen = self.group if self.group is not None and self.group.gang == self.status.gang else None
+        gang = self.status.gang
+        pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=gang, replicas=size)
+        group = self.scheduler.group(self.job, gang, size, pod)
+        if group is None:
+            return True
+        seen = self.group if self.group is not None and self.group.gang == gang else None
         if seen is None:
             return False  # not read for this gang (new in this pass): the next pass reads it
         scheduler = self.scheduler.name
