@@ -19,12 +19,15 @@ PYTEST_ARGS ?=
 # requirement on the full `tensorflow` would install a second TensorFlow.
 WITHOUT_DEPENDENCIES := $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['caramel']['without-dependencies'])")
 
-.PHONY: setup test test-fast crd clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
+.PHONY: setup test test-fast crd rbac clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
 
 # The CRD and the API reference (docs/api.md) are generated from the API models; tests fail when a
 # committed copy drifts.
 CRD_COPIES := manifests/crd.yaml helm/caramel/files/crd.yaml
 API_REFERENCE := docs/api.md
+# The operator's RBAC is generated from caramel_operator.rbac, each copy as path:variant; tests fail
+# when a committed copy drifts.
+RBAC_COPIES := helm/caramel/files/rbac-rules.yaml:chart manifests/rbac.yaml:cluster manifests/namespaced/rbac-namespaced.yaml:namespaced
 
 setup: $(VENV)/.setup-done
 
@@ -94,6 +97,9 @@ $(VENV)/.bench-done: $(VENV)/.setup-done pyproject.toml
 crd: setup
 	@for copy in $(CRD_COPIES); do mkdir -p $$(dirname $$copy); $(VENV_PYTHON) -m caramel_operator.crd > $$copy; echo "wrote $$copy"; done
 	@mkdir -p $$(dirname $(API_REFERENCE)); $(VENV_PYTHON) -m caramel.contract.reference > $(API_REFERENCE); echo "wrote $(API_REFERENCE)"
+
+rbac: setup
+	@for copy in $(RBAC_COPIES); do path=$${copy%%:*}; $(VENV_PYTHON) -m caramel_operator.rbac $${copy##*:} > $$path; echo "wrote $$path"; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info runtime/*.egg-info

@@ -13,6 +13,9 @@ their simplest form, the parts of a control plane the operator's behaviour depen
   CaramelJob (waiting for their finalizers) and only then the CRD and the resource. The second
   lets the discovery change reach kopf first, which then stops watching the jobs and never sees
   them deleted: what the operator saw on v1.36;
+- other CRDs (a gang scheduler's, such as Volcano's PodGroup): their resources are served from
+  their creation, and a resource of an API group that neither a CRD nor Kubernetes serves is
+  answered 404, as kube-apiserver answers (kmock would store objects of any resource asked for);
 - RBAC at its coarsest: `--forbid nodes` refuses every list of nodes with 403 Forbidden, as the
   API server refuses an operator whose Roles grant nothing cluster-scoped.
 And what tests of the operator's robustness need:
@@ -132,6 +135,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             record.write(json.dumps(line) + "\n")
 
     async def _respond(self, request: kmock.Request):
+        if request.resource is not None and request.resource.plural and not self._serves(request.resource.group):
+            raise k8s.KubernetesError(status=404, reason="NotFound", message="the server could not find the requested resource")
         if request.action == kmock.action.LIST and request.resource is not None and request.resource.plural in self.forbidden:
             plural = request.resource.plural
             raise k8s.KubernetesError(
@@ -149,9 +154,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             metadata.setdefault("creationTimestamp", now())
             if request.resource is not None and request.resource.plural == "pods":
                 self._admit_pod(request.namespace or metadata.get("namespace"), metadata["name"])
-            if request.resource is not None and request.resource.plural == "customresourcedefinitions" and metadata["name"] == CRD_NAME:
-                metadata["finalizers"] = [CRD_CLEANUP_FINALIZER]
-                asyncio.get_running_loop().call_later(self.discovery_lag, self._serve_jobs, True)
+            if request.resource is not None and request.resource.plural == "customresourcedefinitions":
+                if metadata["name"] == CRD_NAME:
+                    metadata["finalizers"] = [CRD_CLEANUP_FINALIZER]
+                    asyncio.get_running_loop().call_later(self.discovery_lag, self._serve_jobs, True)
+                else:
+                    self._serve_crd(request.data)
         if request.action == kmock.action.UPDATE and request.name:
             version = self._next_version()
             if isinstance(request.data, list):  # a JSON patch: after its ops, which may test the version before
@@ -164,6 +172,26 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             # As kube-apiserver answers a JSON patch it cannot apply, a failed test among them
             # (kopf's patches test the resourceVersion they were made from, and retry after a 422).
             raise k8s.KubernetesError(status=422, reason="Invalid", message=f"the JSON patch cannot be applied: {error}") from None
+
+    def _serves(self, group: str | None) -> bool:
+        """Whether the API serves resources of the group: Kubernetes' own (kmock's bundled ones), a
+        CRD's, or CaramelJobs' (whose CRD's life is played out above)."""
+        return group == "caramel.dev" or any(resource.group == (group or "") for resource in self._get_resources())
+
+    def _serve_crd(self, crd: dict) -> None:
+        """Serve the resource of a CRD other than CaramelJob's, in each of its served versions."""
+        spec = crd["spec"]
+        names = spec["names"]
+        for version in spec["versions"]:
+            if version.get("served", True):
+                self.resources[f"{spec['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
+                    kind=names["kind"],
+                    singular=names.get("singular"),
+                    namespaced=spec.get("scope") == "Namespaced",
+                    shortnames=set(names.get("shortNames") or []),
+                    subresources={"status"},
+                    verbs=SERVED_VERBS,
+                )
 
     def _next_version(self) -> str:
         self.revision += 1

@@ -36,6 +36,28 @@ EVENTS = "/api/v1/namespaces/default/events"
 NODES = "/api/v1/nodes"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CRD = f"{CRDS}/carameljobs.caramel.dev"
+PODGROUPS = "/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups"
+# Volcano's PodGroup CRD, as far as the API server's serving of it goes: its names and versions
+# (Volcano's own schema is not needed where nothing validates against it).
+PODGROUP_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podgroups.scheduling.volcano.sh"},
+    "spec": {
+        "group": "scheduling.volcano.sh",
+        "names": {"kind": "PodGroup", "listKind": "PodGroupList", "plural": "podgroups", "singular": "podgroup", "shortNames": ["pg"]},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                "subresources": {"status": {}},
+            }
+        ],
+    },
+}
 RACK_LABEL = "topology.caramel.dev/rack"
 
 
@@ -122,6 +144,13 @@ class KubeApi:
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [event for event in self.items(EVENTS) if event.get("reason") == reason]
+
+    def podgroup(self, name: str) -> dict[str, Any] | None:
+        return self.get(f"{PODGROUPS}/{name}")
+
+    def set_podgroup_phase(self, name: str, phase: str) -> None:
+        """Play Volcano's scheduler: move a PodGroup to `phase` (Inqueue: admitted)."""
+        self.patch(f"{PODGROUPS}/{name}/status", {"status": {"phase": phase}})
 
     def set_pod_status(self, name: str, status: dict[str, Any]) -> None:
         """Play the kubelet: report a pod's state."""
@@ -351,6 +380,12 @@ class Operator:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
             return response.read().decode()
+
+    def __enter__(self) -> Operator:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         self.process.terminate()

@@ -38,7 +38,7 @@ import yaml
 
 from caramel.contract.jobfile import load_job, parse_job
 from caramel_operator.builders import OPERATOR_POD_LABELS, build_worker_pod
-from caramel_operator.cluster import CRD_READS, NAMESPACE_READS, PERMISSIONS, PLACEMENT_READS
+from caramel_operator.rbac import CRD_READS, NAMESPACE_READS, PERMISSIONS, PLACEMENT_READS
 from caramel_operator.config import OperatorSettings
 from caramel_operator.handlers import PROBE_LOOK_SECONDS
 from caramel_operator.health import READINESS_PATH
@@ -449,7 +449,7 @@ def test_cluster_scope_grants_the_operator_rules_cluster_wide() -> None:
     assert DISCOVERY_RULES[0] in rules and DISCOVERY_RULES[1] not in rules
     # Least privilege: no wildcards, no secrets, nothing beyond the operator's kinds.
     granted = {resource for rule in rules for resource in rule["resources"]}
-    assert granted == {"carameljobs", "carameljobs/status", "pods", "services", "networkpolicies", "events", "customresourcedefinitions", "nodes"}
+    assert granted == {"carameljobs", "carameljobs/status", "pods", "services", "networkpolicies", "podgroups", "events", "customresourcedefinitions", "nodes"}
     assert PLACEMENT_RULES[0] in rules
     assert all("*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"] for rule in rules)
     binding = only(objects, "ClusterRoleBinding")

@@ -14,10 +14,13 @@ from caramel.contract.progress import ProgressReport
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract
 from caramel.network.wire import job_topology, to_json
 from caramel_operator.gang_placement import NoRoom, Placed, Unreadable, placed_topology
+from caramel_operator.gang_schedulers import PODGROUPS, ObservedGroup
 from caramel_operator.lifecycle import (
     EVENT_MESSAGE_BYTES,
+    CreateGroup,
     CreateObject,
     CreatePods,
+    DeleteGroup,
     DeletePods,
     PlaceGang,
     decide,
@@ -592,6 +595,62 @@ def test_rstorm_against_kueue_topology_aware_scheduling_fails_the_spec_naming_th
     decision = decide(job(placement={"policy": "RStorm"}, workers={"template": tas}), status(), [], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.FAILED and not decision.actions
     assert decision.status.message.startswith("invalid spec: spec.placement.policy: RStorm pins every worker to a node")
+
+
+VOLCANO = {"runPolicy": {"schedulingPolicy": {"gangScheduler": "Volcano", "queue": "training"}}}
+
+
+def podgroup(phase=None, gang=0):
+    """The gang's PodGroup as the handler read it, with the phase Volcano gave it."""
+    return ObservedGroup(gang, {"metadata": {"name": f"demo-gang-{gang}"}, "status": {"phase": phase} if phase else {}})
+
+
+def test_a_volcano_gang_gets_its_podgroup_first_and_its_pods_once_volcano_admits_it():
+    unread = decide(job(**VOLCANO), status(), [], ALL, NOW, SETTINGS)
+    assert not unread.actions and unread.status.placement.by == "Volcano"  # the handler reads the group next pass
+    first = decide(job(**VOLCANO), status(), [], ALL, NOW, SETTINGS, ObservedGroup(0))
+    [create] = actions_of(first, CreateGroup)
+    assert create.resource == PODGROUPS and create.manifest["spec"]["minMember"] == 2
+    assert not actions_of(first, CreatePods) and first.status.phase is Phase.PENDING
+    created = decide(job(**VOLCANO), first.status, [], ALL, NOW, SETTINGS, podgroup())
+    assert not created.actions and created.status.message == "waiting for Volcano to admit PodGroup demo-gang-0, a gang of 2 workers"
+    assert [e.reason for e in created.events] == ["WaitingForAdmission"]
+    pending = decide(job(**VOLCANO), created.status, [], ALL, NOW, SETTINGS, podgroup("Pending"))
+    assert not pending.actions and pending.status.message.endswith("a gang of 2 workers (phase Pending)")
+    assert not pending.events  # one Event for the wait, not one per phase
+    admitted = decide(job(**VOLCANO), pending.status, [], ALL, NOW, SETTINGS, podgroup("Inqueue"))
+    [pods] = actions_of(admitted, CreatePods)
+    assert [pod["spec"]["schedulerName"] for pod in pods.manifests] == ["volcano", "volcano"]
+    assert {pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] for pod in pods.manifests} == {"demo-gang-0"}
+    assert not actions_of(admitted, CreateGroup) and all("affinity" not in pod["spec"] for pod in pods.manifests)
+
+
+def test_the_missing_pods_of_an_admitted_volcano_gang_need_no_second_admission():
+    decision = decide(job(**VOLCANO), status(), [worker(0, WorkerState.PENDING)], ALL, NOW, SETTINGS)
+    [create] = actions_of(decision, CreatePods)
+    assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-1"]
+
+
+def test_a_volcano_job_where_the_api_serves_no_podgroups_fails_naming_the_field_and_what_to_install():
+    decision = decide(job(**VOLCANO), status(), [], ALL, NOW, SETTINGS, ObservedGroup(0, served=False))
+    assert decision.status.phase is Phase.FAILED and not actions_of(decision, CreateGroup)
+    [failed] = [c for c in decision.status.conditions if c.type == "Failed"]
+    assert failed.reason == "GangSchedulerMissing"
+    assert failed.message.startswith(
+        "spec.runPolicy.schedulingPolicy.gangScheduler Volcano: the API server does not serve podgroups.scheduling.volcano.sh/v1beta1; install Volcano"
+    )
+    assert [e.reason for e in decision.events] == ["GangSchedulerMissing"]
+
+
+def test_a_restarted_or_suspended_volcano_gang_deletes_its_podgroup():
+    running = status(phase=Phase.RUNNING, start_time=timestamp(NOW))
+    failed = decide(job(**VOLCANO), running, [worker(0, WorkerState.FAILED, failure_reason="Error", exit_code=1), worker(1)], ALL, NOW, SETTINGS)
+    assert failed.status.gang == 1 and actions_of(failed, DeleteGroup) == [DeleteGroup(PODGROUPS, "demo-gang-0")]
+    suspended = decide(job(runPolicy={**VOLCANO["runPolicy"], "suspend": True}), running, [worker(0), worker(1)], ALL, NOW, SETTINGS)
+    assert actions_of(suspended, DeleteGroup) == [DeleteGroup(PODGROUPS, "demo-gang-0")]
+    # Kueue's groups are its own: nothing to delete.
+    kueue = {"runPolicy": {"schedulingPolicy": {"queue": "research"}}}
+    assert not actions_of(decide(job(**kueue), running, [worker(0, WorkerState.FAILED, failure_reason="Error"), worker(1)], ALL, NOW, SETTINGS), DeleteGroup)
 
 
 def test_auto_says_why_the_scheduler_places_a_gang_of_gpu_workers():

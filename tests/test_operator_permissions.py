@@ -6,7 +6,8 @@ code declares, which tests/test_chart.py checks every RBAC variant grants exactl
 What this cannot show: the emulator enforces no RBAC (tests/cluster asks a real API server with
 `kubectl auth can-i`); a request the operator makes only on a path this run does not take would
 be missed, so it goes through creation, placement, a failure and restart, success, the TTL's
-deletion, the probes and the CRD's deletion; and an operator confined to namespaces cannot run
+deletion, the probes, a Volcano gang's PodGroup (created, read, deleted at a restart) and the
+CRD's deletion; and an operator confined to namespaces cannot run
 against the emulator (kmock 0.8 cannot parse the path /api/v1/namespaces, which kopf then lists),
 so what it reads besides, NAMESPACE_READS, is declared and granted but not observed here.
 """
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import json
 
-from caramel_operator.cluster import CRD_READS, PERMISSIONS, PLACEMENT_READS
-from testbed.operator_harness import Emulator, Operator, eventually, terminated
+from caramel_operator.rbac import CRD_READS, PERMISSIONS, PLACEMENT_READS
+from testbed.operator_harness import CRDS, PODGROUP_CRD, Emulator, Operator, eventually, terminated
 
 SPEC = {"script": "examples/train_small.py", "workers": {"replicas": 2}, "runPolicy": {"ttlSecondsAfterFinished": 0}}
+VOLCANO = {**SPEC, "runPolicy": {"schedulingPolicy": {"gangScheduler": "Volcano", "queue": "default"}}}
 # The operator's two clients: kopf's and the kubernetes package's (the test's own requests, and
 # the emulator's creation of the CRD, are not the operator's).
 OPERATOR_CLIENTS = ("kopf/", "OpenAPI-Generator/")
@@ -31,8 +33,9 @@ def used(record) -> set[tuple[str, str, str]]:
 
 
 def live_a_job(emulator: Emulator, operator: Operator) -> None:
-    """A job created, placed, failed once, restarted, succeeded and deleted by its TTL; probes;
-    then a second job left for the CRD's deletion to release."""
+    """A job created, placed, failed once, restarted, succeeded and deleted by its TTL; probes; a
+    Volcano job whose gang is admitted, fails and restarts; then a job left for the CRD's deletion
+    to release."""
     api = emulator.api
     api.running_job("demo", SPEC)
     api.set_pod_status("demo-worker-1", terminated(1))
@@ -41,6 +44,13 @@ def live_a_job(emulator: Emulator, operator: Operator) -> None:
         api.set_pod_status(pod["metadata"]["name"], terminated(0, reason="Completed"))
     eventually(lambda: api.job("demo") is None, what="the job deleted after its TTL")
     assert operator.healthy() and operator.ready()
+    api.create(CRDS, PODGROUP_CRD)
+    api.create_job("volcano", VOLCANO)
+    eventually(lambda: api.podgroup("volcano-gang-0"), what="the Volcano gang's PodGroup")
+    api.set_podgroup_phase("volcano-gang-0", "Inqueue")
+    eventually(lambda: len(api.pods("volcano")) == 2, what="the admitted gang's pods")
+    api.set_pod_status("volcano-worker-0", terminated(1))
+    eventually(lambda: api.podgroup("volcano-gang-0") is None, what="the restarted gang's PodGroup deleted")
     api.create_job("left", SPEC)
     eventually(lambda: len(api.pods("left")) == 2, what="the second job's pods")
     api.delete_crd()

@@ -16,18 +16,11 @@ from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, worker_command, wor
 from caramel.contract.ports import PortMap
 from caramel.network.model import Topology
 from caramel.network.wire import to_wire
+from caramel_operator.gang_schedulers import gang_scheduler
+from caramel_operator.labels import GANG_LABEL, JOB_LABEL, WORKER_INDEX_LABEL
 from caramel_operator.podsecurity import restricted_violations
 
 WORKER_CONTAINER = "worker"
-JOB_LABEL = "caramel.dev/job"
-WORKER_INDEX_LABEL = "caramel.dev/worker-index"
-GANG_LABEL = "caramel.dev/gang"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-KUEUE_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
-# Names the label holding each pod's index in its group: Kueue's topology-aware scheduling places
-# the pods in that order (rank-based ordering), so neighbouring ranks land close.
-KUEUE_POD_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index-label"
 # The labels of the operator's own pod (chart and manifests), which may scrape workers' metrics.
 OPERATOR_POD_LABELS = {"app.kubernetes.io/part-of": "caramel", "app.kubernetes.io/component": "operator"}
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -119,11 +112,6 @@ def build_worker_pod(
     env = worker_env(job, worker_index, peer_addresses(job, replicas), tuning, wire, rendezvous_timeout_seconds)
     labels = {**job_labels(job), WORKER_INDEX_LABEL: str(worker_index), GANG_LABEL: str(gang)}
     annotations: dict[str, str] = {}
-    if spec.run_policy.scheduling_policy:
-        labels[KUEUE_QUEUE_LABEL] = spec.run_policy.scheduling_policy.queue
-        labels[KUEUE_GROUP_LABEL] = f"{job.name}-gang-{gang}"
-        annotations[KUEUE_GROUP_COUNT_ANNOTATION] = str(replicas)
-        annotations[KUEUE_POD_INDEX_LABEL_ANNOTATION] = WORKER_INDEX_LABEL
     port_map = PortMap.of(job)
     ports = []
     if port_map.metrics is not None:
@@ -163,6 +151,8 @@ def build_worker_pod(
     }
     security = {"spec": {"securityContext": POD_SECURITY_CONTEXT, "containers": [{"name": WORKER_CONTAINER, "securityContext": CONTAINER_SECURITY_CONTEXT}]}}
     pod = merge_template(pod, _merge(copy.deepcopy(security), copy.deepcopy(spec.workers.template)))
+    # After the template: the gang scheduler's labels, annotations and schedulerName win over it.
+    gang_scheduler(job).decorate(pod, job, gang, replicas)
     if node is not None:
         pod["spec"]["affinity"] = pinned_to_node(pod["spec"].get("affinity"), node)
     return pod

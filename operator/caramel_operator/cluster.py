@@ -11,11 +11,7 @@ the object already there and deletions that find it gone count as done, which ma
 safe to repeat after an operator restart. Other refusals of a creation (Pod Security, quota,
 admission webhooks, RBAC) are returned as the API server's messages, for the job's status.
 
-PERMISSIONS lists what these calls and kopf need, no more: tests check it against the requests
-the operator makes, and that every RBAC variant grants exactly it.
-PLACEMENT_READS is what R-Storm placement reads at cluster scope, which only the cluster-wide
-variants grant: nodes are cluster-scoped, and a node's free resources depend on the pods of every
-namespace. Without them, spec.placement.policy Auto leaves placement to the scheduler.
+The rights these calls and kopf's need are rbac.py's rules, from which every RBAC copy is made.
 """
 
 from __future__ import annotations
@@ -30,29 +26,11 @@ from kubernetes.client.exceptions import ApiException
 
 from caramel.contract.api import GROUP, VERSION
 from caramel_operator.crd import PLURAL
+from caramel_operator.gang_schedulers import GroupResource
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
 
 
-# (API group, resource, verb) the operator uses in the namespaces it serves: its own calls below
-# (read a job, list jobs, write their status, release their finalizers, delete expired ones;
-# create pods, Services and NetworkPolicies; delete pods), and kopf's (list and watch what it
-# indexes and serves, patch its finalizer and annotations, post core/v1 Events). Pods, Services and NetworkPolicies
-# are deleted by the garbage collector, through their owner reference, or not at all.
-PERMISSIONS = {
-    *((GROUP, "carameljobs", verb) for verb in ("get", "list", "watch", "patch", "delete")),
-    (GROUP, "carameljobs/status", "patch"),
-    *(("", "pods", verb) for verb in ("list", "watch", "create", "delete")),
-    *(("", "services", verb) for verb in ("list", "watch", "create")),
-    *(("networking.k8s.io", "networkpolicies", verb) for verb in ("list", "watch", "create")),
-    ("", "events", "create"),
-}
-# What kopf reads at cluster scope whatever it serves: the CRDs, so that it notices the CaramelJob
-# CRD being installed, upgraded or deleted while it runs. Confined to namespaces, it also lists and
-# watches namespaces (NAMESPACE_READS), to learn which of the served ones exist.
-CRD_READS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
-NAMESPACE_READS = {("", "namespaces", verb) for verb in ("list", "watch")}
-PLACEMENT_READS = {("", "nodes", "list"), ("", "pods", "list")}
 # The pods whose requests hold their nodes' resources, as the scheduler selects them.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -108,6 +86,38 @@ class Cluster:
         }[manifest["kind"]]
         refusal = await self._create(create, manifest)
         return [refusal] if refusal else []
+
+    async def create_group(self, resource: GroupResource, manifest: dict[str, Any]) -> list[str]:
+        """Create a gang scheduler's group object; the API server's refusal, if any."""
+
+        def create(namespace: str, body: dict[str, Any], **options: Any) -> Any:
+            return self.custom.create_namespaced_custom_object(resource.group, resource.version, namespace, resource.plural, body, **options)
+
+        refusal = await self._create(create, manifest)
+        return [refusal] if refusal else []
+
+    async def group(self, resource: GroupResource, namespace: str, name: str) -> dict[str, Any] | None:
+        """A gang scheduler's group object, or None where there is none."""
+        try:
+            response = await self._call(self.custom.get_namespaced_custom_object, resource.group, resource.version, namespace, resource.plural, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return json.loads(response.data)
+
+    async def serves(self, resource: GroupResource) -> bool:
+        """Whether the API server serves the resource (its discovery lists it): whether its CRD is installed."""
+        try:
+            response = await self._call(self.custom.get_api_resources, resource.group, resource.version)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return any(item.get("name") == resource.plural for item in json.loads(response.data).get("resources") or [])
+
+    async def delete_group(self, resource: GroupResource, namespace: str, name: str) -> None:
+        await self._delete(self.custom.delete_namespaced_custom_object, resource.group, resource.version, namespace, resource.plural, name)
 
     async def job_uid(self, namespace: str, name: str) -> str | None:
         """The uid of the job now in the API, or None if it is gone (its CRD too, perhaps)."""

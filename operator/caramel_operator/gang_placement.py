@@ -1,6 +1,7 @@
 """A job's gang placement, from the job and the cluster's Node and Pod objects as plain dicts (pure).
 
-- `placed_by`: who places the gang under spec.placement.policy (R-Storm, the scheduler or Kueue);
+- `placed_by`: who places the gang under spec.placement.policy (R-Storm, the scheduler or the
+  job's gang scheduler, gang_schedulers.py);
   Auto leaves to the scheduler the gangs that ask for resources R-Storm does not weigh (GPUs).
 - `place`: R-Storm over the nodes the workers may use, as the scheduler reads the worker pod:
   its nodeSelector and required node affinity (`admits`), its tolerations, and what it requests,
@@ -23,16 +24,9 @@ from caramel.contract.api import CaramelJob, PlacedBy, PlacementPolicy, WorkerNo
 from caramel.network.labels import ClusterLinks, Position, gang_topology
 from caramel.network.model import Topology
 from caramel_operator.builders import JOB_LABEL
+from caramel_operator.gang_schedulers import gang_scheduler, kueue_topology_annotations
 from caramel_operator.node_resources import free_resources, pod_requests
 from caramel_operator.placement import Gang, Unplaceable, largest_fit, rstorm
-
-# The pod set annotations that ask Kueue for topology-aware scheduling.
-KUEUE_TOPOLOGY_ANNOTATIONS = (
-    "kueue.x-k8s.io/podset-required-topology",
-    "kueue.x-k8s.io/podset-preferred-topology",
-    "kueue.x-k8s.io/podset-unconstrained-topology",
-    "kueue.x-k8s.io/podset-slice-required-topology",
-)
 
 
 @dataclass(frozen=True)
@@ -61,12 +55,6 @@ class Unreadable:
 Outcome = Placed | NoRoom | Unreadable
 
 
-def kueue_topology_annotations(job: CaramelJob) -> list[str]:
-    """The Kueue topology-aware scheduling annotations in spec.workers.template.metadata."""
-    annotations = (job.spec.workers.template.get("metadata") or {}).get("annotations") or {}
-    return [name for name in KUEUE_TOPOLOGY_ANNOTATIONS if name in annotations]
-
-
 def unweighed_resources(worker_pod: Mapping[str, Any]) -> list[str]:
     """What the worker pod asks for that R-Storm does not weigh: extended resources (GPUs and
     other device plugins' resources, named with a domain) and huge pages."""
@@ -83,13 +71,16 @@ def unweighed_resources(worker_pod: Mapping[str, Any]) -> list[str]:
 
 def placed_by(job: CaramelJob, worker_pod: Mapping[str, Any]) -> tuple[PlacedBy, str]:
     """Who places the gang of `worker_pod`s under spec.placement.policy, before anything is read
-    from the cluster, and why when Auto does not take R-Storm for another reason than Kueue."""
+    from the cluster, and why when Auto does not take R-Storm for another reason than a gang scheduler."""
     policy = job.spec.placement.policy
     if policy is PlacementPolicy.SCHEDULER:
         return PlacedBy.SCHEDULER, ""
     if policy is PlacementPolicy.RSTORM:
         return PlacedBy.RSTORM, ""
-    if job.spec.run_policy.scheduling_policy or kueue_topology_annotations(job):
+    scheduler = gang_scheduler(job).placed_by
+    if scheduler is not None:
+        return scheduler, ""
+    if kueue_topology_annotations(job):
         return PlacedBy.KUEUE, ""
     unweighed = unweighed_resources(worker_pod)
     if unweighed:
@@ -102,15 +93,16 @@ def placed_by(job: CaramelJob, worker_pod: Mapping[str, Any]) -> tuple[PlacedBy,
 
 
 def placement_problems(job: CaramelJob) -> list[str]:
-    """Placement settings that contradict each other, each naming the field."""
+    """Placement and gang scheduling settings that contradict each other, each naming the field."""
+    problems = gang_scheduler(job).problems(job)
     requested = kueue_topology_annotations(job)
     if job.spec.placement.policy is PlacementPolicy.RSTORM and requested:
-        return [
+        problems.append(
             "spec.placement.policy: RStorm pins every worker to a node, which contradicts the topology-aware "
             f"scheduling spec.workers.template.metadata.annotations asks Kueue for ({requested[0]}); "
             "use Auto to let Kueue place the gang, or remove the annotation"
-        ]
-    return []
+        )
+    return problems
 
 
 def place(

@@ -35,12 +35,15 @@ from caramel_operator.cluster import Cluster, ReadForbidden, scrape
 from caramel_operator.config import OperatorSettings
 from caramel_operator.crd import PLURAL
 from caramel_operator.gang_placement import Outcome, Unreadable, place
+from caramel_operator.gang_schedulers import ObservedGroup, gang_scheduler, group_name
 from caramel_operator.health import Lag, Listed, WatchCheck, serve
 from caramel_operator.lifecycle import (
     FINISHED,
+    CreateGroup,
     CreateObject,
     CreatePods,
     Decision,
+    DeleteGroup,
     DeletePods,
     PlaceGang,
     decide,
@@ -259,8 +262,9 @@ async def _reconcile_once(
             workers = list(worker_pods.get((namespace, name), []))
             key = (namespace, name)
             existing = frozenset([*job_services.get(key, []), *job_network_policies.get(key, [])])
-            decision = decide(job, status, workers, existing, now, SETTINGS)
-            decision = await _place_gang(decision, job, workers, existing, memo.cluster, now)
+            group = await _read_group(job, status, workers, memo.cluster)
+            decision = decide(job, status, workers, existing, now, SETTINGS, group)
+            decision = await _place_gang(decision, job, workers, existing, group, memo.cluster, now)
             await _read_progress(decision, job, workers, memo, now)
             status = await _write_status(decision.status, status, namespace, name, memo.cluster)
             refusals = await _carry_out(decision, body, namespace, memo.cluster)
@@ -309,6 +313,7 @@ async def _place_gang(
     job: CaramelJob,
     workers: list[WorkerObservation],
     existing: frozenset[str],
+    group: ObservedGroup | None,
     cluster: Cluster,
     now: datetime,
 ) -> Decision:
@@ -324,12 +329,29 @@ async def _place_gang(
         outcome = Unreadable(str(error))
     else:
         outcome = place(job, request.worker_pod, nodes, pods, SETTINGS.rack_label, request.fewest, request.most)
-    return with_placement(decision, job, outcome, workers, existing, now, SETTINGS)
+    return with_placement(decision, job, outcome, workers, existing, now, SETTINGS, group)
+
+
+async def _read_group(
+    job: CaramelJob, status: CaramelJobStatus, workers: list[WorkerObservation], cluster: Cluster
+) -> ObservedGroup | None:
+    """The current gang's group object, where the job's gang scheduler takes one and the gang has
+    no pods yet: only such a gang waits on its group (`lifecycle.gang_admitted`). Where the group
+    is not there, whether the API server serves its resource at all: a missing CRD fails the job."""
+    resource = gang_scheduler(job).resource
+    gang = status.gang
+    waits = status.phase not in FINISHED and not job.spec.run_policy.suspend and not any(worker.gang == gang for worker in workers)
+    if resource is None or not waits:
+        return None
+    found = await cluster.group(resource, job.metadata.namespace, group_name(job, gang))
+    if found is None and not await cluster.serves(resource):
+        return ObservedGroup(gang, served=False)
+    return ObservedGroup(gang, found)
 
 
 async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluster: Cluster) -> list[str]:
     """Carry out the actions; the API server's refusals of creations."""
-    creates = any(isinstance(action, CreateObject | CreatePods) for action in decision.actions)
+    creates = any(isinstance(action, CreateObject | CreatePods | CreateGroup) for action in decision.actions)
     if creates and await cluster.job_uid(namespace, body.metadata.name) != body.metadata.uid:
         # The job (or its CRD) is gone, though its daemon has not heard yet: creating pods now
         # would make orphans, which the garbage collector deletes and the next pass re-creates.
@@ -343,8 +365,13 @@ async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluste
             case CreatePods(manifests):
                 kopf.adopt(manifests, owner=body)
                 refusals += await cluster.create_pods(manifests)
+            case CreateGroup(resource, manifest):
+                kopf.adopt(manifest, owner=body)
+                refusals += await cluster.create_group(resource, manifest)
             case DeletePods(names, force):
                 await cluster.delete_pods(namespace, names, force=force)
+            case DeleteGroup(resource, name):
+                await cluster.delete_group(resource, namespace, name)
     return refusals
 
 

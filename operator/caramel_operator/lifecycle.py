@@ -60,11 +60,14 @@ from caramel.contract.termination import fit
 from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
 from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable, placed_by, placed_topology, placement_problems
+from caramel_operator.gang_schedulers import GroupResource, ObservedGroup, gang_scheduler, group_name
 from caramel_operator.observe import INVALID_IMAGE, LOST_REASONS, NODE_LOST_REASONS, POD_DELETED, WorkerObservation, WorkerState
 
 FINISHED = {Phase.SUCCEEDED, Phase.FAILED}
 # kopf cuts longer Event messages in the middle; the restart Event fits its own lines to it.
 EVENT_MESSAGE_BYTES = 1024
+# status.pendingReason (and the Event's reason) of a gang whose gang scheduler has yet to admit it.
+WAITING_FOR_ADMISSION = "WaitingForAdmission"
 # Sorts failures whose time is not known (which come first anyway) beside those whose time is.
 NO_TIME = datetime.min.replace(tzinfo=UTC)
 
@@ -86,6 +89,22 @@ class DeletePods:
     names: list[str]
     force: bool = False
     """Delete without a grace period: for pods whose node is gone, which would never finish terminating."""
+
+
+@dataclass(frozen=True)
+class CreateGroup:
+    """Create the group object a gang scheduler admits the gang by (a Volcano PodGroup), owned by the job."""
+
+    resource: GroupResource
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteGroup:
+    """Delete the group object of a gang that is gone: its scheduler would go on counting it."""
+
+    resource: GroupResource
+    name: str
 
 
 @dataclass(frozen=True)
@@ -113,7 +132,7 @@ class Event:
     message: str
 
 
-Action = CreateObject | CreatePods | DeletePods | PlaceGang
+Action = CreateObject | CreatePods | DeletePods | PlaceGang | CreateGroup | DeleteGroup
 
 
 @dataclass
@@ -291,6 +310,7 @@ def with_placement(
     existing: frozenset[str],
     now: datetime,
     settings: OperatorSettings,
+    group: ObservedGroup | None = None,
 ) -> Decision:
     """A pass that asked for a placement (`PlaceGang`), given R-Storm's outcome: the outcome
     recorded (`record_placement`), and the pass run again from that status, on the same
@@ -302,7 +322,7 @@ def with_placement(
     recorded = record_placement(decision, job, outcome, now, settings)
     if any(isinstance(action, PlaceGang) and action.growing for action in decision.actions):
         return recorded
-    again = decide(job, recorded.status, workers, existing, now, settings)
+    again = decide(job, recorded.status, workers, existing, now, settings, group)
     return Decision(again.status, again.actions, recorded.events + again.events, recorded.transitions + again.transitions)
 
 
@@ -325,16 +345,21 @@ def decide(
     existing: frozenset[str],
     now: datetime,
     settings: OperatorSettings,
+    group: ObservedGroup | None = None,
 ) -> Decision:
-    """`existing`: the kinds of the job's own objects that exist (Service, NetworkPolicy)."""
-    return _Reconciliation(job, status, workers, existing, now, settings).run()
+    """`existing`: the kinds of the job's own objects that exist (Service, NetworkPolicy); `group`:
+    the current gang's group object, for a gang scheduler that takes one (gang_schedulers.py), as
+    the handler read it."""
+    return _Reconciliation(job, status, workers, existing, now, settings, group).run()
 
 
 class _Reconciliation:
     """One pass of decide(); a class only to share its inputs between the steps."""
 
-    def __init__(self, job, status, workers, existing, now, settings) -> None:
+    def __init__(self, job, status, workers, existing, now, settings, group) -> None:
         self.job: CaramelJob = job
+        self.scheduler = gang_scheduler(job)
+        self.group: ObservedGroup | None = group
         self.replicas = job.spec.workers.replicas
         self.floor = job.spec.workers.floor
         self.workers: list[WorkerObservation] = workers
@@ -414,6 +439,7 @@ class _Reconciliation:
     def suspend(self) -> None:
         self.delete([w for w in self.workers if not w.terminating])
         if self.status.phase is not Phase.SUSPENDED:
+            self.delete_group(self.status.gang)
             self.enter(Phase.SUSPENDED)
             self.update(message="suspended: spec.runPolicy.suspend is true")
             self.condition(ConditionType.SUSPENDED, True, "Suspended", "spec.runPolicy.suspend is true; pods deleted")
@@ -493,8 +519,8 @@ class _Reconciliation:
         """Part of the gang holds its nodes while the rest cannot be scheduled: after the timeout,
         the gang restarts with the scheduled part where spec.workers.minReplicas allows it (a
         resize), or else releases it all, so that the held resources can serve the gang as a
-        whole later (or another job), and retries with backoff. Kueue admission
-        (spec.runPolicy.schedulingPolicy) avoids this."""
+        whole later (or another job), and retries with backoff. A gang scheduler's admission
+        (spec.runPolicy.schedulingPolicy: Kueue, Volcano) avoids this."""
         if len(current) < self.expected or self.status.phase is Phase.RUNNING:
             return False
         unschedulable = [w for w in current.values() if w.pending_reason == "Unschedulable"]
@@ -607,6 +633,7 @@ class _Reconciliation:
                 backoff = self.policy.backoff(waited)
                 waited += 1
         self.enter(Phase.RESTARTING)
+        self.delete_group(self.status.gang)
         self.update(
             restarts=restarts,
             backed_off_restarts=waited,
@@ -665,6 +692,8 @@ class _Reconciliation:
         size = len(placement.workers) or self.gang_size or self.least
         if self.gang_size is None:
             self.size_gang(size)
+        if not current and not self.gang_admitted(size):
+            return
         missing = [index for index in range(size) if index not in current]
         nodes: list[str | None] = [worker.node for worker in placement.workers] or [None] * size
         topology = (
@@ -692,6 +721,51 @@ class _Reconciliation:
             message = f"created {len(pods)} worker pods (gang {self.status.gang})"
             self.condition(ConditionType.CREATED, True, "GangCreated", message)
             self.event("Normal", "GangCreated", message)
+
+    def gang_admitted(self, size: int) -> bool:
+        """Whether the gang scheduler admitted the new gang of `size` workers, so that its pods may
+        be created. A scheduler that takes a group object gets it first (owned by the job) and the
+        pods wait until the group is admitted; a cluster that does not serve the group's resource
+        fails the job, naming what to install. Pods of a gang already created belong to an
+        admitted gang: its missing ones are created without asking again."""
+        resource = self.scheduler.resource
+        if resource is None:
+            return True
+        gang = self.status.gang
+        pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=gang, replicas=size)
+        group = self.scheduler.group(self.job, gang, size, pod)
+        if group is None:
+            return True
+        seen = self.group if self.group is not None and self.group.gang == gang else None
+        if seen is None:
+            return False  # not read for this gang (new in this pass): the next pass reads it
+        scheduler = self.scheduler.name
+        what = f"{resource.kind} {group['metadata']['name']}"
+        if not seen.served:
+            self.fail(
+                "GangSchedulerMissing",
+                f"spec.runPolicy.schedulingPolicy.gangScheduler {scheduler}: the API server does not serve {resource}; "
+                f"install {self.scheduler.installed}, or choose another gang scheduler",
+            )
+            return False
+        if seen.found is None:
+            # Said nothing of yet: a refusal of the creation is what the status says (FailedCreate).
+            self.decision.actions.append(CreateGroup(resource, group))
+            return False
+        if not self.scheduler.admitted(seen.found):
+            phase = (seen.found.get("status") or {}).get("phase")
+            message = f"waiting for {scheduler} to admit {what}, a gang of {size} workers" + (f" (phase {phase})" if phase else "")
+            if self.status.pending_reason != WAITING_FOR_ADMISSION:  # an Event once, not at every change of phase
+                self.event("Normal", WAITING_FOR_ADMISSION, message)
+            self.update(message=message, pending_reason=WAITING_FOR_ADMISSION)
+            return False
+        return True
+
+    def delete_group(self, gang: int) -> None:
+        """Delete the group object of a gang that goes (restarted, suspended); a finished job's
+        stays with it, as its pods may, and goes with it (owner reference)."""
+        if self.scheduler.resource is not None:
+            self.decision.actions.append(DeleteGroup(self.scheduler.resource, group_name(self.job, gang)))
 
     def size_gang(self, size: int) -> None:
         """Record the size of the gang being created; where it differs from the gang before, say

@@ -16,7 +16,8 @@ as the real scheduler binds them, a gang too large for the cluster, the Schedule
 what a live v1.36 cluster showed wrong (issue 28): a re-created CRD, a late peer, deadlines of
 gangs that never run, the final step of a resumed run, SIGTERM at the rendezvous, failure causes
 and logs, the operator's log, timeouts, probes and the users' aggregated roles; and a gang that
-shrinks for want of room and grows back (spec.workers.minReplicas). And what issue 36 found: the
+shrinks for want of room and grows back (spec.workers.minReplicas). And Volcano as the gang
+scheduler where the cluster serves its PodGroups, or else the job's clear failure (issue 37). And what issue 36 found: the
 worker that failed first blamed (rank 1 killed), a deleted worker stopped at once with no
 checkpoint after, a deleted pod's gang restarted in at most 3 s more than its new pods take to
 start, and a job re-created under the name of one deleted with its CRD. Each test has its own
@@ -34,9 +35,10 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from caramel_operator.cluster import PERMISSIONS, PLACEMENT_READS
 from caramel_operator.config import OperatorSettings
+from caramel_operator.gang_schedulers import PODGROUPS
 from caramel_operator.node_resources import free_resources
+from caramel_operator.rbac import PERMISSIONS, PLACEMENT_READS
 from testbed.bad_jobs import HAND_WRITTEN
 from testbed.cluster import (
     OPERATOR_IMAGE, RELEASE, REPO, RUNTIME_IMAGE, Namespace, PodWatch, cluster_unavailable, kubectl, repository_and_tag, run, tool,
@@ -355,6 +357,41 @@ def test_the_scheduler_policy_leaves_placement_to_kube_scheduler(namespace):
     assert namespace.wait_for_phase("free", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("free")
     assert namespace.job("free")["status"]["placement"]["by"] == "Scheduler"
     assert all("affinity" not in pod["spec"] and "CARAMEL_TOPOLOGY" not in env_of(pod) for pod in namespace.pods("free"))
+
+
+VOLCANO_POLICY = {"schedulingPolicy": {"gangScheduler": "Volcano", "queue": "default"}}
+
+
+def serves_podgroups() -> bool:
+    """Whether the cluster's API serves Volcano's PodGroups (Volcano is installed)."""
+    resources = kubectl("api-resources", f"--api-group={PODGROUPS.group}", "-o", "name", check=False).stdout.split()
+    return f"{PODGROUPS.plural}.{PODGROUPS.group}" in resources
+
+
+def test_volcano_admits_the_gang_by_its_podgroup_and_schedules_its_pods(namespace):
+    if not serves_podgroups():
+        pytest.skip(f"the cluster's API does not serve {PODGROUPS} (Volcano is not installed)")
+    namespace.apply(small_job("volcano", runPolicy=VOLCANO_POLICY))
+    assert namespace.wait_for_phase("volcano", {"Succeeded", "Failed"}) == "Succeeded", namespace.job("volcano")
+    job = namespace.job("volcano")
+    assert job["status"]["placement"]["by"] == "Volcano"
+    group = namespace.get(f"{PODGROUPS.plural}.{PODGROUPS.group}", "volcano-gang-0")
+    assert group["spec"]["minMember"] == 2 and group["spec"]["queue"] == "default"
+    assert group["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    for pod in namespace.pods("volcano"):
+        assert pod["spec"]["schedulerName"] == "volcano"
+        assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "volcano-gang-0"
+        assert pod["spec"].get("nodeName"), "bound by Volcano's scheduler"
+
+
+def test_a_volcano_job_where_podgroups_are_not_served_fails_saying_what_to_install(namespace):
+    if serves_podgroups():
+        pytest.skip(f"the cluster's API serves {PODGROUPS}: Volcano is installed")
+    namespace.apply(small_job("no-volcano", runPolicy=VOLCANO_POLICY))
+    assert namespace.wait_for_phase("no-volcano", {"Succeeded", "Failed"}, timeout=120) == "Failed"
+    failed = next(c for c in namespace.job("no-volcano")["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "GangSchedulerMissing" and "install Volcano" in failed["message"], failed
+    assert namespace.events("no-volcano", "GangSchedulerMissing") and not namespace.pods("no-volcano")
 
 
 def training_command(name: str, code: str, **spec) -> dict:

@@ -82,54 +82,18 @@ with rbac.scope=cluster; rbac.watchNamespaces or the release's namespace with rb
 {{- end }}
 
 {{/*
-What the operator does in the namespaces it serves, and nothing more (caramel_operator.cluster's
-PERMISSIONS; tests/test_operator_permissions.py records what it uses): granted cluster-wide by a
-ClusterRole, or in each served namespace by a Role. Kept equal to manifests/rbac.yaml
-(tests/test_chart.py checks).
+The operator's RBAC rules, by role, from files/rbac-rules.yaml, which `make rbac` generates from
+caramel_operator.rbac, as it does manifests/rbac.yaml and manifests/namespaced/ (tests/test_rbac.py
+fails when a copy drifts; tests/test_operator_permissions.py records what the operator uses):
+- operator: what it does in the namespaces it serves, granted cluster-wide by a ClusterRole, or
+  in each served namespace by a Role;
+- crdRead: kopf watches CRDs, to notice the CaramelJob CRD being installed or upgraded while it runs;
+- namespaceRead: kopf, confined to namespaces, lists them to learn which of the served ones exist;
+- placementRead: R-Storm lists the nodes (the pods on them under the operator's pods rule,
+  cluster-wide with rbac.scope=cluster).
+Call with (list . "role").
 */}}
-{{- define "caramel.operatorRules" -}}
-# CaramelJobs: kopf lists and watches them and patches its finalizer, its annotations and the
-# status; the operator reads a job before creating its pods, lists them for its liveness check,
-# releases their finalizers when the CRD is deleted, and deletes them when
-# runPolicy.ttlSecondsAfterFinished has passed.
-- apiGroups: [caramel.dev]
-  resources: [carameljobs]
-  verbs: [get, list, watch, patch, delete]
-- apiGroups: [caramel.dev]
-  resources: [carameljobs/status]
-  verbs: [patch]
-# The worker pods of each gang: created, watched, deleted at restarts and clean-up.
-- apiGroups: [""]
-  resources: [pods]
-  verbs: [list, watch, create, delete]
-# The headless Service that names the workers, and each job's NetworkPolicy: created and watched;
-# the garbage collector deletes them with their job.
-- apiGroups: [""]
-  resources: [services]
-  verbs: [list, watch, create]
-- apiGroups: [networking.k8s.io]
-  resources: [networkpolicies]
-  verbs: [list, watch, create]
-# Events about CaramelJobs (kopf posts core/v1 ones).
-- apiGroups: [""]
-  resources: [events]
-  verbs: [create]
-{{- end }}
-
-{{/*
-Placement (spec.placement): R-Storm lists the nodes (allocatable resources, labels, taints,
-readiness) when it places a gang; what the pods on them request it lists under the operator's pods
-rule, cluster-wide with rbac.scope=cluster. Kept equal to manifests/rbac.yaml.
-*/}}
-{{- define "caramel.placementReadRule" -}}
-- apiGroups: [""]
-  resources: [nodes]
-  verbs: [list]
-{{- end }}
-
-{{/* kopf watches CRDs, to notice the CaramelJob CRD being installed or upgraded while it runs. */}}
-{{- define "caramel.crdReadRule" -}}
-- apiGroups: [apiextensions.k8s.io]
-  resources: [customresourcedefinitions]
-  verbs: [list, watch]
+{{- define "caramel.rbacRules" -}}
+{{- $root := index . 0 }}
+{{- index ($root.Files.Get "files/rbac-rules.yaml" | fromYaml) (index . 1) | toYaml }}
 {{- end }}

@@ -191,11 +191,26 @@ class CleanPodPolicy(StrEnum):
     ALL = "All"
 
 
+class GangSchedulerName(StrEnum):
+    """What admits a gang to the cluster as a whole (all its workers or none)."""
+
+    KUEUE = "Kueue"
+    VOLCANO = "Volcano"
+
+
 class SchedulingPolicy(ApiModel):
     """How the gang is admitted to the cluster."""
 
+    gang_scheduler: GangSchedulerName = GangSchedulerName.KUEUE
+    """Kueue: the gang is submitted to Kueue as one plain pod group, which Kueue admits by quota
+    and gates until then. Volcano: the operator creates a Volcano PodGroup (scheduling.volcano.sh)
+    whose minMember is the gang's size, creates the pods once Volcano admits the group (its phase
+    Inqueue or Running), and the pods are scheduled by Volcano (schedulerName volcano). Each needs
+    its scheduler installed in the cluster."""
+
     queue: str = Field(min_length=1)
-    """Kueue LocalQueue to submit the gang to, as one plain pod group (admitted all or nothing)."""
+    """The queue the gang is submitted to: with Kueue a LocalQueue of the job's namespace, with
+    Volcano a Queue (Volcano's own is named default)."""
 
 
 class RunPolicy(ApiModel):
@@ -239,9 +254,10 @@ class PlacementSpec(ApiModel):
     with a required node affinity, numbers the ranks along the topology and gives the workers the
     placed topology; a gang that does not fit is not created: the reason is in status.message and
     placement is tried again after the restart backoff. Scheduler: kube-scheduler places each
-    pod; ranks in pod order, no topology. Auto: RStorm, except where Kueue places the gang
-    (spec.runPolicy.schedulingPolicy set, or a kueue.x-k8s.io/podset-*-topology annotation in
-    spec.workers.template.metadata), which is then told each pod's rank so that its
+    pod; ranks in pod order, no topology. Auto: RStorm, except where a gang scheduler places the
+    gang: Volcano (spec.runPolicy.schedulingPolicy.gangScheduler Volcano), or Kueue
+    (spec.runPolicy.schedulingPolicy set for Kueue, or a kueue.x-k8s.io/podset-*-topology
+    annotation in spec.workers.template.metadata), which is then told each pod's rank so that its
     topology-aware scheduling keeps neighbouring ranks close; and except where the workers ask for
     resources R-Storm does not weigh (GPUs and other extended resources, huge pages) or the
     operator may not read the cluster's nodes (namespaced RBAC), which the scheduler places."""
@@ -598,6 +614,7 @@ class PlacedBy(StrEnum):
     RSTORM = "RStorm"
     SCHEDULER = "Scheduler"
     KUEUE = "Kueue"
+    VOLCANO = "Volcano"
 
 
 class WorkerNode(ApiModel):
@@ -621,7 +638,8 @@ class GangPlacement(ApiModel):
 
     by: PlacedBy
     """RStorm: the operator chose every worker's node (a required node affinity per pod);
-    Scheduler: kube-scheduler chooses; Kueue: Kueue and the scheduler choose, ranks given to Kueue."""
+    Scheduler: kube-scheduler chooses; Kueue: Kueue and the scheduler choose, ranks given to Kueue;
+    Volcano: Volcano's scheduler chooses."""
 
     workers: list[WorkerNode] = []
     """With RStorm: each worker's node, by worker index (rank order); empty while no placement fits."""
@@ -689,7 +707,9 @@ class CaramelJobStatus(ApiModel):
 
     pending_reason: str = ""
     """While workers of the gang wait: the reason of the first one's wait (Unschedulable,
-    ImagePullFailed, ...). A Warning Event is posted when it changes, not each time the detail does."""
+    ImagePullFailed, ...), or WaitingForAdmission while the gang's gang scheduler has yet to admit
+    it. An Event (a Warning, but for WaitingForAdmission) is posted when it changes, not each time
+    the detail does."""
 
     workers: WorkerCounts = WorkerCounts()
     """Worker pods of the current gang, by state."""
