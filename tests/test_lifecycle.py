@@ -867,3 +867,56 @@ def test_a_resumed_job_asks_for_every_worker_again():
     [create] = actions_of(resumed, CreatePods)
     assert len(create.manifests) == 4 and resumed.status.size.replicas == 4
     assert [e.message for e in resumed.events if e.reason == "Resized"] == ["running all 4 workers again"]
+
+
+def elastic_gang(**status_fields):
+    """A running gang of 4 (down to 2) whose rank 0 said it trains elastic."""
+    return running_gang(4, progress={"step": 50, "elastic": True}, **status_fields)
+
+
+def test_an_elastic_gang_replaces_a_failed_worker_once_and_counts_it():
+    running, workers = elastic_gang()
+    crashed = worker(3, WorkerState.FAILED, failure_reason="Error", exit_code=1)
+    decision = decide(job(workers=ELASTIC), running, [*workers[:3], crashed], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.RUNNING and decision.status.restarts == 0
+    assert (decision.status.replaced_workers, decision.status.replacing) == (1, ["demo-worker-3"])
+    [delete] = actions_of(decision, DeletePods)
+    assert delete.names == ["demo-worker-3"]  # its peers go on
+    # While its old pod goes and its new one starts: no second count, and its new pod is made.
+    going = decide(job(workers=ELASTIC), decision.status, [*workers[:3], replace(crashed, terminating=True)], ALL, NOW, SETTINGS)
+    assert going.status.replaced_workers == 1 and not actions_of(going, CreatePods)
+    gone = decide(job(workers=ELASTIC), going.status, workers[:3], ALL, NOW, SETTINGS)
+    [create] = actions_of(gone, CreatePods)
+    assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-3"]
+    assert create.manifests[0]["metadata"]["labels"]["caramel.dev/gang"] == "0"  # the same gang
+    # The replacement itself fails: a new failure, counted again.
+    later = NOW + timedelta(minutes=1)
+    again = replace(crashed, created=timestamp(later))
+    decision = decide(job(workers=ELASTIC), gone.status, [*workers[:3], again], ALL, later, SETTINGS)
+    assert decision.status.replaced_workers == 2
+
+
+@pytest.mark.parametrize(
+    ("lost", "why"),
+    [((0,), "worker 0 serves the rendezvous"), ((1, 2, 3), "fewer than minReplicas would remain")],
+)
+def test_an_elastic_gang_restarts_whole_where_it_cannot_go_on(lost, why):
+    running, workers = elastic_gang()
+    failed = [worker(index, WorkerState.FAILED, failure_reason="Error", exit_code=1) if index in lost else w for index, w in enumerate(workers)]
+    decision = decide(job(workers=ELASTIC), running, failed, ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.RESTARTING, why
+    assert decision.status.replaced_workers == 0
+
+
+def test_an_elastic_gangs_replacements_count_against_the_backoff_limit():
+    running, workers = elastic_gang(restarts=1, replaced_workers=2)
+    crashed = worker(3, WorkerState.FAILED, failure_reason="Error", exit_code=1)
+    decision = decide(job(workers=ELASTIC), running, [*workers[:3], crashed], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.FAILED  # 1 restart and 2 replacements: backoffLimit 3 reached
+
+
+def test_a_gang_that_never_said_it_trains_elastic_restarts_whole():
+    running, workers = running_gang(4, progress={"step": 50})
+    crashed = worker(3, WorkerState.FAILED, failure_reason="Error", exit_code=1)
+    decision = decide(job(workers=ELASTIC), running, [*workers[:3], crashed], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.RESTARTING

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from caramel.metrics import WorkerMetrics
-from testbed.operator_harness import NODES, Emulator, Operator, eventually, node, printer_row
+from testbed.operator_harness import NODES, Emulator, Operator, eventually, node, printer_row, terminated
 from testbed.ports import free_port
 
 # Short enough for tests: a gang short of room is placed smaller after it, and a gang running
@@ -154,3 +154,52 @@ def test_a_partly_scheduled_gang_runs_with_its_scheduled_part_after_the_timeout(
     assert posted(api, "Resized", 1) == [
         ("Warning", f"running 2 of 3 workers: 1 stayed unschedulable for the gang scheduling timeout ({GANG_TIMEOUT_SECONDS} s)")
     ]
+
+
+def elastic_job(api, rank0_port):
+    """A gang of 3 down to 2 whose rank 0 says it trains elastic, all running."""
+    api.create_job("demo", {**SPEC, "workers": workers(), "metrics": {"port": rank0_port}})
+    eventually(lambda: gang(api, "demo", 0, 3), what="the whole gang")
+    api.run_pods("demo", podIP="127.0.0.1")
+    eventually(lambda: (api.status("demo").get("progress") or {}).get("elastic"), timeout=30, what="rank 0's word that it trains elastic")
+
+
+@pytest.fixture
+def elastic_rank0():
+    """Rank 0's metrics endpoint, fed as the runtime feeds it once its script enters hvd.elastic.run."""
+    port = free_port()
+    rank0 = WorkerMetrics(rank=0)
+    rank0.serve(port)
+    rank0.record_step(12, 0.1, 1.2)
+    rank0.record_elastic()
+    return port
+
+
+@pytest.mark.parametrize("cluster", [3], indirect=True)
+def test_an_elastic_gang_goes_on_and_its_lost_worker_is_created_again(cluster, elastic_rank0):
+    api = cluster
+    elastic_job(api, elastic_rank0)
+    api.set_pod_status("demo-worker-2", terminated(137, reason="OOMKilled"))
+    [(kind, message)] = posted(api, "WorkerReplaced", 1)
+    assert kind == "Warning" and "the elastic gang goes on with 2 of 3 workers" in message, message
+    assert "demo-worker-2 is created again to rejoin it (1 of 3, spec.runPolicy.backoffLimit)" in message, message
+    # The failed pod goes, and the same worker of the same gang comes back: no restart.
+    eventually(lambda: (pods := gang(api, "demo", 0, 3)) and all((p.get("status") or {}).get("phase") != "Failed" for p in pods), timeout=30, what="worker 2 created again")
+    status = api.status("demo")
+    assert (status["phase"], status["restarts"], status["replacedWorkers"], status["replacing"]) == ("Running", 0, 1, ["demo-worker-2"])
+    assert resized_condition(api, "demo")["status"] == "True"
+    api.set_pod_status("demo-worker-2", {"phase": "Running", "podIP": "127.0.0.1"})
+    assert posted(api, "WorkersReplaced", 1) == [("Normal", "demo-worker-2 running again; all 3 workers in the elastic gang")]
+    eventually(lambda: api.status("demo").get("replacing") == [], what="no worker being replaced")
+    assert resized_condition(api, "demo")["status"] == "False"
+    assert api.events("WorkerReplaced") and len(api.events("WorkerReplaced")) == 1  # one Event for one loss
+
+
+@pytest.mark.parametrize("cluster", [3], indirect=True)
+def test_an_elastic_gang_that_loses_worker_0_restarts_whole(cluster, elastic_rank0):
+    """Worker 0 serves the rendezvous the others re-form at: without it the gang cannot go on."""
+    api = cluster
+    elastic_job(api, elastic_rank0)
+    api.set_pod_status("demo-worker-0", terminated(137, reason="OOMKilled"))
+    eventually(lambda: gang(api, "demo", 1, 3), timeout=30, what="a new gang")
+    assert api.status("demo")["restarts"] == 1 and not api.events("WorkerReplaced")

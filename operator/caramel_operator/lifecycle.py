@@ -547,15 +547,11 @@ class _Reconciliation:
 
     def worker_failed(self, current: dict[int, WorkerObservation]) -> bool:
         failures = self.failures(current)
-        if not failures:
+        self.note_rejoined(current, failures)
+        if not failures or self.elastic_goes_on(current, failures):
             return False
-        failure, followers = failures[0], failures[1:]
-        what = f"worker {failure.worker} failed: {how_it_ended(failure)}"
-        if failure.cause:
-            what += f": {failure.cause}"
-        if followers:
-            who = ", ".join(f"{follower.worker} ({how_it_ended(follower)})" for follower in followers)
-            what += f"; {who} failed after it"
+        what = self.what_failed(failures)
+        failure = failures[0]
         lost = [f for f in failures if f.reason in LOST_REASONS]
         if lost:
             # Their room went with them: the survivors fit, and R-Storm places more where they do.
@@ -569,6 +565,77 @@ class _Reconciliation:
         placed_by_rstorm = placement is not None and placement.gang == self.status.gang and placement.by is PlacedBy.RSTORM
         self.restart(what, "WorkerFailed", failure=failure, least=self.expected if placed_by_rstorm else self.replicas)
         return True
+
+    @staticmethod
+    def what_failed(failures: list[WorkerFailure]) -> str:
+        """The first failure, its cause, and who followed it."""
+        failure, followers = failures[0], failures[1:]
+        what = f"worker {failure.worker} failed: {how_it_ended(failure)}"
+        if failure.cause:
+            what += f": {failure.cause}"
+        if followers:
+            who = ", ".join(f"{follower.worker} ({how_it_ended(follower)})" for follower in followers)
+            what += f"; {who} failed after it"
+        return what
+
+    def elastic_goes_on(self, current: dict[int, WorkerObservation], failures: list[WorkerFailure]) -> bool:
+        """Whether an elastic gang goes on without its failed workers (rank 0 said it trains
+        elastic): its peers roll back to their last commit and re-form in their processes, and each
+        failed worker is deleted and created again, to rejoin them at their next commit. Not where
+        worker 0 failed (it serves the rendezvous), where fewer than spec.workers.minReplicas would
+        remain, or where spec.runPolicy.backoffLimit is reached: those restart the whole gang."""
+        progress = self.status.progress
+        if self.status.phase is not Phase.RUNNING or progress is None or not progress.elastic:
+            return False
+        names = {worker_name(self.job, index): index for index in range(self.expected)}
+        failed = [names[failure.worker] for failure in failures if failure.worker in names]
+        if 0 in failed or self.expected - len(failed) < self.floor:
+            return False
+        new = [failure for failure in failures if self.newly_failed(failure, current.get(names[failure.worker]))]
+        replaced = self.status.replaced_workers + len(new)
+        if new and not self.policy.may_restart(self.status.restarts + replaced - 1):
+            return False
+        self.delete([current[index] for index in failed if index in current and not current[index].terminating])
+        if new:
+            limit = self.policy.backoff_limit
+            going_on = self.of_replicas(self.expected - len(failed))
+            message = (
+                f"{self.what_failed(failures)}; the elastic gang goes on with {going_on} (their last commit) and "
+                f"{', '.join(failure.worker for failure in new)} {'is' if len(new) == 1 else 'are'} created again to rejoin it "
+                f"({self.status.restarts + replaced} of {limit}, spec.runPolicy.backoffLimit)"
+            )
+            replacing = [*self.status.replacing, *(f.worker for f in new if f.worker not in self.status.replacing)]
+            self.update(replaced_workers=replaced, replacing=replacing, replaced_at=timestamp(self.now), last_failure=new[0], message=message)
+            self.condition(ConditionType.RESIZED, True, "WorkerReplaced", message)
+            self.event("Warning", "WorkerReplaced", fit([message], new[0].message.splitlines(), EVENT_MESSAGE_BYTES))
+        return True
+
+    def newly_failed(self, failure: WorkerFailure, worker: WorkerObservation | None) -> bool:
+        """Whether a failure is news: not of a worker being replaced, whose old pod goes away
+        meanwhile, unless it is the replacement itself that failed (created since the decision)."""
+        if failure.worker not in self.status.replacing:
+            return True
+        replaced_at = self.status.replaced_at
+        return (
+            worker is not None and worker.state is WorkerState.FAILED and bool(worker.created) and replaced_at is not None
+            and parse_timestamp(worker.created) >= parse_timestamp(replaced_at)
+        )  # fmt: skip
+
+    def note_rejoined(self, current: dict[int, WorkerObservation], failures: list[WorkerFailure]) -> None:
+        """Workers of an elastic gang created again and running: no longer being replaced."""
+        if not self.status.replacing:
+            return
+        failed = {failure.worker for failure in failures}
+        running = {worker.name for worker in current.values() if worker.state is WorkerState.RUNNING and not worker.terminating}
+        rejoined = [name for name in self.status.replacing if name in running and name not in failed]
+        if not rejoined:
+            return
+        replacing = [name for name in self.status.replacing if name not in rejoined]
+        self.update(replacing=replacing)
+        if not replacing:
+            message = f"{', '.join(rejoined)} running again; {self.of_replicas(len(current))} in the elastic gang"
+            self.condition(ConditionType.RESIZED, False, "WorkersReplaced", message)
+            self.event("Normal", "WorkersReplaced", message)
 
     def grow_at_checkpoint(self, current: dict[int, WorkerObservation]) -> bool:
         """A gang that found room to grow restarts once rank 0 has written a checkpoint since:
@@ -625,7 +692,7 @@ class _Reconciliation:
         restarts, waited, backoff = self.status.restarts, self.status.backed_off_restarts, 0.0
         if failure is not None:
             self.update(last_failure=failure)
-            if not self.policy.may_restart(restarts):
+            if not self.policy.may_restart(restarts + self.status.replaced_workers):
                 self.fail("BackoffLimitExceeded", f"{what}; spec.runPolicy.backoffLimit ({limit}) reached")
                 return
             restarts += 1
@@ -639,11 +706,12 @@ class _Reconciliation:
             backed_off_restarts=waited,
             gang=self.status.gang + 1,
             restart_after=timestamp(self.now + timedelta(seconds=backoff)),
+            replacing=[],  # the new gang starts whole
         )
         self.update_size(least=max(self.floor, least), reason=self.size.reason if why is None else why)
         if failure is not None:
             when = f"in {backoff:.0f} s" if backoff else "at once"
-            message = f"{what}; restarting the whole gang ({restarts} of {limit}) {when}"
+            message = f"{what}; restarting the whole gang ({restarts + self.status.replaced_workers} of {limit}) {when}"
         else:
             message = f"{what}; restarting the whole gang from its latest checkpoint"
         self.update(message=message)

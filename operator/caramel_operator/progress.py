@@ -12,6 +12,7 @@ from caramel.contract.telemetry import (
     BANDWIDTH,
     BUCKET_BYTES,
     CHECKPOINT_STEP,
+    ELASTIC,
     GLOBAL_STEP,
     LINK_ALPHA,
     LINK_BETA,
@@ -59,6 +60,7 @@ def read_progress(metrics_text: str, previous: StepTotals | None, now: datetime)
         bandwidth=human_bandwidth(bandwidth) if bandwidth else "",
         loss=samples.get(LOSS),
         checkpoint_step=int(samples[CHECKPOINT_STEP]) if CHECKPOINT_STEP in samples else None,
+        elastic=bool(samples.get(ELASTIC)),
         update_time=timestamp(now),
     )
     bucket = samples.get(BUCKET_BYTES)

@@ -15,6 +15,7 @@ from caramel.contract.telemetry import (
     BANDWIDTH,
     BUCKET_BYTES,
     CHECKPOINT_STEP,
+    ELASTIC,
     GLOBAL_STEP,
     LINK_ALPHA,
     LINK_BETA,
@@ -77,6 +78,7 @@ class WorkerMetrics:
         self.plan_changes = metric(Counter, "caramel_plan_changes", "Re-plans that changed the transfer schedule.")
         self.alpha = metric(Gauge, LINK_ALPHA, "Fitted fixed cost of one transfer (alpha).")
         self.beta = metric(Gauge, LINK_BETA, "Fitted inverse bandwidth (beta).")
+        self.elastic = metric(Gauge, ELASTIC, "1 once this rank's gang trains elastic (hvd.elastic): a lost worker is replaced, not the gang restarted.")
         self.planned = metric(Gauge, "caramel_planned", "1 while the steps run the plan, 0 while they run Horovod's own way (measured faster).")
         self._plan_changes_seen = 0
 
@@ -105,6 +107,10 @@ class WorkerMetrics:
         self.transfers_total.inc(len(times.transfers))
         self.communicated.inc(times.nbytes)
         self.transfers.set(len(times.transfers))
+
+    def record_elastic(self) -> None:
+        """The gang trains elastic from now on (rank 0 says so once: `caramel.contract.elastic`)."""
+        self.elastic.set(1)
 
     def record_plan(self, plan: PlanRecord) -> None:
         self.bucket_bytes.set(plan.bucket_bytes)

@@ -601,6 +601,11 @@ class TrainingProgress(ApiModel):
     """Step of the latest checkpoint rank 0 wrote or restored (0 before any); a gang that found room
     to grow restarts after the next one."""
 
+    elastic: bool = False
+    """Whether the gang trains elastic: its script entered Horovod's `hvd.elastic.run` and
+    spec.workers.minReplicas is below replicas. A lost worker but worker 0 is then created again
+    while its peers go on, instead of a restart of the whole gang."""
+
     bandwidth: str = ""
     """The bandwidth for people, such as 1.2 GB/s."""
 
@@ -720,6 +725,17 @@ class CaramelJobStatus(ApiModel):
     restarts: int = 0
     """Whole-gang restarts after failures so far, which spec.runPolicy.backoffLimit bounds (a gang
     restarted to change its size, spec.workers.minReplicas, is not counted)."""
+
+    replaced_workers: int = 0
+    """Workers of an elastic gang (progress.elastic) lost and created again while their peers went
+    on. With the restarts they count against spec.runPolicy.backoffLimit."""
+
+    replacing: list[str] = []
+    """Workers of an elastic gang lost and not yet running again (each named in one
+    WorkerReplaced Event)."""
+
+    replaced_at: str | None = None
+    """When the operator last decided to create lost workers of an elastic gang again (RFC 3339)."""
 
     backed_off_restarts: int = 0
     """Those of the restarts that waited a backoff: after a worker that failed of itself, not one

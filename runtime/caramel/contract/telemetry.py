@@ -3,7 +3,7 @@
 Every training process serves its own metrics (`caramel.metrics`, on CARAMEL_METRICS_PORT), each
 series labelled with its rank. The operator scrapes rank 0's for the job's status
 (`caramel_operator.progress`): the series named here are that part of the contract, for progress
-(step, step time, loss, bandwidth, latest checkpoint) and for tuning (the plan's bucket size and
+(step, step time, loss, bandwidth, latest checkpoint, whether the gang trains elastic) and for tuning (the plan's bucket size and
 the fitted link), which a restarted gang starts from (CARAMEL_TUNING).
 """
 
@@ -19,6 +19,10 @@ GLOBAL_STEP = "caramel_global_step"
 CHECKPOINT_STEP = "caramel_checkpoint_step"
 BANDWIDTH = "caramel_bandwidth_bytes_per_second"
 LOSS = "caramel_loss"
+ELASTIC = "caramel_elastic"
+"""1 once rank 0's gang trains elastic (Horovod's hvd.elastic, spec.workers.minReplicas below
+replicas: `caramel.contract.elastic`): the operator then replaces a lost worker instead of
+restarting the gang."""
 
 # Tuning.
 BUCKET_BYTES = "caramel_batching_bucket_bytes"
