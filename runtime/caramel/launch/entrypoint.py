@@ -26,6 +26,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable
 
 import caramel
@@ -35,7 +37,7 @@ from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, fail
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.gang import CannotStart, run_gang
 from caramel.launch.processes import describe_exit, exit_code, signal_group, spawn
-from caramel.launch.rendezvous import RendezvousServer, join_round, parse_hosts
+from caramel.launch.rendezvous import MEMBER_VARIABLE, POLL_SECONDS, GangFinished, RendezvousServer, Round, join_round, parse_hosts
 from caramel.network.wire import job_topology
 
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
@@ -107,11 +109,17 @@ def main(argv: list[str] | None = None) -> int:
         address = contract.rendezvous_addr
         try:
             if contract.worker_index == 0:
-                server = RendezvousServer(contract.rendezvous_port, gang)
+                server = RendezvousServer(contract.rendezvous_port, gang, contract.min_workers)
                 server.start()
                 say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
                 address = LOOPBACK  # its own server: no name to resolve, no network in between
-            joined = join_round(address, contract.rendezvous_port, gang[contract.worker_index], contract.rendezvous_timeout_seconds, stop.event, say)
+            member = uuid.uuid4().hex
+            joined = join_round(
+                address, contract.rendezvous_port, gang[contract.worker_index], contract.rendezvous_timeout_seconds, stop.event, say, member
+            )
+        except GangFinished:
+            say("the gang finished training before this worker could rejoin it: nothing left to do")
+            return 0
         except (TimeoutError, RuntimeError, OSError) as error:
             say(str(error))
             _leave_message(str(error), say)
@@ -120,13 +128,17 @@ def main(argv: list[str] | None = None) -> int:
             say(f"stopped by {signal.Signals(stop.signum).name} while waiting for the rendezvous")
             return stop.exit_status
         say(f"all {len(joined.hosts)} workers joined round {joined.number} of the rendezvous: {joined.world_size} ranks")
-        return _run_slots(contract, argv, say, stop)
+        status = _run_slots(contract, argv, say, stop, joined, member)
+        if server and status == 0 and server.rounds.finish():
+            # A worker waiting to rejoin an elastic gang learns at its next look that the gang is done.
+            time.sleep(2 * POLL_SECONDS)
+        return status
     finally:
         if server:
             server.stop()
 
 
-def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop) -> int:
+def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop, joined: Round, member: str) -> int:
     reports: list[ProgressReport] = []
     # Per rank, for a failure summary: its first error line and the line after it (a C++
     # exception's what()), and its last lines.
@@ -136,8 +148,11 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     allocator = allocator_setup(contract.memory_allocator, os.environ)
     say(f"training processes: {allocator.description}")
     envs = []
+    host = parse_hosts(contract.hosts)[contract.worker_index].name
     for slot in range(contract.slots_per_worker):
-        env = {**os.environ, **slot_env(os.environ, slot), **allocator.env}
+        # The ranks come from the round joined: the whole gang's at the start, the workers alive
+        # then for a worker that comes back to an elastic gang.
+        env = {**os.environ, **slot_env(os.environ, slot), **joined.rank_env(host, slot), MEMBER_VARIABLE: member, **allocator.env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, env.get("PYTHONPATH")]))
         envs.append(env)
     ranks = [int(env["HOROVOD_RANK"]) for env in envs]

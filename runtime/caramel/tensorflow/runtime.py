@@ -19,6 +19,7 @@ from caramel.tensorflow.backends import Backend, chosen, set_up
 from caramel.tensorflow import stopping
 from caramel.tensorflow.communicator import GradientCommunicator
 from caramel.tensorflow.keras_version import keras_2
+from caramel.tensorflow.unsupported import refuse
 
 
 @dataclass
@@ -30,6 +31,9 @@ class Runtime:
     local_variables: dict[int, Any] = field(default_factory=dict)
     """Variables each rank trains on its own gradients (Horovod's local sources), by id: the check
     that every rank ends with the same weights leaves them out."""
+    driver: str = ""
+    """What drives the training loop, where one claimed it (`drive`): Caramel's own `TrainingRun`
+    or Horovod's `hvd.elastic.run`, which cannot share a process."""
 
     @property
     def rank(self) -> int:
@@ -38,6 +42,26 @@ class Runtime:
     @property
     def size(self) -> int:
         return self.backend.size
+
+    def drive(self, driver: str, instead: str) -> None:
+        """Claim the training loop for `driver` (one of the two above). Each rolls the weights back
+        its own way (TrainingRun to its checkpoint, a whole gang restarted; hvd.elastic to its
+        last commit, in the process), so a script uses one: where the other claimed it first, this
+        is refused, `instead` saying what to do."""
+        if self.driver and self.driver != driver:
+            refuse(f"{driver} in a script that uses {self.driver}", instead)
+        self.driver = driver
+
+    def reform(self) -> None:
+        """Join the job's ranks anew in this process, from the environment's HOROVOD_* variables
+        as an elastic gang's new round set them (Horovod's API as Caramel serves it: `hvd.elastic`):
+        the backend's collectives re-formed, and a new gradient communicator, since its plans,
+        measurements, arm selection and graph choice were of the old world. Functions traced before
+        keep their graphs: their collectives are the backend's ops, which take the world's size
+        when they run."""
+        self.contract = WorkerContract.from_env()
+        self.backend = self.backend.reform(self.contract)
+        self.communicator = GradientCommunicator(self.contract, self.backend)
 
     def say(self, message: str) -> None:
         """A line for people, from rank 0 only."""

@@ -57,6 +57,12 @@ class HorovodBackend(Backend):
         """The shards of `reduce_scatter`, gathered whole on every rank."""
         return mpi_ops.grouped_allgather(list(shards), name=name)
 
+    def reform(self, contract: WorkerContract) -> HorovodBackend:
+        """Horovod's own elastic reset: its Gloo contexts shut down and made again, in the process,
+        from the HOROVOD_* variables the new round set (Gloo reads them at `init`)."""
+        mpi_ops.shutdown()
+        return set_up(contract)
+
     def broadcast(self, tensors: Sequence[tf.Tensor], root_rank: int = 0, name: str = "caramel_broadcast") -> list[tf.Tensor]:
         return [mpi_ops.broadcast(tf.convert_to_tensor(tensor), root_rank, name=f"{name}_{i}") for i, tensor in enumerate(tensors)]
 
