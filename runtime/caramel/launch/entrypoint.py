@@ -37,7 +37,17 @@ from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, fail
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.gang import CannotStart, run_gang
 from caramel.launch.processes import describe_exit, exit_code, signal_group, spawn
-from caramel.launch.rendezvous import MEMBER_VARIABLE, POLL_SECONDS, GangFinished, RendezvousServer, Round, join_round, parse_hosts
+from caramel.launch.rendezvous import (
+    JOIN_WHEN_READY,
+    MEMBER_VARIABLE,
+    POLL_SECONDS,
+    ROUND_VARIABLE,
+    GangFinished,
+    RendezvousServer,
+    first_round_closed,
+    join_round,
+    parse_hosts,
+)
 from caramel.network.wire import job_topology
 
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
@@ -114,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
                 address = LOOPBACK  # its own server: no name to resolve, no network in between
             member = uuid.uuid4().hex
+            if contract.worker_index and first_round_closed(address, contract.rendezvous_port, contract.rendezvous_timeout_seconds, stop.event):
+                say("back to an elastic gang that trains: its training processes join the ranks at their next commit")
+                return _run_slots(contract, argv, say, stop, {ROUND_VARIABLE: JOIN_WHEN_READY, MEMBER_VARIABLE: member})
             joined = join_round(
                 address, contract.rendezvous_port, gang[contract.worker_index], contract.rendezvous_timeout_seconds, stop.event, say, member
             )
@@ -128,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"stopped by {signal.Signals(stop.signum).name} while waiting for the rendezvous")
             return stop.exit_status
         say(f"all {len(joined.hosts)} workers joined round {joined.number} of the rendezvous: {joined.world_size} ranks")
-        status = _run_slots(contract, argv, say, stop, joined, member)
+        host = gang[contract.worker_index].name
+        slot_ranks = [{**joined.rank_env(host, slot), MEMBER_VARIABLE: member} for slot in range(contract.slots_per_worker)]
+        status = _run_slots(contract, argv, say, stop, *slot_ranks)
         if server and status == 0 and server.rounds.finish():
             # A worker waiting to rejoin an elastic gang learns at its next look that the gang is done.
             time.sleep(2 * POLL_SECONDS)
@@ -138,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
 
 
-def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop, joined: Round, member: str) -> int:
+def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop, *slot_ranks: dict[str, str]) -> int:
+    """Run the training processes, each slot with its variables of `slot_ranks` (its ranks in the
+    round joined), or all with the one given (join when ready)."""
     reports: list[ProgressReport] = []
     # Per rank, for a failure summary: its first error line and the line after it (a C++
     # exception's what()), and its last lines.
@@ -148,11 +165,8 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     allocator = allocator_setup(contract.memory_allocator, os.environ)
     say(f"training processes: {allocator.description}")
     envs = []
-    host = parse_hosts(contract.hosts)[contract.worker_index].name
     for slot in range(contract.slots_per_worker):
-        # The ranks come from the round joined: the whole gang's at the start, the workers alive
-        # then for a worker that comes back to an elastic gang.
-        env = {**os.environ, **slot_env(os.environ, slot), **joined.rank_env(host, slot), MEMBER_VARIABLE: member, **allocator.env}
+        env = {**os.environ, **slot_env(os.environ, slot), **slot_ranks[min(slot, len(slot_ranks) - 1)], **allocator.env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, env.get("PYTHONPATH")]))
         envs.append(env)
     ranks = [int(env["HOROVOD_RANK"]) for env in envs]

@@ -71,7 +71,8 @@ class RunOutcome:
     lost: bool = False
     """The failed worker was killed by SIGKILL, as the machine kills what it cannot hold."""
     replaced: int = 0
-    """Workers of an elastic gang lost and started again while it ran."""
+    """Workers of an elastic gang lost and started again while it ran (they count against
+    backoffLimit with the restarts)."""
 
 
 # Why a signal stops a gang, by signal: the handlers only note it, and the gang's loop acts on it
@@ -121,15 +122,15 @@ class LocalRun:
         started = time.monotonic()
         policy = RestartPolicy.of(self.job)
         limit = policy.backoff_limit
-        restarts = 0
+        restarts = replaced = 0
         size = self.job.spec.workers.replicas
         while True:
-            outcome = self._run_gang(started, size, policy, restarts)
-            restarts += outcome.replaced
-            outcome.restarts = restarts
-            if outcome.succeeded or outcome.failed_worker is None or not policy.may_restart(restarts):
+            outcome = self._run_gang(started, size, policy, restarts + replaced)
+            replaced += outcome.replaced
+            outcome.restarts, outcome.replaced = restarts, replaced
+            if outcome.succeeded or outcome.failed_worker is None or not policy.may_restart(restarts + replaced):
                 break
-            backoff = policy.backoff(restarts)
+            backoff = policy.backoff(restarts + replaced)
             restarts += 1
             size, sizing = self._next_size(outcome)
             tail = "".join(f"\n  | {line}" for line in outcome.last_lines)

@@ -9,8 +9,9 @@ before all are there. A gang that may run short (CARAMEL_MIN_WORKERS below its w
 again while it trains, when an elastic script re-forms its ranks (Horovod's `hvd.elastic`): a
 later round's members are the workers alive, and it closes once every member of the round before
 has joined again (a worker that came back joins it too), or, where some never come (lost), once
-no one has joined for SETTLE_SECONDS and at least the fewest workers, one of them from the round
-before, are in. A worker that joins while the others train waits in the open round: they see it
+no one has joined for SETTLE_SECONDS and at least the fewest workers, worker 0 among them, are in:
+rank 0 is always worker 0, whose state the others take (a worker that came back has none to
+give), and whose loss restarts the whole gang. A worker that joins while the others train waits in the open round: they see it
 there (`check_host_updates`) and join it.
 
 Each round, once closed, also has a key-value store in the layout of Horovod's Gloo rendezvous
@@ -40,7 +41,10 @@ CARAMEL_PATH = "/caramel/"
 JOIN = re.compile(r"/caramel/join/([^/]+)")
 ROUND = re.compile(r"/caramel/round/([0-9]+)")
 ROUND_VARIABLE = "CARAMEL_ROUND"
-"""The round a training process's ranks come from (set by its worker: `Round.rank_env`)."""
+"""The round a training process's ranks come from (set by its worker: `Round.rank_env`), or
+JOIN_WHEN_READY for one of a worker that came back to an elastic gang: it joins the open round
+itself once it is ready to train, so that the others do not wait for it to start."""
+JOIN_WHEN_READY = "join"
 MEMBER_VARIABLE = "CARAMEL_MEMBER"
 """Who a worker is at the rendezvous (one id per worker process, shared by its training processes):
 a worker started again in a lost one's place is a new member under the same name."""
@@ -217,7 +221,7 @@ class Rounds:
         elif (
             self._clock() - self._last_join >= self.settle_seconds
             and len(self._joined) >= self.fewest
-            and before & self._joined.keys()
+            and self.gang[0].name in self._joined
         ):
             self._close()
 
@@ -382,6 +386,21 @@ def join_round(
             next_report = time.monotonic() + REPORT_EVERY_SECONDS
         stop.wait(POLL_SECONDS)
     return None
+
+
+def first_round_closed(address: str, port: int, timeout_seconds: float, stop: threading.Event) -> bool:
+    """Whether the gang's first round has closed: then a worker joining is one that comes back to
+    an elastic gang, whose training processes join a round themselves once ready. Waits for the
+    rendezvous to answer (False if `stop` is set first); TimeoutError after `timeout_seconds`."""
+    started = time.monotonic()
+    while not stop.is_set():
+        try:
+            return "hosts" in _request(address, port, "GET", "/caramel/round/0")
+        except OSError:
+            if time.monotonic() - started > timeout_seconds:
+                raise TimeoutError(f"timed out after {timeout_seconds:.0f} s waiting for the rendezvous at {address}:{port}") from None
+            stop.wait(POLL_SECONDS)
+    return False
 
 
 def waiting_to_join(address: str, port: int, after: int) -> tuple[str, ...]:

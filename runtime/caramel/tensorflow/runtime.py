@@ -10,6 +10,7 @@ Caramel serves it) find it with `current()` and hand it to everything below them
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,13 +53,27 @@ class Runtime:
             refuse(f"{driver} in a script that uses {self.driver}", instead)
         self.driver = driver
 
-    def reform(self) -> None:
-        """Join the job's ranks anew in this process, from the environment's HOROVOD_* variables
-        as an elastic gang's new round set them (Horovod's API as Caramel serves it: `hvd.elastic`):
-        the backend's collectives re-formed, and a new gradient communicator, since its plans,
-        measurements, arm selection and graph choice were of the old world. Functions traced before
-        keep their graphs: their collectives are the backend's ops, which take the world's size
-        when they run."""
+    def check_reforms(self) -> None:
+        """Refuse elastic training where the backend's ranks cannot re-form in the process."""
+        if not self.backend.reforms:
+            refuse(
+                f"elastic training (hvd.elastic) on the {self.backend.name} backend",
+                "its ranks cannot re-form in the process; run the job on backend horovod (spec.caramel.backend: horovod, or "
+                "auto where Horovod is installed), or train without hvd.elastic: a gang with spec.workers.minReplicas then "
+                "restarts smaller from its checkpoint",
+            )
+
+    def reform(self, meet: Callable[[], None]) -> None:
+        """Join the job's ranks anew in this process, as an elastic gang re-forms (Horovod's API as
+        Caramel serves it: `hvd.elastic`): the backend leaves the old ranks at once (so that peers
+        blocked on this one fail too, and meet again), `meet()` sets the new ranks' HOROVOD_*
+        variables in the environment, and the backend joins them; the gradient communicator is
+        made anew, since its plans, measurements, arm selection and graph choice were of the old
+        world. Functions traced before keep their graphs: their collectives are the backend's ops,
+        which take the world's size when they run."""
+        self.check_reforms()
+        self.backend.leave()
+        meet()
         self.contract = WorkerContract.from_env()
         self.backend = self.backend.reform(self.contract)
         self.communicator = GradientCommunicator(self.contract, self.backend)

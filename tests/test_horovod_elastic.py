@@ -1,0 +1,180 @@
+"""Horovod's elastic API as Caramel serves it (`horovod.tensorflow.elastic`,
+runtime/caramel/compat/horovod): its states commit, restore and refuse what they cannot keep, in
+one training process; and, end to end under `caramel run` on the horovod backend, a gang that
+loses a worker mid-run rolls back to its last commit, re-forms in its processes without it, takes
+it back, and ends with the same weights on every rank."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import yaml
+
+from caramel.contract.env import slot_env, worker_env
+from caramel.contract.jobfile import parse_job
+from caramel.launch.entrypoint import HOROVOD_API_DIR
+from conftest import REPO, free_port, job_manifest, keras_env, needs_horovod, write_manifest
+from testbed.local_runs import BackgroundRun, digests
+
+EXAMPLES = REPO / "examples" / "horovod"
+
+
+def run_one_rank(code: str, workers: dict, backend: str = "tensorflow") -> subprocess.CompletedProcess[str]:
+    """The code as the training process of worker 0 of a job of `workers`, run alone (as its
+    first worker: nothing here needs the others)."""
+    job = parse_job({
+        "apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "unit"},
+        "spec": {"command": ["python"], "workers": workers, "metrics": {"enabled": False},
+                 "rendezvous": {"port": free_port()}, "caramel": {"backend": backend}, "env": keras_env(3)},
+    })  # fmt: skip
+    env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"])}
+    env.update(slot_env(env, 0))
+    env["PYTHONPATH"] = HOROVOD_API_DIR
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=REPO, capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+MODEL = """
+    import threading
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    hvd.init()
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+    model.build((None, 3))
+    opt = tf.keras.optimizers.SGD(0.1)
+    opt.build(model.trainable_variables)
+"""
+
+
+def test_a_commit_is_what_a_restore_rolls_back_to_variables_and_objects_alike():
+    result = run_one_rank(MODEL + """
+    state = hvd.elastic.TensorFlowKerasState(model, opt, batch=0, seen=[])
+    committed = [v.numpy().copy() for v in model.variables]
+    state.batch, state.seen = 5, [1, 2]
+    state.commit()
+    committed = [v.numpy().copy() for v in model.variables]
+    for v in model.variables:
+        v.assign_add(tf.ones_like(v))
+    state.batch = 9
+    state.seen.append(3)   # a commit copies: changing the object in place is undone too
+    state.restore()
+    assert all((v.numpy() == c).all() for v, c in zip(model.variables, committed))
+    assert (state.batch, state.seen) == (5, [1, 2]), (state.batch, state.seen)
+
+    calls = []
+    @hvd.elastic.run
+    def train(state, steps):
+        calls.append(steps)
+        return "done"
+    assert train(state, 3) == "done" and calls == [3]
+    print("ok")
+    """, {"replicas": 1})
+    assert result.returncode == 0, result.stderr[-3000:]
+    # An elastic script in a gang that cannot run short is a fixed gang, and rank 0 says so once.
+    assert result.stderr.count("runs as a fixed gang") == 1, result.stderr[-3000:]
+
+
+def test_a_commit_that_cannot_be_kept_fails_naming_the_object():
+    result = run_one_rank(MODEL + """
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, epoch=0, lock=None)
+    state.lock = threading.Lock()
+    try:
+        state.commit()
+    except TypeError as error:
+        print(error)
+    try:
+        hvd.elastic.TensorFlowKerasState(model, opt, lock=threading.Lock())
+    except TypeError as error:
+        print(error)
+    """, {"replicas": 1})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "state.commit(): state.lock (lock) cannot be committed: an elastic state's attributes must pickle" in result.stdout
+    assert "hvd.elastic state: state.lock (lock) cannot be committed" in result.stdout
+
+
+def test_elastic_with_caramels_own_training_run_is_refused_saying_which_to_use():
+    result = run_one_rank(MODEL + """
+    from caramel.tensorflow.training import TrainingRun
+    TrainingRun(model, opt, total_steps=1, batch_size=1)
+    state = hvd.elastic.TensorFlowKerasState(model, opt)
+    try:
+        hvd.elastic.run(lambda state: None)(state)
+    except NotImplementedError as error:
+        print(error)
+    """, {"replicas": 1})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "hvd.elastic.run in a script that uses TrainingRun is not supported by Caramel" in result.stdout
+    assert "train either with hvd.elastic" in result.stdout
+
+
+def test_elastic_on_the_tensorflow_backend_is_refused_naming_it():
+    result = run_one_rank(MODEL + """
+    state = hvd.elastic.TensorFlowKerasState(model, opt)
+    try:
+        hvd.elastic.run(lambda state: None)(state)
+    except NotImplementedError as error:
+        print(error)
+    """, {"replicas": 2, "minReplicas": 1})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "elastic training (hvd.elastic) on the tensorflow backend is not supported by Caramel" in result.stdout
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+STEP = re.compile(r"rank 0 \| Step #(\d+)\s+Loss: \S+\s+ranks (\d+)\s+([\d.]+)")
+
+
+def steps_of(output: str) -> list[tuple[int, int, float]]:
+    """Rank 0's steps, in the order logged: (step, ranks, time)."""
+    return [(int(step), int(ranks), float(at)) for step, ranks, at in STEP.findall(output)]
+
+
+@pytest.mark.e2e
+@needs_horovod
+@pytest.mark.timeout(600)
+def test_an_elastic_gang_loses_a_worker_rolls_back_to_its_last_commit_and_takes_it_back(tmp_path):
+    commit_every = 5
+    example = yaml.safe_load((EXAMPLES / "mnist_elastic.yaml").read_text())
+    manifest = job_manifest(
+        name="elastic",
+        script=str(EXAMPLES / "mnist_elastic.py"),
+        args=["--steps", "400", "--batch-size", "16", "--commit-every", str(commit_every), "--log-every", "1"],
+        env=example["spec"]["env"],
+        caramel={"backend": "horovod"},
+        workers={"replicas": 3, "minReplicas": 2},
+        runPolicy={"backoffLimit": 2},
+    )
+    run = BackgroundRun(write_manifest(tmp_path, manifest))
+    run.wait_for(re.compile(r"rank 0 \| Step #(2\d|[3-9]\d) "), timeout=300)
+    run.training_process(2).send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    assert run.finish(timeout=500) == 0, run.output[-6000:]
+    output = run.output
+    assert output.count("caramel: elastic gang of 3 workers, down to 2") == 1, output[-6000:]
+    assert "worker 2 killed by SIGKILL: the elastic gang goes on without it" in output
+    assert "restarting the whole gang" not in output and "Succeeded elastic" in output
+    steps = steps_of(output)
+    before = [step for step, ranks, at in steps if at < killed_at]
+    after = [(step, ranks, at) for step, ranks, at in steps if at >= killed_at]
+    # The survivors roll back to their last commit: they lose at most the steps since it.
+    first_step, first_ranks, first_at = after[0]
+    rolled_back_to = first_step - 1
+    assert rolled_back_to % commit_every == 0 and max(before) - rolled_back_to <= commit_every, (max(before), after[0])
+    resumed_seconds = first_at - killed_at
+    print(f"\nkill -> first step after re-forming: {resumed_seconds:.1f} s, at {first_ranks} ranks (step {first_step}; {max(before)} logged before the kill)")
+    assert resumed_seconds < 15, resumed_seconds
+    # The lost worker, started again, rejoins at once (the re-formed ranks take it in) or at a
+    # commit after the survivors went on without it: the gang ends whole, every rank alike.
+    assert "ranks re-formed in round" in output
+    assert steps[-1][:2] == (400, 3), steps[-1]
+    final = digests(output)
+    assert sorted(final) == [0, 1, 2] and len(set(final.values())) == 1, final
