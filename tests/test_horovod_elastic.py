@@ -160,7 +160,7 @@ def test_an_elastic_gang_loses_a_worker_rolls_back_to_its_last_commit_and_takes_
     assert run.finish(timeout=500) == 0, run.output[-6000:]
     output = run.output
     assert output.count("caramel: elastic gang of 3 workers, down to 2") == 1, output[-6000:]
-    assert "worker 2 killed by SIGKILL: the elastic gang goes on without it" in output
+    assert "worker 2 exited with code 137: the elastic gang goes on without it" in output  # its rank's SIGKILL, passed on
     assert "restarting the whole gang" not in output and "Succeeded elastic" in output
     steps = steps_of(output)
     before = [step for step, ranks, at in steps if at < killed_at]

@@ -135,7 +135,7 @@ class LocalRun:
             size, sizing = self._next_size(outcome)
             tail = "".join(f"\n  | {line}" for line in outcome.last_lines)
             self.on_notice(
-                f"{outcome.reason}; restarting the whole gang ({restarts} of {limit}, spec.runPolicy.backoffLimit) "
+                f"{outcome.reason}; restarting the whole gang ({restarts + replaced} of {limit}, spec.runPolicy.backoffLimit) "
                 f"in {backoff:.0f} s{sizing}. Its last lines:{tail}"
             )
             try:

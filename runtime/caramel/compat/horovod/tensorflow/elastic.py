@@ -187,7 +187,7 @@ class TensorFlowKerasState(ObjectState):
     def _variables(self) -> list[tf.Variable]:
         """The model's variables and the optimizer's, built first where Keras builds them lazily,
         so that a rank that joins holds as many as the others."""
-        if not getattr(self.optimizer, "built", True):
+        if not (getattr(self.optimizer, "built", False) or getattr(self.optimizer, "_built", False)):  # Keras 3's flag, Keras 2's
             self.optimizer.build(self.model.trainable_variables)
         variables = self.optimizer.variables
         return [*self.model.variables, *(variables() if callable(variables) else variables)]
