@@ -6,6 +6,7 @@ it back, and ends with the same weights on every rank."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 import yaml
 
@@ -178,3 +180,96 @@ def test_an_elastic_gang_loses_a_worker_rolls_back_to_its_last_commit_and_takes_
     assert steps[-1][:2] == (400, 3), steps[-1]
     final = digests(output)
     assert sorted(final) == [0, 1, 2] and len(set(final.values())) == 1, final
+
+
+# Synchronous SGD on a linear model whose every rank's batch is a function of the step and the
+# rank: each step's update depends only on the weights and on how many ranks took part, which
+# rank 0 logs. A worker that comes back waits before it joins (CARAMEL_ROUND=join: its worker
+# came back), so that the survivors train at the smaller size first.
+BATCH = """
+import numpy as np
+DIM = 8
+
+def batch(step, rank):
+    grid = np.arange(16 * DIM, dtype=np.float32).reshape(16, DIM)
+    x = np.sin(grid * 0.01 * (step + 1) + rank * 0.7).astype(np.float32)
+    y = (x @ np.linspace(-1.0, 1.0, DIM, dtype=np.float32)).astype(np.float32)
+    return x, y
+"""
+ELASTIC_SGD = BATCH + """
+import json, os, sys, time
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+if os.environ.get("CARAMEL_ROUND") == "join":
+    time.sleep(12)
+hvd.init()
+STEPS = int(sys.argv[1])
+w = tf.Variable(tf.zeros([DIM]))
+
+@tf.function
+def step_fn(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((tf.linalg.matvec(x, w) - y) ** 2)
+    grad = hvd.DistributedGradientTape(tape).gradient(loss, [w])[0]
+    w.assign_sub(0.05 * grad)
+    return loss
+
+@hvd.elastic.run
+def train(state):
+    while state.batch < STEPS:
+        step_fn(*batch(state.batch, hvd.rank()))
+        if hvd.rank() == 0:
+            print(f"SGD step {state.batch} ranks {hvd.size()}", flush=True)
+        state.batch += 1
+        time.sleep(0.15)
+        if state.batch % 2 == 0:
+            state.commit()
+
+state = hvd.elastic.TensorFlowState([w], batch=0)
+train(state)
+if hvd.rank() == 0:
+    print("SGD weights " + json.dumps(w.numpy().tolist()), flush=True)
+"""
+
+
+def reference_weights(sizes: dict[int, int], steps: int) -> np.ndarray:
+    """The same SGD in this process, step s averaging the gradients of ranks 0 .. sizes[s] - 1."""
+    namespace: dict = {}
+    exec(BATCH, namespace)
+    batch = namespace["batch"]
+    w = np.zeros(8, np.float32)
+    for step in range(steps):
+        grads = []
+        for rank in range(sizes[step]):
+            x, y = batch(step, rank)
+            grads.append(2 * x.T @ (x @ w - y) / len(y))
+        w = w - np.float32(0.05) * np.mean(grads, axis=0, dtype=np.float32)
+    return w
+
+
+@pytest.mark.e2e
+@needs_horovod
+@pytest.mark.timeout(600)
+def test_an_elastic_run_that_shrinks_and_grows_back_ends_as_sgd_at_the_same_per_step_sizes(tmp_path):
+    steps = 160
+    script = tmp_path / "elastic_sgd.py"
+    script.write_text(ELASTIC_SGD)
+    manifest = job_manifest(
+        name="elastic-sgd", script=str(script), args=[str(steps)], caramel={"backend": "horovod"},
+        workers={"replicas": 4, "minReplicas": 3}, runPolicy={"backoffLimit": 2},
+    )  # fmt: skip
+    run = BackgroundRun(write_manifest(tmp_path, manifest))
+    run.wait_for(re.compile(r"SGD step (2\d|[3-9]\d) "), timeout=300)
+    run.training_process(2).send_signal(signal.SIGKILL)
+    assert run.finish(timeout=500) == 0, run.output[-6000:]
+    sizes: dict[int, int] = {}
+    for step, ranks in re.findall(r"rank 0 \| SGD step (\d+) ranks (\d+)", run.output):
+        sizes[int(step)] = int(ranks)  # a step rolled back and run again counts as it ran last
+    assert sorted(sizes) == list(range(steps))
+    seen = [sizes[step] for step in range(steps)]
+    assert 3 in seen and seen[0] == seen[-1] == 4, seen  # 4 ranks, 3 after the loss, 4 again once it came back
+    trained = np.array(json.loads(re.search(r"SGD weights (\[.*\])", run.output).group(1)), np.float32)
+    np.testing.assert_allclose(trained, reference_weights(sizes, steps), rtol=1e-4, atol=1e-6)
+    final = digests(run.output)
+    assert sorted(final) == [0, 1, 2, 3] and len(set(final.values())) == 1, final

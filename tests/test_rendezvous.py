@@ -84,6 +84,19 @@ def test_an_elastic_gangs_later_round_is_its_survivors_once_they_settle_and_take
     assert rounds.join(FOUR[2], member="again", after=1) == 2  # a retried join, or another process of that worker
 
 
+def test_an_elastic_round_never_closes_without_worker_0_whose_state_the_others_take():
+    clock = Clock()
+    rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
+    for host in FOUR:
+        rounds.join(host)
+    for host in FOUR[1:]:
+        rounds.join(host, after=0)
+    clock.now = 60.0
+    assert isinstance(rounds.status(1), OpenRound)
+    rounds.join(FOUR[0], after=0)
+    assert rounds.status(1) == Round(1, FOUR)
+
+
 def test_an_elastic_round_never_closes_below_the_fewest_workers():
     clock = Clock()
     rounds = Rounds(FOUR, fewest=3, settle_seconds=3.0, clock=clock)
