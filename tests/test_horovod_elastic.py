@@ -54,7 +54,20 @@ MODEL = """
     model.build((None, 3))
     opt = tf.keras.optimizers.SGD(0.1)
     opt.build(model.trainable_variables)
+
+    def refused(call):
+        try:
+            call()
+        except (TypeError, NotImplementedError) as error:
+            print(error)
 """
+
+
+def refusals(code: str, workers: dict) -> str:
+    """What the code (after MODEL) printed: the refusals' messages."""
+    result = run_one_rank(MODEL + code, workers)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 def test_a_commit_is_what_a_restore_rolls_back_to_variables_and_objects_alike():
@@ -86,48 +99,31 @@ def test_a_commit_is_what_a_restore_rolls_back_to_variables_and_objects_alike():
 
 
 def test_a_commit_that_cannot_be_kept_fails_naming_the_object():
-    result = run_one_rank(MODEL + """
+    printed = refusals("""
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, epoch=0, lock=None)
     state.lock = threading.Lock()
-    try:
-        state.commit()
-    except TypeError as error:
-        print(error)
-    try:
-        hvd.elastic.TensorFlowKerasState(model, opt, lock=threading.Lock())
-    except TypeError as error:
-        print(error)
+    refused(state.commit)
+    refused(lambda: hvd.elastic.TensorFlowKerasState(model, opt, lock=threading.Lock()))
     """, {"replicas": 1})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "state.commit(): state.lock (lock) cannot be committed: an elastic state's attributes must pickle" in result.stdout
-    assert "hvd.elastic state: state.lock (lock) cannot be committed" in result.stdout
+    assert "state.commit(): state.lock (lock) cannot be committed: an elastic state's attributes must pickle" in printed
+    assert "hvd.elastic state: state.lock (lock) cannot be committed" in printed
 
 
 def test_elastic_with_caramels_own_training_run_is_refused_saying_which_to_use():
-    result = run_one_rank(MODEL + """
+    printed = refusals("""
     from caramel.tensorflow.training import TrainingRun
     TrainingRun(model, opt, total_steps=1, batch_size=1)
-    state = hvd.elastic.TensorFlowKerasState(model, opt)
-    try:
-        hvd.elastic.run(lambda state: None)(state)
-    except NotImplementedError as error:
-        print(error)
+    refused(lambda: hvd.elastic.run(lambda state: None)(hvd.elastic.TensorFlowKerasState(model, opt)))
     """, {"replicas": 1})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "hvd.elastic.run in a script that uses TrainingRun is not supported by Caramel" in result.stdout
-    assert "train either with hvd.elastic" in result.stdout
+    assert "hvd.elastic.run in a script that uses TrainingRun is not supported by Caramel" in printed
+    assert "train either with hvd.elastic" in printed
 
 
 def test_elastic_on_the_tensorflow_backend_is_refused_naming_it():
-    result = run_one_rank(MODEL + """
-    state = hvd.elastic.TensorFlowKerasState(model, opt)
-    try:
-        hvd.elastic.run(lambda state: None)(state)
-    except NotImplementedError as error:
-        print(error)
+    printed = refusals("""
+    refused(lambda: hvd.elastic.run(lambda state: None)(hvd.elastic.TensorFlowKerasState(model, opt)))
     """, {"replicas": 2, "minReplicas": 1})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "elastic training (hvd.elastic) on the tensorflow backend is not supported by Caramel" in result.stdout
+    assert "elastic training (hvd.elastic) on the tensorflow backend is not supported by Caramel" in printed
 
 
 # -- end to end ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ takes it back while it trains.
 It has the shape of Horovod's examples/tensorflow2/tensorflow2_keras_mnist_elastic.py: the same
 Horovod calls in the same places (`KerasState` with the batch and the epoch, the three elastic
 callbacks, a reset callback that scales the learning rate with the ranks, `fit` inside
-`hvd.elastic.run`). What differs: the images are synthetic (as in keras_mnist.py) instead of
+`hvd.elastic.run`). What differs: the images are synthetic (as in mnist.py) instead of
 downloaded, the epochs, steps, batch size and commit interval are flags, the model is built
 before the state is made (KerasState needs its variables), and there is no `horovod.run` entry
 (a CaramelJob starts the ranks: examples/horovod/keras_mnist_elastic.yaml).
@@ -18,7 +18,7 @@ import argparse
 import tensorflow as tf
 
 import horovod.tensorflow.keras as hvd
-from keras_mnist import load_synthetic_mnist
+from mnist import mnist_convnet, synthetic_dataset
 
 
 def main(args):
@@ -30,22 +30,8 @@ def main(args):
     if gpus:
         tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], 'GPU')
 
-    (mnist_images, mnist_labels), _ = load_synthetic_mnist()
-    dataset = tf.data.Dataset.from_tensor_slices(
-        (tf.cast(mnist_images[..., tf.newaxis] / 255.0, tf.float32), tf.cast(mnist_labels, tf.int64))
-    )
-    dataset = dataset.repeat().shuffle(10000).batch(args.batch_size)
-
-    mnist_model = tf.keras.Sequential([
-        tf.keras.layers.Conv2D(32, [3, 3], activation='relu'),
-        tf.keras.layers.Conv2D(64, [3, 3], activation='relu'),
-        tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
-        tf.keras.layers.Dropout(0.25),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(128, activation='relu'),
-        tf.keras.layers.Dropout(0.5),
-        tf.keras.layers.Dense(10, activation='softmax'),
-    ])
+    dataset = synthetic_dataset(args.batch_size)
+    mnist_model = mnist_convnet()
     mnist_model.build((None, 28, 28, 1))
 
     # Horovod: scale the learning rate with the number of ranks (again after every reset).

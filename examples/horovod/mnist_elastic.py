@@ -20,7 +20,7 @@ import time
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
-from mnist import load_synthetic_mnist
+from mnist import mnist_convnet, synthetic_dataset
 
 
 def main(args):
@@ -33,22 +33,8 @@ def main(args):
     if gpus:
         tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], 'GPU')
 
-    (mnist_images, mnist_labels), _ = load_synthetic_mnist()
-    dataset = tf.data.Dataset.from_tensor_slices(
-        (tf.cast(mnist_images[..., tf.newaxis] / 255.0, tf.float32), tf.cast(mnist_labels, tf.int64))
-    )
-    dataset = dataset.repeat().shuffle(10000).batch(args.batch_size)
-
-    mnist_model = tf.keras.Sequential([
-        tf.keras.layers.Conv2D(32, [3, 3], activation='relu'),
-        tf.keras.layers.Conv2D(64, [3, 3], activation='relu'),
-        tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
-        tf.keras.layers.Dropout(0.25),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(128, activation='relu'),
-        tf.keras.layers.Dropout(0.5),
-        tf.keras.layers.Dense(10, activation='softmax'),
-    ])
+    dataset = synthetic_dataset(args.batch_size)
+    mnist_model = mnist_convnet()
     loss = tf.losses.SparseCategoricalCrossentropy()
 
     # Horovod: scale the learning rate with the number of ranks (again after every reset).

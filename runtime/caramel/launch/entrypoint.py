@@ -2,7 +2,10 @@
 
 It reads the environment contract and meets the gang's other workers at the rendezvous, which
 worker 0 serves (`caramel.launch.rendezvous`: Caramel's own, which imports no Horovod); once
-every worker has joined it runs one training process per slot with that slot's ranks and the job's memory allocator.
+every worker has joined it runs one training process per slot with that slot's ranks (from the
+round joined) and the job's memory allocator. A worker that comes back to an elastic gang which
+trains (its first round closed long ago) joins no round itself: its training processes join the
+open one once ready (`hvd.init`), and the others take them in at their next commit.
 Every output line is prefixed with its rank. If any training process fails, the others are
 stopped and the worker exits with the failed process's status, so the whole gang can be
 restarted together. SIGTERM and SIGINT stop it at any point, the rendezvous wait included: as a
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
                 address = LOOPBACK  # its own server: no name to resolve, no network in between
             member = uuid.uuid4().hex
-            if contract.worker_index and first_round_closed(address, contract.rendezvous_port, contract.rendezvous_timeout_seconds, stop.event):
+            if contract.worker_index and first_round_closed(address, contract.rendezvous_port, contract.rendezvous_timeout_seconds, stop.event, say):
                 say("back to an elastic gang that trains: its training processes join the ranks at their next commit")
                 return _run_slots(contract, argv, say, stop, {ROUND_VARIABLE: JOIN_WHEN_READY, MEMBER_VARIABLE: member})
             joined = join_round(

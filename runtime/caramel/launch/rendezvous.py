@@ -345,6 +345,26 @@ class RendezvousServer:
         self._thread.join()
 
 
+class _Patience:
+    """One wait at the rendezvous: its timeout, and what it tells while it lasts (at once, then
+    about every 10 s)."""
+
+    def __init__(self, address: str, port: int, timeout_seconds: float, on_wait: Callable[[str], None]) -> None:
+        self.address, self.port, self.timeout_seconds, self.on_wait = address, port, timeout_seconds, on_wait
+        self.started = self.next_report = time.monotonic()
+
+    def waited(self, waiting: str, reason: str) -> None:
+        """Another look found nothing yet: raise TimeoutError past the timeout, or say what for."""
+        waited = time.monotonic() - self.started
+        if waited > self.timeout_seconds:
+            raise TimeoutError(
+                f"timed out after {self.timeout_seconds:.0f} s waiting for the rendezvous at {self.address}:{self.port}: {reason}"
+            )
+        if time.monotonic() >= self.next_report:
+            self.on_wait(f"waiting for {waiting} ({waited:.0f} s)")
+            self.next_report = time.monotonic() + REPORT_EVERY_SECONDS
+
+
 def join_round(
     address: str,
     port: int,
@@ -360,46 +380,41 @@ def join_round(
     waiting, `on_wait` hears what for, at once and then about every 10 s. Raises TimeoutError
     after `timeout_seconds`, RuntimeError where the rendezvous refuses `host`, and GangFinished
     where the gang finished training meanwhile."""
-    started = time.monotonic()
-    next_report = started
+    patience = _Patience(address, port, timeout_seconds, on_wait)
     number: int | None = None
     while not stop.is_set():
-        waited = time.monotonic() - started
         try:
             if number is None:
                 joining = {"slots": host.slots, "member": member, "after": after}
                 number = int(_request(address, port, "PUT", f"/caramel/join/{host.name}", joining)["round"])
             status = _request(address, port, "GET", f"/caramel/round/{number}")
         except OSError as error:
-            waiting = f"the rendezvous at {address}:{port}"
-            reason = str(error)
+            patience.waited(f"the rendezvous at {address}:{port}", str(error))
         else:
             if "hosts" in status:
                 return Round.from_json(status)
             missing = status["waiting_for"]
-            waiting = f"{', '.join(missing)} to join round {number} at the rendezvous at {address}:{port}"
-            reason = f"{len(missing)} worker(s) never joined: {', '.join(missing)}"
-        if waited > timeout_seconds:
-            raise TimeoutError(f"timed out after {timeout_seconds:.0f} s waiting for the rendezvous at {address}:{port}: {reason}")
-        if time.monotonic() >= next_report:
-            on_wait(f"waiting for {waiting} ({waited:.0f} s)")
-            next_report = time.monotonic() + REPORT_EVERY_SECONDS
+            patience.waited(
+                f"{', '.join(missing)} to join round {number} at the rendezvous at {address}:{port}",
+                f"{len(missing)} worker(s) never joined: {', '.join(missing)}",
+            )
         stop.wait(POLL_SECONDS)
     return None
 
 
-def first_round_closed(address: str, port: int, timeout_seconds: float, stop: threading.Event) -> bool:
+def first_round_closed(
+    address: str, port: int, timeout_seconds: float, stop: threading.Event, on_wait: Callable[[str], None] = lambda text: None
+) -> bool:
     """Whether the gang's first round has closed: then a worker joining is one that comes back to
     an elastic gang, whose training processes join a round themselves once ready. Waits for the
-    rendezvous to answer (False if `stop` is set first); TimeoutError after `timeout_seconds`."""
-    started = time.monotonic()
+    rendezvous to answer as `join_round` does (False if `stop` is set first)."""
+    patience = _Patience(address, port, timeout_seconds, on_wait)
     while not stop.is_set():
         try:
             return "hosts" in _request(address, port, "GET", "/caramel/round/0")
-        except OSError:
-            if time.monotonic() - started > timeout_seconds:
-                raise TimeoutError(f"timed out after {timeout_seconds:.0f} s waiting for the rendezvous at {address}:{port}") from None
-            stop.wait(POLL_SECONDS)
+        except OSError as error:
+            patience.waited(f"the rendezvous at {address}:{port}", str(error))
+        stop.wait(POLL_SECONDS)
     return False
 
 
