@@ -178,6 +178,33 @@ def test_an_elastic_gang_loses_a_worker_rolls_back_to_its_last_commit_and_takes_
     assert sorted(final) == [0, 1, 2] and len(set(final.values())) == 1, final
 
 
+@pytest.mark.e2e
+@needs_horovod
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("keras", [3, 2], ids=["keras3", "keras2"])
+def test_the_elastic_keras_example_loses_a_worker_mid_fit_and_ends_whole(tmp_path, keras):
+    manifest = job_manifest(
+        name="keras-elastic",
+        script=str(EXAMPLES / "keras_mnist_elastic.py"),
+        args=["--epochs", "3", "--steps-per-epoch", "60", "--batch-size", "16", "--batches-per-commit", "5"],
+        env=keras_env(keras),
+        caramel={"backend": "horovod"},
+        workers={"replicas": 3, "minReplicas": 2},
+        runPolicy={"backoffLimit": 2},
+    )
+    run = BackgroundRun(write_manifest(tmp_path, manifest))
+    run.wait_for("Epoch 2/3", timeout=300)
+    time.sleep(3)  # inside the second epoch
+    run.training_process(2).send_signal(signal.SIGKILL)
+    assert run.finish(timeout=500) == 0, run.output[-6000:]
+    assert "worker 2 exited with code 137: the elastic gang goes on without it" in run.output
+    assert "ranks re-formed in round" in run.output and "restarting the whole gang" not in run.output
+    # fit goes on for the epochs left after the last commit's: the first epoch is not run again.
+    assert "Epoch 1/2" in run.output.split("ranks re-formed in round")[1], run.output[-3000:]
+    final = digests(run.output)
+    assert sorted(final) == [0, 1, 2] and len(set(final.values())) == 1, final
+
+
 # Synchronous SGD on a linear model whose every rank's batch is a function of the step and the
 # rank: each step's update depends only on the weights and on how many ranks took part, which
 # rank 0 logs. A worker that comes back waits before it joins (CARAMEL_ROUND=join: its worker

@@ -47,7 +47,7 @@ def main(args):
                         experimental_run_tf_function=False)
 
     def on_state_reset():
-        tf.keras.backend.set_value(mnist_model.optimizer.learning_rate, lr * hvd.size())
+        mnist_model.optimizer.learning_rate.assign(lr * hvd.size())
 
     state = hvd.elastic.KerasState(mnist_model, batch=0, epoch=0)
     state.register_reset_callbacks([on_state_reset])
