@@ -14,7 +14,18 @@ import urllib.request
 import pytest
 
 from caramel.launch.gloo_store import scope_sizes
-from caramel.launch.rendezvous import Host, Refused, RendezvousServer, Round, Rounds, join_round, parse_hosts
+from caramel.launch.rendezvous import (
+    GangFinished,
+    Host,
+    OpenRound,
+    Refused,
+    RendezvousServer,
+    Round,
+    Rounds,
+    join_round,
+    parse_hosts,
+    waiting_to_join,
+)
 from conftest import free_port, job_manifest, needs_horovod, run_caramel, write_manifest
 
 GANG = (Host("job-worker-0", 2), Host("job-worker-1", 2))
@@ -23,12 +34,118 @@ GANG = (Host("job-worker-0", 2), Host("job-worker-1", 2))
 def test_a_round_closes_once_every_worker_of_the_gang_has_joined():
     rounds = Rounds(GANG)
     assert rounds.join(GANG[1]) == 0
-    assert rounds.status(0) == [GANG[0]]
+    assert rounds.status(0) == OpenRound(0, joined=("job-worker-1",), waiting_for=("job-worker-0",))
     assert rounds.store is None
     assert rounds.join(GANG[0]) == 0
     assert rounds.status(0) == Round(0, GANG)
     assert rounds.store is not None
     assert rounds.join(GANG[1]) == 0  # a retried join is told the round it is in
+
+
+FOUR = tuple(Host(f"job-worker-{index}", 1) for index in range(4))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_elastic_gangs_later_round_is_its_survivors_once_they_settle_and_takes_a_worker_back():
+    clock = Clock()
+    rounds = Rounds(FOUR, fewest=3, settle_seconds=3.0, clock=clock)
+    for host in FOUR:
+        assert rounds.join(host, member=host.name) == 0
+    assert rounds.status(0) == Round(0, FOUR)
+    # Worker 2 is lost: the three others join round 1, which waits for it until they settle.
+    for host in (FOUR[3], FOUR[0], FOUR[1]):
+        assert rounds.join(host, member=host.name, after=0) == 1
+    assert rounds.status(1) == OpenRound(1, joined=("job-worker-0", "job-worker-1", "job-worker-3"), waiting_for=("job-worker-2",))
+    clock.now = 2.9
+    assert isinstance(rounds.status(1), OpenRound)
+    clock.now = 3.0
+    survivors = Round(1, (FOUR[0], FOUR[1], FOUR[3]))
+    assert rounds.status(1) == survivors
+    assert survivors.rank_env("job-worker-3", 0)["HOROVOD_RANK"] == "2"
+    # Worker 2 comes back (a new member under its name): it waits in round 2 until the others,
+    # who see it there, join; the round closes at once with all of round 1 in, in worker order.
+    assert rounds.join(FOUR[2], member="again") == 2
+    assert rounds.status(2) == OpenRound(2, joined=("job-worker-2",), waiting_for=("job-worker-0", "job-worker-1", "job-worker-3"))
+    clock.now = 100.0
+    assert isinstance(rounds.status(2), OpenRound)  # a worker that came back never closes a round alone
+    for host in (FOUR[0], FOUR[1], FOUR[3]):
+        assert rounds.join(host, member=host.name, after=1) == 2
+    assert rounds.status(2) == Round(2, FOUR)
+    assert Round(2, FOUR).rank_env("job-worker-2", 0) == {
+        "HOROVOD_RANK": "2", "HOROVOD_SIZE": "4", "HOROVOD_CROSS_RANK": "2", "HOROVOD_CROSS_SIZE": "4", "CARAMEL_ROUND": "2",
+    }  # fmt: skip
+    assert rounds.join(FOUR[2], member="again", after=1) == 2  # a retried join, or another process of that worker
+
+
+def test_an_elastic_round_never_closes_without_worker_0_whose_state_the_others_take():
+    clock = Clock()
+    rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
+    for host in FOUR:
+        rounds.join(host)
+    for host in FOUR[1:]:
+        rounds.join(host, after=0)
+    clock.now = 60.0
+    assert isinstance(rounds.status(1), OpenRound)
+    rounds.join(FOUR[0], after=0)
+    assert rounds.status(1) == Round(1, FOUR)
+
+
+def test_an_elastic_round_never_closes_below_the_fewest_workers():
+    clock = Clock()
+    rounds = Rounds(FOUR, fewest=3, settle_seconds=3.0, clock=clock)
+    for host in FOUR:
+        rounds.join(host)
+    for host in FOUR[:2]:
+        rounds.join(host, after=0)
+    clock.now = 60.0
+    assert rounds.status(1) == OpenRound(1, joined=("job-worker-0", "job-worker-1"), waiting_for=("job-worker-2", "job-worker-3"))
+
+
+def test_a_worker_waiting_to_rejoin_a_finished_gang_is_told_so():
+    rounds = Rounds(FOUR, fewest=3)
+    for host in FOUR:
+        rounds.join(host)
+    assert rounds.finish() == ()
+    with pytest.raises(GangFinished):
+        rounds.join(FOUR[2], member="again")
+
+
+def test_members_see_a_worker_waiting_to_rejoin_them_over_http():
+    port = free_port()
+    serving = RendezvousServer(port, GANG, fewest=1)
+    serving.start()
+    try:
+        stop = threading.Event()
+        results: dict = {}
+        threads = [join_in_thread(port, host, results, stop, []) for host in GANG]
+        for thread in threads:
+            thread.join(timeout=10)
+        assert waiting_to_join("127.0.0.1", port, after=0) == ()
+        def rejoin() -> None:
+            try:
+                join_round("127.0.0.1", port, GANG[1], 30, stop, member="new")
+            except GangFinished as finished:
+                results["late"] = finished
+
+        late = threading.Thread(target=rejoin)
+        late.start()
+        for _ in range(40):
+            if waiting_to_join("127.0.0.1", port, after=0):
+                break
+            stop.wait(0.05)
+        assert waiting_to_join("127.0.0.1", port, after=0) == ("job-worker-1",)
+        assert serving.rounds.finish() == ("job-worker-1",)
+        late.join(timeout=5)
+        assert isinstance(results["late"], GangFinished)
+    finally:
+        serving.stop()
 
 
 def test_only_the_gangs_workers_join_with_their_slots():

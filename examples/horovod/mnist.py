@@ -30,6 +30,29 @@ def load_synthetic_mnist(count=10000, seed=0):
     return (images[:split], labels[:split]), (images[split:], labels[split:])
 
 
+def synthetic_dataset(batch_size):
+    """The training images and labels, repeated, shuffled and batched, as Horovod's examples make them."""
+    (mnist_images, mnist_labels), _ = load_synthetic_mnist()
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (tf.cast(mnist_images[..., tf.newaxis] / 255.0, tf.float32), tf.cast(mnist_labels, tf.int64))
+    )
+    return dataset.repeat().shuffle(10000).batch(batch_size)
+
+
+def mnist_convnet():
+    """The convolutional network of Horovod's MNIST examples."""
+    return tf.keras.Sequential([
+        tf.keras.layers.Conv2D(32, [3, 3], activation='relu'),
+        tf.keras.layers.Conv2D(64, [3, 3], activation='relu'),
+        tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
+        tf.keras.layers.Dropout(0.25),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(128, activation='relu'),
+        tf.keras.layers.Dropout(0.5),
+        tf.keras.layers.Dense(10, activation='softmax'),
+    ])
+
+
 def train(args):
     # Horovod: join the other ranks.
     hvd.init()
@@ -41,23 +64,8 @@ def train(args):
     if gpus:
         tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], 'GPU')
 
-    (mnist_images, mnist_labels), _ = load_synthetic_mnist()
-
-    dataset = tf.data.Dataset.from_tensor_slices(
-        (tf.cast(mnist_images[..., tf.newaxis] / 255.0, tf.float32), tf.cast(mnist_labels, tf.int64))
-    )
-    dataset = dataset.repeat().shuffle(10000).batch(args.batch_size)
-
-    mnist_model = tf.keras.Sequential([
-        tf.keras.layers.Conv2D(32, [3, 3], activation='relu'),
-        tf.keras.layers.Conv2D(64, [3, 3], activation='relu'),
-        tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
-        tf.keras.layers.Dropout(0.25),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(128, activation='relu'),
-        tf.keras.layers.Dropout(0.5),
-        tf.keras.layers.Dense(10, activation='softmax'),
-    ])
+    dataset = synthetic_dataset(args.batch_size)
+    mnist_model = mnist_convnet()
     loss = tf.losses.SparseCategoricalCrossentropy()
 
     # Horovod: scale the learning rate with the number of ranks (the global batch grows with it).

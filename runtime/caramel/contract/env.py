@@ -101,6 +101,10 @@ def worker_env(
         "HOROVOD_CROSS_SIZE": str(replicas),
         # The ranks of the whole gang, for scripts that keep the global batch of a full gang.
         "CARAMEL_FULL_SIZE": str(job.world_size),
+        # The fewest workers the gang may run with (spec.workers.minReplicas): an elastic gang's
+        # rendezvous closes a round of survivors only with as many, and its script runs elastic
+        # only where it is fewer than the whole gang.
+        "CARAMEL_MIN_WORKERS": str(spec.workers.floor),
         "CARAMEL_JOB_NAME": job.name,
         "CARAMEL_WORKER_INDEX": str(worker_index),
         "CARAMEL_HOSTS": ",".join(f"{worker_name(job, i)}:{slots}" for i in range(replicas)),
@@ -152,6 +156,8 @@ class WorkerContract:
     """Ranks of the whole gang, spec.workers.replicas x slotsPerWorker (CARAMEL_FULL_SIZE): more than
     world_size while the gang runs short of workers (spec.workers.minReplicas)."""
     slots_per_worker: int
+    min_workers: int
+    """The fewest workers the gang may run with (CARAMEL_MIN_WORKERS, spec.workers.minReplicas)."""
     rendezvous_addr: str
     rendezvous_port: int
     rendezvous_timeout_seconds: float
@@ -229,6 +235,7 @@ class WorkerContract:
             world_size=world_size,
             full_world_size=int(environ.get("CARAMEL_FULL_SIZE") or world_size),
             slots_per_worker=int(environ["HOROVOD_LOCAL_SIZE"]),
+            min_workers=int(environ.get("CARAMEL_MIN_WORKERS") or len(environ["CARAMEL_HOSTS"].split(","))),
             rendezvous_addr=environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
             rendezvous_timeout_seconds=float(environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or RENDEZVOUS_TIMEOUT_SECONDS),

@@ -148,6 +148,8 @@ def print_outcome(console: Console, job: CaramelJob, outcome: RunOutcome) -> Non
     name, replicas = job.name, job.spec.workers.replicas
     if outcome.succeeded:
         restarted = f" after {outcome.restarts} whole-gang restart(s)" if outcome.restarts else ""
+        if outcome.replaced:
+            restarted += f", {outcome.replaced} lost worker(s) started again while the elastic gang trained on"
         fewer = f", with {outcome.workers} of {replicas} workers" if outcome.workers < replicas else ""
         console.print(f"[green bold]Succeeded[/] {name} in {outcome.wall_seconds:.1f} s{restarted}{fewer}")
         first, last = outcome.first_report, outcome.last_report

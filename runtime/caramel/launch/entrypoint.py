@@ -2,7 +2,10 @@
 
 It reads the environment contract and meets the gang's other workers at the rendezvous, which
 worker 0 serves (`caramel.launch.rendezvous`: Caramel's own, which imports no Horovod); once
-every worker has joined it runs one training process per slot with that slot's ranks and the job's memory allocator.
+every worker has joined it runs one training process per slot with that slot's ranks (from the
+round joined) and the job's memory allocator. A worker that comes back to an elastic gang which
+trains (its first round closed long ago) joins no round itself: its training processes join the
+open one once ready (`hvd.init`), and the others take them in at their next commit.
 Every output line is prefixed with its rank. If any training process fails, the others are
 stopped and the worker exits with the failed process's status, so the whole gang can be
 restarted together. SIGTERM and SIGINT stop it at any point, the rendezvous wait included: as a
@@ -26,6 +29,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable
 
 import caramel
@@ -35,7 +40,17 @@ from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, fail
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.gang import CannotStart, run_gang
 from caramel.launch.processes import describe_exit, exit_code, signal_group, spawn
-from caramel.launch.rendezvous import RendezvousServer, join_round, parse_hosts
+from caramel.launch.rendezvous import (
+    JOIN_WHEN_READY,
+    MEMBER_VARIABLE,
+    POLL_SECONDS,
+    ROUND_VARIABLE,
+    GangFinished,
+    RendezvousServer,
+    first_round_closed,
+    join_round,
+    parse_hosts,
+)
 from caramel.network.wire import job_topology
 
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
@@ -107,11 +122,20 @@ def main(argv: list[str] | None = None) -> int:
         address = contract.rendezvous_addr
         try:
             if contract.worker_index == 0:
-                server = RendezvousServer(contract.rendezvous_port, gang)
+                server = RendezvousServer(contract.rendezvous_port, gang, contract.min_workers)
                 server.start()
                 say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
                 address = LOOPBACK  # its own server: no name to resolve, no network in between
-            joined = join_round(address, contract.rendezvous_port, gang[contract.worker_index], contract.rendezvous_timeout_seconds, stop.event, say)
+            member = uuid.uuid4().hex
+            if contract.worker_index and first_round_closed(address, contract.rendezvous_port, contract.rendezvous_timeout_seconds, stop.event, say):
+                say("back to an elastic gang that trains: its training processes join the ranks at their next commit")
+                return _run_slots(contract, argv, say, stop, {ROUND_VARIABLE: JOIN_WHEN_READY, MEMBER_VARIABLE: member})
+            joined = join_round(
+                address, contract.rendezvous_port, gang[contract.worker_index], contract.rendezvous_timeout_seconds, stop.event, say, member
+            )
+        except GangFinished:
+            say("the gang finished training before this worker could rejoin it: nothing left to do")
+            return 0
         except (TimeoutError, RuntimeError, OSError) as error:
             say(str(error))
             _leave_message(str(error), say)
@@ -120,13 +144,21 @@ def main(argv: list[str] | None = None) -> int:
             say(f"stopped by {signal.Signals(stop.signum).name} while waiting for the rendezvous")
             return stop.exit_status
         say(f"all {len(joined.hosts)} workers joined round {joined.number} of the rendezvous: {joined.world_size} ranks")
-        return _run_slots(contract, argv, say, stop)
+        host = gang[contract.worker_index].name
+        slot_ranks = [{**joined.rank_env(host, slot), MEMBER_VARIABLE: member} for slot in range(contract.slots_per_worker)]
+        status = _run_slots(contract, argv, say, stop, *slot_ranks)
+        if server and status == 0 and server.rounds.finish():
+            # A worker waiting to rejoin an elastic gang learns at its next look that the gang is done.
+            time.sleep(2 * POLL_SECONDS)
+        return status
     finally:
         if server:
             server.stop()
 
 
-def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop) -> int:
+def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop, *slot_ranks: dict[str, str]) -> int:
+    """Run the training processes, each slot with its variables of `slot_ranks` (its ranks in the
+    round joined), or all with the one given (join when ready)."""
     reports: list[ProgressReport] = []
     # Per rank, for a failure summary: its first error line and the line after it (a C++
     # exception's what()), and its last lines.
@@ -137,7 +169,7 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     say(f"training processes: {allocator.description}")
     envs = []
     for slot in range(contract.slots_per_worker):
-        env = {**os.environ, **slot_env(os.environ, slot), **allocator.env}
+        env = {**os.environ, **slot_env(os.environ, slot), **slot_ranks[min(slot, len(slot_ranks) - 1)], **allocator.env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, env.get("PYTHONPATH")]))
         envs.append(env)
     ranks = [int(env["HOROVOD_RANK"]) for env in envs]

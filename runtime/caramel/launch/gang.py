@@ -75,6 +75,7 @@ def run_gang(
     *,
     stop_reason: Callable[[], str | None] = lambda: None,
     on_failure: Callable[[int, int], None] = lambda member, returncode: None,
+    replace: Callable[[int, int], bool] = lambda member, returncode: False,
     stop: Callable[[Sequence[Member]], None] = stop_groups,
     poll_seconds: float = 0.2,
 ) -> GangEnd:
@@ -84,25 +85,33 @@ def run_gang(
     Every line a member writes goes to `on_line(member, line)`. The first member to fail ends the
     gang (`on_failure(member, returncode)` is told at once, before its peers are stopped); after
     each line or exit, and every `poll_seconds` at least, `stop_reason()` may end it (a signal, a
-    deadline). Before returning or raising, `stop` is given the members still running, or not
+    deadline). An elastic gang goes on without a failed member where `replace(member,
+    returncode)` says so, and starts it again at once (its peers re-form without it, and with it
+    once it is back). Before returning or raising, `stop` is given the members still running, or not
     yet reaped (`stop_groups` by default: SIGTERM to their groups, SIGKILL after a grace period),
     and their last lines are relayed. A member that cannot be started raises CannotStart.
     """
     # The members' lines and exits, in the order they happen.
     events: queue.Queue[tuple[int, str] | _Exited] = queue.Queue()
-    members: list[Member] = []
     pumps: list[threading.Thread] = []
     end = GangEnd()
+    # Every process started, replaced members' included, so that none is left running.
+    started: list[Member] = []
+
+    def start(index: int) -> Member:
+        try:
+            member = spawn(index)
+        except OSError as error:
+            raise CannotStart(index, error) from error
+        started.append(member)
+        assert member.stdout is not None, "a member's stdout must be a pipe"
+        pumps.append(pump_lines(member.stdout, partial(_queue_line, events, index)))
+        threading.Thread(target=_wait_for_exit, args=(events, index, member), daemon=True).start()
+        return member
+
     try:
         for index in range(size):
-            try:
-                member = spawn(index)
-            except OSError as error:
-                raise CannotStart(index, error) from error
-            members.append(member)
-            assert member.stdout is not None, "a member's stdout must be a pipe"
-            pumps.append(pump_lines(member.stdout, partial(_queue_line, events, index)))
-            threading.Thread(target=_wait_for_exit, args=(events, index, member), daemon=True).start()
+            start(index)
         running = set(range(size))
         while running:
             try:
@@ -111,7 +120,10 @@ def run_gang(
                 event = None
             if isinstance(event, _Exited):
                 running.discard(event.member)
-                if event.returncode != 0:
+                if event.returncode != 0 and replace(event.member, event.returncode):
+                    start(event.member)
+                    running.add(event.member)
+                elif event.returncode != 0:
                     end = GangEnd(failed=event.member, returncode=event.returncode, failed_at=event.at)
                     on_failure(event.member, event.returncode)
                     break
@@ -123,7 +135,7 @@ def run_gang(
                 break
     finally:
         # Only members not yet reaped: a reaped member's PID (its group's) may be another's now.
-        stop([member for member in members if member.returncode is None])
+        stop([member for member in started if member.returncode is None])
         for pump in pumps:
             pump.join(timeout=5)
         _relay_lines(events, on_line)

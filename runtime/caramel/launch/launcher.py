@@ -13,6 +13,12 @@ goes is in a cluster. Where spec.workers.minReplicas allows it, the next gang ru
 one worker fewer; any other failure restarts the whole gang, as a later restart in a cluster
 asks for it again. Nothing here waits for room, so the gang scheduling timeout has no local
 counterpart, and a gang grows back only at a restart.
+
+An elastic gang (its script uses Horovod's `hvd.elastic`, its spec.workers.minReplicas is below
+replicas: `caramel.contract.elastic`) is not restarted for a lost worker other than worker 0 (which
+serves the rendezvous): its peers re-form without it in their processes, and the launcher starts
+it again at once, in the place the machine has again, to rejoin them at their next commit. Each
+such replacement counts against backoffLimit as a restart does.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caramel.contract.api import CaramelJob
+from caramel.contract.elastic import says_elastic
 from caramel.contract.env import worker_command, worker_env
 from caramel.contract.ports import PortMap
 from caramel.contract.restart import RestartPolicy
@@ -63,6 +70,9 @@ class RunOutcome:
     """Workers of the last gang: spec.workers.replicas, or fewer after workers were lost."""
     lost: bool = False
     """The failed worker was killed by SIGKILL, as the machine kills what it cannot hold."""
+    replaced: int = 0
+    """Workers of an elastic gang lost and started again while it ran (they count against
+    backoffLimit with the restarts)."""
 
 
 # Why a signal stops a gang, by signal: the handlers only note it, and the gang's loop acts on it
@@ -112,19 +122,20 @@ class LocalRun:
         started = time.monotonic()
         policy = RestartPolicy.of(self.job)
         limit = policy.backoff_limit
-        restarts = 0
+        restarts = replaced = 0
         size = self.job.spec.workers.replicas
         while True:
-            outcome = self._run_gang(started, size, policy)
-            outcome.restarts = restarts
-            if outcome.succeeded or outcome.failed_worker is None or not policy.may_restart(restarts):
+            outcome = self._run_gang(started, size, policy, restarts + replaced)
+            replaced += outcome.replaced
+            outcome.restarts, outcome.replaced = restarts, replaced
+            if outcome.succeeded or outcome.failed_worker is None or not policy.may_restart(restarts + replaced):
                 break
-            backoff = policy.backoff(restarts)
+            backoff = policy.backoff(restarts + replaced)
             restarts += 1
             size, sizing = self._next_size(outcome)
             tail = "".join(f"\n  | {line}" for line in outcome.last_lines)
             self.on_notice(
-                f"{outcome.reason}; restarting the whole gang ({restarts} of {limit}, spec.runPolicy.backoffLimit) "
+                f"{outcome.reason}; restarting the whole gang ({restarts + replaced} of {limit}, spec.runPolicy.backoffLimit) "
                 f"in {backoff:.0f} s{sizing}. Its last lines:{tail}"
             )
             try:
@@ -153,8 +164,9 @@ class LocalRun:
             return spec.replicas, f" with all {spec.replicas} workers again"
         return spec.replicas, ""
 
-    def _run_gang(self, started: float, replicas: int, policy: RestartPolicy) -> RunOutcome:
-        """One gang of `replicas` workers: every worker started, run until all finish or one fails."""
+    def _run_gang(self, started: float, replicas: int, policy: RestartPolicy, restarts: int) -> RunOutcome:
+        """One gang of `replicas` workers: every worker started, run until all finish or one fails
+        (one that an elastic gang can lose is started again instead, `restarts` counting those before)."""
         peers = [LOCALHOST] * replicas
         topology = to_wire(self.topology) if self.topology is not None else None
         last_lines: list[collections.deque[str]] = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
@@ -164,7 +176,11 @@ class LocalRun:
             env = {**os.environ, **worker_env(self.job, index, peers, topology=topology)}
             return spawn(worker_command(self.job, python=sys.executable), env, cwd=str(self.cwd))
 
+        elastic: list[bool] = []
+
         def relay(index: int, line: str) -> None:
+            if not elastic and says_elastic(line):
+                elastic.append(True)
             report = parse_report(line)
             if report:
                 outcome.first_report = outcome.first_report or report
@@ -186,8 +202,23 @@ class LocalRun:
         previous_handlers = {
             signum: signal.signal(signum, lambda signum, _: stops.append(STOP_REASONS[signal.Signals(signum)])) for signum in STOP_REASONS
         }
+        def replace(index: int, returncode: int) -> bool:
+            """A lost worker of an elastic gang, but for worker 0 (the rendezvous), while the
+            restarts allow: started again, its peers going on."""
+            if not (elastic and index != 0 and killed_by_the_machine(returncode) and replicas > self.job.spec.workers.floor):
+                return False
+            if not policy.may_restart(restarts + outcome.replaced):
+                return False
+            outcome.replaced += 1
+            self.on_notice(
+                f"worker {index} {describe_exit(returncode)}: the elastic gang goes on without it (its peers roll back to "
+                f"their last commit), and it starts again to rejoin them ({restarts + outcome.replaced} of "
+                f"{policy.backoff_limit}, spec.runPolicy.backoffLimit)"
+            )
+            return True
+
         try:
-            end = run_gang(replicas, start_worker, relay, stop_reason=stop_reason)
+            end = run_gang(replicas, start_worker, relay, stop_reason=stop_reason, replace=replace)
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)

@@ -1,12 +1,18 @@
 """Caramel's rendezvous: where a gang's workers meet, served over HTTP by worker 0.
 
 Workers meet in rounds. Each worker joins the open round (`PUT /caramel/join/<worker>`, with its
-slots) and asks for it until it closes (`GET /caramel/round/<number>`); a closed round is its
-hosts, in rank order, which every member reads alike. The round's members are decided by the
-gang's rule, here the contract's: the gang is the workers CARAMEL_HOSTS names, and the round
-closes once every one of them has joined, so a gang has one round and no worker starts training
-before all are there. (A gang whose rounds follow the workers alive at the time, as elastic
-training would need, takes another rule in `Rounds`; the protocol and the clients stay.)
+slots, the round it knows last and who it is: one worker's processes share one `member` id) and
+asks for it until it closes (`GET /caramel/round/<number>`); a closed round is its hosts, in the
+gang's worker order (worker 0, which serves here, is rank 0), which every member reads alike. The
+first round closes once every worker CARAMEL_HOSTS names has joined, so no worker starts training
+before all are there. A gang that may run short (CARAMEL_MIN_WORKERS below its workers) meets
+again while it trains, when an elastic script re-forms its ranks (Horovod's `hvd.elastic`): a
+later round's members are the workers alive, and it closes once every member of the round before
+has joined again (a worker that came back joins it too), or, where some never come (lost), once
+no one has joined for SETTLE_SECONDS and at least the fewest workers, worker 0 among them, are in:
+rank 0 is always worker 0, whose state the others take (a worker that came back has none to
+give), and whose loss restarts the whole gang. A worker that joins while the others train waits in the open round: they see it
+there (`check_host_updates`) and join it.
 
 Each round, once closed, also has a key-value store in the layout of Horovod's Gloo rendezvous
 (`gloo_store.GlooStore`, every path that is not `/caramel/...`): on the horovod backend,
@@ -34,9 +40,23 @@ from caramel.launch.gloo_store import GlooStore
 CARAMEL_PATH = "/caramel/"
 JOIN = re.compile(r"/caramel/join/([^/]+)")
 ROUND = re.compile(r"/caramel/round/([0-9]+)")
+ROUND_VARIABLE = "CARAMEL_ROUND"
+"""The round a training process's ranks come from (set by its worker: `Round.rank_env`), or
+JOIN_WHEN_READY for one of a worker that came back to an elastic gang: it joins the open round
+itself once it is ready to train, so that the others do not wait for it to start."""
+JOIN_WHEN_READY = "join"
+MEMBER_VARIABLE = "CARAMEL_MEMBER"
+"""Who a worker is at the rendezvous (one id per worker process, shared by its training processes):
+a worker started again in a lost one's place is a new member under the same name."""
 POLL_SECONDS = 0.25
 REQUEST_TIMEOUT_SECONDS = 10
 REPORT_EVERY_SECONDS = 10
+GONE = 410
+"""The answer to a worker that asks to join a gang that has finished."""
+# How long a later round of an elastic gang waits for more of the round before's members after the
+# last join: survivors of a lost worker see their collective fail within milliseconds of each
+# other, while a survivor in the middle of a step's computation joins once its next collective fails.
+SETTLE_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +89,22 @@ class Round:
     def world_size(self) -> int:
         return sum(host.slots for host in self.hosts)
 
+    def rank_env(self, host_name: str, slot: int) -> dict[str, str]:
+        """The ranks of training process `slot` of `host_name` in this round, as Horovod reads them
+        (and the round, for its next join)."""
+        names = [host.name for host in self.hosts]
+        if host_name not in names:
+            raise RuntimeError(f"{host_name} is not in round {self.number} ({', '.join(names)})")
+        index = names.index(host_name)
+        first = sum(host.slots for host in self.hosts[:index])
+        return {
+            "HOROVOD_RANK": str(first + slot),
+            "HOROVOD_SIZE": str(self.world_size),
+            "HOROVOD_CROSS_RANK": str(index),
+            "HOROVOD_CROSS_SIZE": str(len(self.hosts)),
+            ROUND_VARIABLE: str(self.number),
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {"round": self.number, "hosts": [[host.name, host.slots] for host in self.hosts]}
 
@@ -81,38 +117,87 @@ class Refused(Exception):
     """A join the gang's rule refuses; the message says why."""
 
 
+class GangFinished(Exception):
+    """The gang finished training while a worker waited to rejoin it: that worker has nothing to do."""
+
+
+@dataclass(frozen=True)
+class OpenRound:
+    """The open round: who has joined it, and whom of the round before it still waits for."""
+
+    number: int
+    joined: tuple[str, ...]
+    waiting_for: tuple[str, ...]
+
+
 class Rounds:
     """The rounds of one gang: who has joined the open one, and the rounds closed, each with the
-    store Horovod's collectives meet at."""
+    store Horovod's collectives meet at. `fewest` is the fewest workers a later round may close
+    with (the whole gang where unset: a fixed gang has one round)."""
 
-    def __init__(self, gang: Sequence[Host]) -> None:
+    def __init__(
+        self,
+        gang: Sequence[Host],
+        fewest: int | None = None,
+        settle_seconds: float = SETTLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.gang = tuple(gang)
+        self.fewest = len(self.gang) if fewest is None else fewest
+        self.settle_seconds = settle_seconds
+        self._clock = clock
         self._lock = threading.Lock()
-        self._joined: dict[str, Host] = {}
+        self._joined: dict[str, str] = {}
+        """The open round's workers, by name: their member ids."""
+        self._last_join = 0.0
         self._closed: list[Round] = []
+        self._members: list[dict[str, str]] = []
+        """Each closed round's member ids, by worker."""
         self.store: GlooStore | None = None
         """The store of the last round closed (None before the first closes)."""
+        self._finished = False
 
-    def join(self, host: Host) -> int:
-        """Add `host` to the open round; the number of the round it is in. A member of a closed
-        round who joins again (a retried request) is told that round."""
+    def finish(self) -> tuple[str, ...]:
+        """The gang has finished training: workers waiting in the open round (a lost worker that
+        came back too late) are told so. Those waiting."""
         with self._lock:
+            self._finished = True
+            return tuple(self._joined)
+
+    def join(self, host: Host, member: str = "", after: int = -1) -> int:
+        """Add `host` (worker process `member`) to the open round; the number of the round it is
+        in. A member already in a closed round after `after` (a retried request, or another
+        training process of its worker) is told that round."""
+        with self._lock:
+            self._check_finished()
             self._check_member(host)
-            if self._closed:
-                return self._closed[-1].number
-            self._joined[host.name] = host
-            if len(self._joined) == len(self.gang):
-                self._close()
-            return len(self._closed) - 1 if self._closed else 0
+            for number in range(len(self._closed) - 1, after, -1):
+                if self._members[number].get(host.name) == member:
+                    return number
+            self._joined[host.name] = member
+            self._last_join = self._clock()
+            self._close_if_due()
+            return len(self._closed) - 1 if not self._joined else len(self._closed)
 
-    def status(self, number: int) -> Round | list[Host]:
-        """Round `number` once closed; while it is open, the workers it still waits for."""
+    def status(self, number: int) -> Round | OpenRound:
+        """Round `number` once closed; while it is open, who joined it and whom it waits for."""
         with self._lock:
+            self._close_if_due()
             if number < len(self._closed):
                 return self._closed[number]
+            self._check_finished()
             if number > len(self._closed):
                 raise Refused(f"there is no round {number} yet (rounds so far: {len(self._closed)})")
-            return [host for host in self.gang if host.name not in self._joined]
+            expected = self._closed[-1].hosts if self._closed else self.gang
+            return OpenRound(
+                number,
+                tuple(name for name in (host.name for host in self.gang) if name in self._joined),
+                tuple(host.name for host in expected if host.name not in self._joined),
+            )
+
+    def _check_finished(self) -> None:
+        if self._finished:
+            raise GangFinished("the gang has finished training")
 
     def _check_member(self, host: Host) -> None:
         """The contract's rule: only the gang's workers, each with its slots."""
@@ -122,11 +207,30 @@ class Rounds:
         if member.slots != host.slots:
             raise Refused(f"{host.name} runs {host.slots} training processes; the gang gives it {member.slots}")
 
+    def _close_if_due(self) -> None:
+        """Close the open round where the gang's rule says it is complete (see the module's docstring)."""
+        if not self._joined:
+            return
+        if not self._closed:
+            if len(self._joined) == len(self.gang):
+                self._close()
+            return
+        before = {host.name for host in self._closed[-1].hosts}
+        if before <= self._joined.keys():
+            self._close()
+        elif (
+            self._clock() - self._last_join >= self.settle_seconds
+            and len(self._joined) >= self.fewest
+            and self.gang[0].name in self._joined
+        ):
+            self._close()
+
     def _close(self) -> None:
-        """Close the open round: the gang's hosts in their order, with a fresh store."""
-        closed = Round(len(self._closed), self.gang)
+        """Close the open round: its workers in the gang's order, with a fresh store."""
+        closed = Round(len(self._closed), tuple(host for host in self.gang if host.name in self._joined))
         self.store = GlooStore([(host.name, host.slots) for host in closed.hosts])
         self._closed.append(closed)
+        self._members.append(self._joined)
         self._joined = {}
 
 
@@ -138,10 +242,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         joined = JOIN.fullmatch(self.path)
         if joined:
             try:
-                slots = json.loads(body)["slots"]
-                self._answer(200, {"round": self.server.rounds.join(Host(joined.group(1), int(slots)))})
+                asked = json.loads(body)
+                host = Host(joined.group(1), int(asked["slots"]))
+                self._answer(200, {"round": self.server.rounds.join(host, str(asked.get("member", "")), int(asked.get("after", -1)))})
             except Refused as refused:
                 self._answer(409, {"error": str(refused)})
+            except GangFinished as finished:
+                self._answer(GONE, {"error": str(finished)})
             except (ValueError, KeyError, TypeError):
                 self._answer(400, {"error": 'a join carries {"slots": N}'})
             return
@@ -160,10 +267,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except Refused as refused:
                 self._answer(404, {"error": str(refused)})
                 return
+            except GangFinished as finished:
+                self._answer(GONE, {"error": str(finished)})
+                return
             if isinstance(status, Round):
                 self._answer(200, status.to_json())
             else:
-                self._answer(200, {"round": int(asked.group(1)), "waiting_for": [host.name for host in status]})
+                self._answer(200, {"round": status.number, "joined": list(status.joined), "waiting_for": list(status.waiting_for)})
             return
         scope_key = self._scope_key()
         if scope_key:
@@ -221,8 +331,8 @@ class _Server(http.server.ThreadingHTTPServer):
 class RendezvousServer:
     """The rendezvous of one gang, listening on every interface of worker 0."""
 
-    def __init__(self, port: int, gang: Sequence[Host]) -> None:
-        self.rounds = Rounds(gang)
+    def __init__(self, port: int, gang: Sequence[Host], fewest: int | None = None) -> None:
+        self.rounds = Rounds(gang, fewest)
         self._httpd = _Server(port, self.rounds)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="rendezvous", daemon=True)
 
@@ -235,6 +345,26 @@ class RendezvousServer:
         self._thread.join()
 
 
+class _Patience:
+    """One wait at the rendezvous: its timeout, and what it tells while it lasts (at once, then
+    about every 10 s)."""
+
+    def __init__(self, address: str, port: int, timeout_seconds: float, on_wait: Callable[[str], None]) -> None:
+        self.address, self.port, self.timeout_seconds, self.on_wait = address, port, timeout_seconds, on_wait
+        self.started = self.next_report = time.monotonic()
+
+    def waited(self, waiting: str, reason: str) -> None:
+        """Another look found nothing yet: raise TimeoutError past the timeout, or say what for."""
+        waited = time.monotonic() - self.started
+        if waited > self.timeout_seconds:
+            raise TimeoutError(
+                f"timed out after {self.timeout_seconds:.0f} s waiting for the rendezvous at {self.address}:{self.port}: {reason}"
+            )
+        if time.monotonic() >= self.next_report:
+            self.on_wait(f"waiting for {waiting} ({waited:.0f} s)")
+            self.next_report = time.monotonic() + REPORT_EVERY_SECONDS
+
+
 def join_round(
     address: str,
     port: int,
@@ -242,35 +372,59 @@ def join_round(
     timeout_seconds: float,
     stop: threading.Event,
     on_wait: Callable[[str], None] = lambda text: None,
+    member: str = "",
+    after: int = -1,
 ) -> Round | None:
-    """Join the open round at the rendezvous and return it once closed, or None if `stop` is set
-    first. While waiting, `on_wait` hears what for, at once and then about every 10 s. Raises
-    TimeoutError after `timeout_seconds`, and RuntimeError where the rendezvous refuses `host`."""
-    started = time.monotonic()
-    next_report = started
+    """Join the open round at the rendezvous as worker process `member` (a round after `after`,
+    the last one it knew) and return it once closed, or None if `stop` is set first. While
+    waiting, `on_wait` hears what for, at once and then about every 10 s. Raises TimeoutError
+    after `timeout_seconds`, RuntimeError where the rendezvous refuses `host`, and GangFinished
+    where the gang finished training meanwhile."""
+    patience = _Patience(address, port, timeout_seconds, on_wait)
     number: int | None = None
     while not stop.is_set():
-        waited = time.monotonic() - started
         try:
             if number is None:
-                number = int(_request(address, port, "PUT", f"/caramel/join/{host.name}", {"slots": host.slots})["round"])
+                joining = {"slots": host.slots, "member": member, "after": after}
+                number = int(_request(address, port, "PUT", f"/caramel/join/{host.name}", joining)["round"])
             status = _request(address, port, "GET", f"/caramel/round/{number}")
         except OSError as error:
-            waiting = f"the rendezvous at {address}:{port}"
-            reason = str(error)
+            patience.waited(f"the rendezvous at {address}:{port}", str(error))
         else:
             if "hosts" in status:
                 return Round.from_json(status)
             missing = status["waiting_for"]
-            waiting = f"{', '.join(missing)} to join round {number} at the rendezvous at {address}:{port}"
-            reason = f"{len(missing)} worker(s) never joined: {', '.join(missing)}"
-        if waited > timeout_seconds:
-            raise TimeoutError(f"timed out after {timeout_seconds:.0f} s waiting for the rendezvous at {address}:{port}: {reason}")
-        if time.monotonic() >= next_report:
-            on_wait(f"waiting for {waiting} ({waited:.0f} s)")
-            next_report = time.monotonic() + REPORT_EVERY_SECONDS
+            patience.waited(
+                f"{', '.join(missing)} to join round {number} at the rendezvous at {address}:{port}",
+                f"{len(missing)} worker(s) never joined: {', '.join(missing)}",
+            )
         stop.wait(POLL_SECONDS)
     return None
+
+
+def first_round_closed(
+    address: str, port: int, timeout_seconds: float, stop: threading.Event, on_wait: Callable[[str], None] = lambda text: None
+) -> bool:
+    """Whether the gang's first round has closed: then a worker joining is one that comes back to
+    an elastic gang, whose training processes join a round themselves once ready. Waits for the
+    rendezvous to answer as `join_round` does (False if `stop` is set first)."""
+    patience = _Patience(address, port, timeout_seconds, on_wait)
+    while not stop.is_set():
+        try:
+            return "hosts" in _request(address, port, "GET", "/caramel/round/0")
+        except OSError as error:
+            patience.waited(f"the rendezvous at {address}:{port}", str(error))
+        stop.wait(POLL_SECONDS)
+    return False
+
+
+def waiting_to_join(address: str, port: int, after: int) -> tuple[str, ...]:
+    """The workers waiting in the round after `after` for the others to join it (none where it
+    has not begun): an elastic gang's members ask, to take in a worker that came."""
+    status = _request(address, port, "GET", f"/caramel/round/{after + 1}")
+    if "hosts" in status:  # the others re-formed without this process (it was too slow to join): so must it
+        return tuple(name for name, _ in status["hosts"])
+    return tuple(status["joined"])
 
 
 def _request(address: str, port: int, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -285,6 +439,8 @@ def _request(address: str, port: int, method: str, path: str, body: dict[str, An
         raise ConnectionError(f"no rendezvous answer at {address}:{port}: {error}") from error
     finally:
         connection.close()
+    if response.status == GONE:
+        raise GangFinished(answer.get("error", "the gang has finished training"))
     if response.status != 200:
         raise RuntimeError(f"the rendezvous at {address}:{port} refused {method} {path}: {answer.get('error', response.status)}")
     return answer

@@ -10,6 +10,7 @@ Caramel serves it) find it with `current()` and hand it to everything below them
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from caramel.tensorflow.backends import Backend, chosen, set_up
 from caramel.tensorflow import stopping
 from caramel.tensorflow.communicator import GradientCommunicator
 from caramel.tensorflow.keras_version import keras_2
+from caramel.tensorflow.unsupported import refuse
 
 
 @dataclass
@@ -30,6 +32,9 @@ class Runtime:
     local_variables: dict[int, Any] = field(default_factory=dict)
     """Variables each rank trains on its own gradients (Horovod's local sources), by id: the check
     that every rank ends with the same weights leaves them out."""
+    driver: str = ""
+    """What drives the training loop, where one claimed it (`drive`): Caramel's own `TrainingRun`
+    or Horovod's `hvd.elastic.run`, which cannot share a process."""
 
     @property
     def rank(self) -> int:
@@ -38,6 +43,40 @@ class Runtime:
     @property
     def size(self) -> int:
         return self.backend.size
+
+    def drive(self, driver: str, instead: str) -> None:
+        """Claim the training loop for `driver` (one of the two above). Each rolls the weights back
+        its own way (TrainingRun to its checkpoint, a whole gang restarted; hvd.elastic to its
+        last commit, in the process), so a script uses one: where the other claimed it first, this
+        is refused, `instead` saying what to do."""
+        if self.driver and self.driver != driver:
+            refuse(f"{driver} in a script that uses {self.driver}", instead)
+        self.driver = driver
+
+    def check_reforms(self) -> None:
+        """Refuse elastic training where the backend's ranks cannot re-form in the process."""
+        if not self.backend.reforms:
+            refuse(
+                f"elastic training (hvd.elastic) on the {self.backend.name} backend",
+                "its ranks cannot re-form in the process; run the job on backend horovod (spec.caramel.backend: horovod, or "
+                "auto where Horovod is installed), or train without hvd.elastic: a gang with spec.workers.minReplicas then "
+                "restarts smaller from its checkpoint",
+            )
+
+    def reform(self, meet: Callable[[], None]) -> None:
+        """Join the job's ranks anew in this process, as an elastic gang re-forms (Horovod's API as
+        Caramel serves it: `hvd.elastic`): the backend leaves the old ranks at once (so that peers
+        blocked on this one fail too, and meet again), `meet()` sets the new ranks' HOROVOD_*
+        variables in the environment, and the backend joins them; the gradient communicator is
+        made anew, since its plans, measurements, arm selection and graph choice were of the old
+        world. Functions traced before keep their graphs: their collectives are the backend's ops,
+        which take the world's size when they run."""
+        self.check_reforms()
+        self.backend.leave()
+        meet()
+        self.contract = WorkerContract.from_env()
+        self.backend = self.backend.reform(self.contract)
+        self.communicator = GradientCommunicator(self.contract, self.backend)
 
     def say(self, message: str) -> None:
         """A line for people, from rank 0 only."""

@@ -35,6 +35,11 @@ class TrainingRun:
             raise ValueError("build the model (call it once or model.build(shape)) before TrainingRun")
         counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_step")
         self.runtime = current()
+        self.runtime.drive(
+            "TrainingRun",
+            "an elastic script (hvd.elastic.run) keeps its own loop and commits its state; train either with hvd.elastic "
+            "(its gang re-forms in the process, from the last commit) or with TrainingRun (its gang restarts from the checkpoint)",
+        )
         self.ledger = Ledger(self.runtime, model, optimizer, counter, total_steps=total_steps, batch_size=batch_size)
         self.total_steps = total_steps
         self._pending_loss: float | None = None

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from caramel.tensorflow.unsupported import NotSupportedByCaramel, refuse
@@ -13,7 +12,7 @@ def unsupported(feature: str, advice: str) -> Any:
     """A stand-in for a Horovod function or class that fails when used, not when looked up, so that
     a script may still test for it (`hasattr`, imports) and fails only where it uses it, naming it.
     A class's stand-in (a capitalized name) fails when made or subclassed (`class
-    State(hvd.elastic.ObjectState)`); an exception's can still be named in an `except` clause."""
+    State(hvd.ProcessSet)`); an exception's can still be named in an `except` clause."""
     name = feature.rsplit(".", 1)[-1]
     doc = f"Not supported by Caramel: {advice}"
 
@@ -32,20 +31,4 @@ def unsupported(feature: str, advice: str) -> Any:
     return type(name, (base,), {"__new__": stand_in, "__init_subclass__": classmethod(refused_subclass), "__doc__": doc})
 
 
-def unsupported_module(module_name: str, feature: str, advice: str, names: Sequence[str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """A module-level `__getattr__` and `__dir__` for a Horovod module Caramel does not serve
-    (elastic training): every name looked up in it is a stand-in that fails when used, and `dir()`
-    lists Horovod's `names` of it."""
-
-    def module_getattr(name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
-        return unsupported(f"{feature}.{name}", advice)
-
-    def module_dir() -> list[str]:
-        return sorted(names)
-
-    return module_getattr, module_dir
-
-
-__all__ = ["NotSupportedByCaramel", "refuse", "unsupported", "unsupported_module"]
+__all__ = ["NotSupportedByCaramel", "refuse", "unsupported"]

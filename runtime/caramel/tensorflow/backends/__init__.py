@@ -64,6 +64,19 @@ class Backend(ABC):
         """A step's gradients averaged (or summed) as the backend's own API does it (Horovod's tape,
         or MultiWorkerMirroredStrategy): the baseline Caramel's plans are measured against."""
 
+    reforms: ClassVar[bool] = False
+    """Whether `reform` re-forms this backend's ranks in the process (elastic training)."""
+
+    def leave(self) -> None:
+        """Leave the ranks at once, before they re-form (for backends whose `reforms` is true):
+        a peer blocked on this rank fails then, instead of waiting for it."""
+        raise NotImplementedError(f"the {self.name} backend's ranks do not re-form in the process")
+
+    def reform(self, contract: WorkerContract) -> Backend:
+        """This process's collectives among the ranks `contract` gives now (an elastic gang that
+        lost or took in workers), once it left the old ones (`leave`)."""
+        raise NotImplementedError(f"the {self.name} backend's ranks do not re-form in the process")
+
     def copy_variable(self, copy: int) -> tf.Variable | None:
         """A variable that copy `copy` of a step in Caramel's graph of several steps reads where
         the trace read copy 0's, for backends that tell a graph's collectives apart by more than

@@ -31,6 +31,7 @@ RESPONSE_CACHE_CAPACITY = 16384
 class HorovodBackend(Backend):
     name = "horovod"
     own_way_name = "Horovod's own way"
+    reforms = True
 
     def all_reduce(self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str) -> list[tf.Tensor]:
         """One grouped allreduce per dtype: Horovod copies the tensors into its fusion buffer,
@@ -56,6 +57,15 @@ class HorovodBackend(Backend):
     def gather_shards(self, shards: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:
         """The shards of `reduce_scatter`, gathered whole on every rank."""
         return mpi_ops.grouped_allgather(list(shards), name=name)
+
+    def leave(self) -> None:
+        """Horovod's shutdown: its Gloo connections close, which fails every peer's collective."""
+        mpi_ops.shutdown()
+
+    def reform(self, contract: WorkerContract) -> HorovodBackend:
+        """Horovod's `init` again (as its own elastic reset does), in the process: Gloo reads the
+        HOROVOD_* variables of the new round then."""
+        return set_up(contract)
 
     def broadcast(self, tensors: Sequence[tf.Tensor], root_rank: int = 0, name: str = "caramel_broadcast") -> list[tf.Tensor]:
         return [mpi_ops.broadcast(tf.convert_to_tensor(tensor), root_rank, name=f"{name}_{i}") for i, tensor in enumerate(tensors)]

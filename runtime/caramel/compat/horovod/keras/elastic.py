@@ -1,4 +1,11 @@
-"""Horovod's elastic training for standalone Keras (`horovod.keras.elastic`), which Caramel does not
-serve: that of horovod.tensorflow.keras, whose every name fails when used, naming it."""
+"""Horovod's elastic training for standalone Keras (`horovod.keras.elastic`): that of
+horovod.tensorflow.keras, on the Keras `tf.keras` is."""
 
-from horovod.tensorflow.keras.elastic import NAMES, __dir__, __getattr__  # noqa: F401
+from horovod.tensorflow.keras.elastic import (  # noqa: F401
+    CommitStateCallback,
+    KerasState,
+    TensorFlowKerasState,
+    UpdateBatchStateCallback,
+    UpdateEpochStateCallback,
+    run,
+)

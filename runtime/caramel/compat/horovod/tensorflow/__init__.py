@@ -19,9 +19,10 @@ gradients each rank keeps; `SyncBatchNormalization` averages batch statistics ov
 `broadcast_global_variables` takes TensorFlow 1's call in TensorFlow 2's meaning (every variable of
 the process: `functions.py`).
 
-The rest of Horovod's API fails when called, naming the feature (`NotSupportedByCaramel`): process
-sets, Adasum and Product, alltoall, reducescatter, join, the timeline, elastic training, TF1's
-sessions, and local gradient accumulation (`backward_passes_per_step` above 1).
+Elastic training (`hvd.elastic`) re-forms the ranks in the process on the horovod backend
+(`elastic.py`). The rest of Horovod's API fails when called, naming the feature
+(`NotSupportedByCaramel`): process sets, Adasum and Product, alltoall, reducescatter, join, the
+timeline, TF1's sessions, and local gradient accumulation (`backward_passes_per_step` above 1).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import horovod
 from caramel.tensorflow import runtime as _caramel_runtime
 from caramel.tensorflow.backends import ReduceOp, horovod_installed
 from caramel.tensorflow.keras_version import check_optimizer, updating_through
-from horovod import _caramel_keras2_idioms
+from horovod import _caramel_keras2_idioms, _caramel_rounds
 
 if horovod._real_horovod_dir is not None and os.path.isdir(os.path.join(horovod._real_horovod_dir, "tensorflow")):
     # The real Horovod's modules that this package does not define (mpi_ops, util) come from there.
@@ -86,6 +87,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if process_sets:
         refuse("hvd.init(process_sets=...)", "Caramel's collectives are among all ranks")
     _caramel_keras2_idioms.install()
+    _caramel_rounds.join_when_ready()
     _caramel_runtime.init()
     _caramel_final_check.arm()
 

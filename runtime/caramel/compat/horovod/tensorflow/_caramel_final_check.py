@@ -75,6 +75,14 @@ def arm() -> None:
     atexit.register(check)
 
 
+def rearm() -> None:
+    """Check at exit before the backend's exit handlers again, after it registered them anew (an
+    elastic gang's ranks re-formed: Horovod's `init` registers its shutdown at exit each time)."""
+    if _state.armed:
+        atexit.unregister(check)
+        atexit.register(check)
+
+
 def check() -> None:
     """Every rank's digest of the variables noted; exits with status 1 if the ranks disagree. Every
     rank must call it (it is a collective), and does: at exit or at `hvd.shutdown()`."""

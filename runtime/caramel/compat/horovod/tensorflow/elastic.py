@@ -1,15 +1,254 @@
-"""Horovod's elastic training (`hvd.elastic`), which Caramel does not serve: every name in it fails
-when used, naming it (its classes when made or subclassed); `dir()` lists Horovod 0.28.1's names."""
+"""Horovod's elastic training (`hvd.elastic`), served by Caramel, as Horovod 0.28.1 documents it.
 
-from horovod._caramel_support import unsupported_module
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, batch=0)
+    state.register_reset_callbacks([lambda: optimizer.learning_rate.assign(base_lr * hvd.size())])
 
-ADVICE = (
-    "a Caramel job's gang shrinks and grows between restarts instead (spec.workers.minReplicas) and resumes from "
-    "its checkpoint; train without hvd.elastic"
-)
-NAMES = (
-    "HorovodInternalError", "ObjectState", "TensorFlowKerasState", "TensorFlowState", "broadcast_object", "broadcast_object_fn",
-    "broadcast_variables", "init", "rank", "run", "run_fn", "shutdown",
-)  # fmt: skip
+    @hvd.elastic.run
+    def train(state):
+        for state.batch in range(state.batch, steps):
+            step(...)
+            state.commit()
 
-__getattr__, __dir__ = unsupported_module(__name__, "hvd.elastic", ADVICE, NAMES)
+    train(state)
+
+`run` runs the function after synchronizing the state from rank 0. Where a collective fails
+because a peer was lost (`HorovodInternalError`), every survivor restores its last commit, the
+ranks re-form without the lost worker, synchronize and call the function again; where a worker
+waits to join, `commit()` (or `check_host_updates()`) raises `HostsUpdatedInterrupt` on every rank
+at once, and they re-form with it, keeping their state. The ranks re-form in the process, at the
+gang's rendezvous (`horovod._caramel_rounds`): no process restarts. A gang runs elastic where
+spec.workers.minReplicas is below replicas; otherwise `run` runs the function once, as a fixed
+gang (rank 0 says which).
+
+A commit copies the state into the process's memory: the variables' values, and every other
+attribute of the state pickled (as `broadcast_object` sends them), so that a restore undoes what
+came after, and an object that cannot be pickled fails at the commit, naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+import horovod.tensorflow as _hvd
+from horovod import _caramel_rounds as _rounds
+from horovod._caramel_rounds import HorovodInternalError, HostsUpdatedInterrupt
+from horovod._caramel_support import refuse
+from horovod.tensorflow.functions import _pickler, broadcast_object, broadcast_object_fn, broadcast_variables, global_variables
+
+__all__ = [
+    "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State", "TensorFlowKerasState", "TensorFlowState",
+    "broadcast_object", "broadcast_object_fn", "broadcast_variables", "init", "rank", "run", "run_fn", "shutdown",
+]  # fmt: skip
+
+
+def init(*args: Any, **kwargs: Any) -> None:
+    _hvd.init(*args, **kwargs)
+
+
+def rank() -> int:
+    return _hvd.rank()
+
+
+def shutdown() -> None:
+    _hvd.shutdown()
+
+
+class State:
+    """State kept in memory across the ranks of an elastic gang (Horovod's
+    `horovod.common.elastic.State`): what `commit()` saves, `restore()` rolls back to, and
+    `sync()` takes from rank 0."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._reset_callbacks: list[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Functions called after the ranks re-formed (a worker lost or taken in), before the
+        state is synchronized: to scale the learning rate with the new `hvd.size()`, say."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state in memory (what a lost worker's peers roll back to), then raise
+        `HostsUpdatedInterrupt` where workers wait to join."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise `HostsUpdatedInterrupt` on every rank at once where workers wait at the
+        rendezvous to join: rank 0 asks, and every rank takes its answer."""
+        if not _rounds.is_elastic():
+            return
+        waiting = bool(_rounds.newcomers()) if self._rank() == 0 else False
+        if self._bcast_object(waiting):
+            raise HostsUpdatedInterrupt(False)  # the newcomers need the state: synchronize it
+
+    def save(self) -> None:
+        raise NotImplementedError()
+
+    def restore(self) -> None:
+        raise NotImplementedError()
+
+    def sync(self) -> None:
+        raise NotImplementedError()
+
+    def reset(self) -> None:
+        """Reset objects after the ranks re-formed, before the state is synchronized."""
+
+
+class ObjectState(State):
+    """State of Python objects, each given as a keyword argument and kept as an attribute."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int], **kwargs: Any) -> None:
+        self._saved_state = _pickled(kwargs, "hvd.elastic state")
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self) -> None:
+        self._saved_state = _pickled({name: getattr(self, name) for name in self._saved_state}, "state.commit()")
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, _pickler.loads(value))
+
+
+def _pickled(values: dict[str, Any], where: str) -> dict[str, bytes]:
+    """Each attribute's value pickled: a copy to roll back to and to send, made now."""
+    saved = {}
+    for name, value in values.items():
+        try:
+            saved[name] = _pickler.dumps(value)
+        except Exception as error:
+            raise TypeError(
+                f"{where}: state.{name} ({type(value).__name__}) cannot be committed: an elastic state's attributes must "
+                f"pickle, since a commit copies them and a sync sends them to the ranks that join ({error})"
+            ) from error
+    return saved
+
+
+class TensorFlowState(ObjectState):
+    """State of TensorFlow variables (every variable of the process where none are given), and
+    of Python objects given as keyword arguments."""
+
+    def __init__(self, variables: Iterable[tf.Variable] | None = None, session: Any = None, **kwargs: Any) -> None:
+        if session is not None:
+            refuse("hvd.elastic.TensorFlowState(session=...)", "TensorFlow 1 sessions are gone; give the variables, eagerly")
+        self.variables = list(variables) if variables is not None else global_variables()
+        self._values = _values(self.variables)
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+
+    def save(self) -> None:
+        self._values = _values(self.variables)
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self.variables, self._values)
+        super().restore()
+
+    def sync(self) -> None:
+        broadcast_variables(self.variables, root_rank=0)
+        self._values = _values(self.variables)
+        super().sync()
+
+
+class TensorFlowKerasState(ObjectState):
+    """State of a Keras model and its optimizer (the model's own where none is given), and of
+    Python objects given as keyword arguments."""
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+        del backend  # TensorFlow 1's session provider
+        if not getattr(model, "built", False):
+            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+        self.model = model
+        self.optimizer = optimizer or model.optimizer
+        if self.optimizer is None:
+            raise ValueError("hvd.elastic state: give the optimizer, or compile the model with it")
+        self._values = _values(self._variables())
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+
+    def _variables(self) -> list[tf.Variable]:
+        """The model's variables and the optimizer's, built first where Keras builds them lazily,
+        so that a rank that joins holds as many as the others."""
+        if not (getattr(self.optimizer, "built", False) or getattr(self.optimizer, "_built", False)):  # Keras 3's flag, Keras 2's
+            self.optimizer.build(self.model.trainable_variables)
+        variables = self.optimizer.variables
+        return [*self.model.variables, *(variables() if callable(variables) else variables)]
+
+    def save(self) -> None:
+        self._values = _values(self._variables())
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self._variables(), self._values)
+        super().restore()
+
+    def sync(self) -> None:
+        broadcast_variables(self._variables(), root_rank=0)
+        self._values = _values(self._variables())
+        super().sync()
+
+
+def _values(variables: list[tf.Variable]) -> list[np.ndarray]:
+    return [variable.numpy() for variable in variables]
+
+
+def _assign(variables: list[tf.Variable], values: list[np.ndarray]) -> None:
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)
+
+
+def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
+    """`func(state, ...)` run elastic: after each failure of a lost peer the state restored and
+    `reset()`, after each interrupt for workers that joined `reset()` alone, then run again from
+    the synchronized state. In a fixed gang, once."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        if not _rounds.enter():
+            state.sync()
+            return func(state, *args, **kwargs)
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    with _rounds.lost_peers_raised():
+                        state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+            reset()
+            state.on_reset()
+
+    return wrapper
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator of the elastic training function `func(state, ...)` (Horovod's `hvd.elastic.run`)."""
+
+    def failing_as_horovod(state: State, *args: Any, **kwargs: Any) -> Any:
+        with _rounds.lost_peers_raised():
+            return func(state, *args, **kwargs)
+
+    return run_fn(functools.wraps(func)(failing_as_horovod), _rounds.reform)
+
