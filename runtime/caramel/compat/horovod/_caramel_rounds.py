@@ -80,6 +80,7 @@ def enter() -> bool:
     elastic = is_elastic()
     if elastic:
         runtime.check_reforms()
+        runtime.metrics.record_elastic()  # the operator then replaces a lost worker instead of restarting the gang
         if not _said and _round() == 0:
             # The gang formed with the start-up timeout; every rank enters here at once, and forms
             # the same ranks again with the peer timeout, without the rendezvous.
