@@ -13,7 +13,9 @@ import os
 from collections.abc import Sequence
 
 import tensorflow as tf
-from horovod.tensorflow import mpi_ops
+# In a worker, `horovod.tensorflow` is Caramel's stand-in (caramel.compat), whose package path goes
+# on into the real Horovod's, where mpi_ops is: mypy, reading the stand-in, cannot follow that.
+from horovod.tensorflow import mpi_ops  # type: ignore[attr-defined]
 
 from caramel.contract.env import WorkerContract
 from caramel.tensorflow.backends import Backend, ReduceOp

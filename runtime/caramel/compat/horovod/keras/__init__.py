@@ -10,10 +10,10 @@ from horovod.tensorflow import Adasum, distributed_optimizer, global_process_set
 from horovod.tensorflow.keras import *  # noqa: F403
 from horovod.tensorflow.keras import Average, Compression
 from horovod.tensorflow.keras import __all__ as _tensorflow_keras_all
-from horovod.keras import callbacks, elastic  # noqa: F401 (submodules, as Horovod's)
+from horovod.keras import callbacks, elastic  # type: ignore[no-redef]  # noqa: F401 (standalone Keras' own submodules, as Horovod's)
 
 
-def DistributedOptimizer(  # noqa: N802 (Horovod's name)
+def DistributedOptimizer(  # type: ignore[no-redef]  # noqa: N802 (Horovod's name; standalone Keras' own, fewer keywords)
     optimizer: Any,
     name: str | None = None,
     device_dense: str = "",

@@ -400,7 +400,7 @@ def distribute(optimizer: Any, **horovod_options: Any) -> None:
         ctf.distribute(optimizer, **horovod_options)
 
 
-def _noting_class(base: type) -> type:
+def _noting_class(base: type[Any]) -> type[Any]:
     """`base`, noting the variables its updates train."""
 
     def noted(self: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:

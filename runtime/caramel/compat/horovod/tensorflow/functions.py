@@ -37,7 +37,7 @@ from horovod.tensorflow._caramel_collectives import (
 try:
     import cloudpickle as _pickler
 except ImportError:  # Horovod brings cloudpickle; without Horovod, pickle does for most objects
-    _pickler = pickle  # type: ignore[no-redef]
+    _pickler = pickle
 
 
 @not_converted
@@ -70,7 +70,7 @@ def global_variables() -> list[tf.Variable]:
     ends in a number TensorFlow counts up), Caramel's own (named caramel_*) left out."""
     gc.collect()  # variables of garbage not yet collected would differ from rank to rank
     found = [obj for obj in gc.get_objects() if isinstance(obj, tf.Variable) and not _is_caramels(obj)]
-    return sorted(found, key=lambda variable: int(re.search(r"(\d+)$", variable._unique_id).group(1)))
+    return sorted(found, key=lambda variable: int(re.findall(r"\d+$", variable._unique_id)[0]))
 
 
 def _is_caramels(variable: tf.Variable) -> bool:

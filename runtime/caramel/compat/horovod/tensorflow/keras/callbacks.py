@@ -122,12 +122,19 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.current_epoch = epoch
 
+    @property
+    def _epoch_steps(self) -> int:
+        """The steps per epoch, as given or as fit said at its start."""
+        if not self.steps_per_epoch:
+            raise ValueError(f"{type(self).__name__} needs the steps per epoch: pass steps_per_epoch to fit or to the callback")
+        return self.steps_per_epoch
+
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         epoch = self.current_epoch
-        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+        if epoch is None or epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
             return
         if not self.staircase:
-            self._adjust(epoch + batch / self.steps_per_epoch)
+            self._adjust(epoch + batch / self._epoch_steps)
         elif batch == 0:
             self._adjust(epoch)
 
@@ -180,7 +187,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     ) -> None:
         def multiplier(epoch: float) -> float:
             size = hvd.size()
-            return (1 + (epoch + 1 / self.steps_per_epoch) * (size - 1) / warmup_epochs) / size
+            return (1 + (epoch + 1 / self._epoch_steps) * (size - 1) / warmup_epochs) / size
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
                          momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)  # fmt: skip
@@ -188,7 +195,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_epoch_end(epoch, logs)
-        if self.verbose > 0 and epoch == self.end_epoch - 1 and hvd.rank() == 0:
+        if self.verbose > 0 and epoch + 1 == self.end_epoch and hvd.rank() == 0:
             print(f"\nEpoch {epoch + 1}: the learning rate warm-up ended at {self._learning_rate():g}.", flush=True)
 
 

@@ -54,7 +54,7 @@ class CommitStateCallback(tf.keras.callbacks.Callback):
 class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
     """Keeps `state.batch`, the batch of the epoch done last, and shortens a resumed epoch by it."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: Any) -> None:  # a State with the attribute this callback keeps (Horovod's contract)
         super().__init__()
         self.state = state
         self.steps_per_epoch: int | None = None
@@ -78,7 +78,7 @@ class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
 class UpdateEpochStateCallback(tf.keras.callbacks.Callback):
     """Keeps `state.epoch`, the epochs done across re-formings (Keras counts each fit from 0)."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: Any) -> None:  # a State with the attribute this callback keeps (Horovod's contract)
         super().__init__()
         self.state = state
         self.initial_epoch = self.state.epoch
