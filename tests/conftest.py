@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from process_marks import _no_process_unless_marked, pytest_collection_modifyitems  # noqa: F401  (the process marker)
 from testbed.operator_harness import Emulator
 from testbed.ports import free_port, free_port_block  # noqa: F401  (tests import them from here)
 
