@@ -66,6 +66,9 @@ class _Reader:
                 return not _PROCESS_ATTRIBUTES[value].isdisjoint(attributes)
             # A helper module used as `module.helper(...)`: the helpers it names.
             return _is_helper(value) and any(self._value(getattr(value, name, None), attributes) for name in attributes)
+        if isinstance(value, (dict, list, tuple)):  # a table of cases, such as parametrize's
+            cases = value.values() if isinstance(value, dict) else value
+            return any(self._value(case, attributes) for case in cases if inspect.isfunction(case))
         module = getattr(value, "__module__", None)
         if isinstance(module, str) and module.startswith(_PROCESS_MODULES):
             return True
@@ -103,7 +106,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if name != _no_process_unless_marked.__name__  # the guard names the ways it watches
             for definition in definitions
         ]
-        if any(reader.function(function) for function in [getattr(item, "function", None), *fixtures] if function is not None):
+        callspec = getattr(item, "callspec", None)
+        parameters = [value for value in callspec.params.values() if inspect.isfunction(value)] if callspec else []
+        if any(reader.function(function) for function in [getattr(item, "function", None), *fixtures, *parameters] if function is not None):
             item.add_marker(PROCESS)
 
 
