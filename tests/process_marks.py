@@ -37,6 +37,8 @@ _PROCESS_ATTRIBUTES = {
     asyncio: {"create_subprocess_exec", "create_subprocess_shell"},
 }
 
+_MADE_BY = frozenset({"__new__", "__init__", "__post_init__", "__enter__", "__aenter__", "__call__"})
+
 
 class _Reader:
     """Whether code names a way to start a process, remembered per code object."""
@@ -75,7 +77,10 @@ class _Reader:
         if not _is_helper(value):
             return False
         if inspect.isclass(value):
-            members = [member for klass in value.__mro__ if _is_helper(klass) for member in vars(klass).values()]
+            # What making one runs, and the methods the code names: not every method of a class
+            # that is only made, or only named for a constant.
+            called = _MADE_BY.union(attributes)
+            members = [member for klass in value.__mro__ if _is_helper(klass) for name, member in vars(klass).items() if name in called]
             return any(self.function(member) for member in members if inspect.isfunction(member))
         return inspect.isfunction(value) and self.function(value)
 

@@ -19,6 +19,9 @@ from conftest import REPO, free_port_block
 import benchmarks.jobrun as jobrun
 from benchmarks.jobrun import RunFailed, run_job
 
+# Every test starts members; the benchmarks' through a cluster object whose spawn the collection
+# cannot follow (tests/process_marks.py).
+pytestmark = pytest.mark.process
 
 def python(code: str):
     return spawn([sys.executable, "-c", code], {"PYTHONUNBUFFERED": "1"})
