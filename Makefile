@@ -52,10 +52,12 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 
 # The unit tests, and the tests that start processes (marker process, put on by tests/process_marks.py:
 # workers, the operator, the emulator, caramel, helm, mypy, docker, ...). Both run on pytest-xdist's
-# workers: the tests' ports are free ones (testbed/ports.py), so tests do not meet on a port.
+# workers: the tests' ports are free ones (testbed/ports.py), so tests do not meet on a port. Tests
+# that share a module's run of a job are one xdist_group, which one worker runs (loadgroup).
 TEST_WORKERS ?= 2
-FAST_TESTS = $(VENV_PYTHON) -m pytest -m 'not process' -n $(TEST_WORKERS)
-PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m process -n $(TEST_WORKERS)
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+FAST_TESTS = $(VENV_PYTHON) -m pytest -m 'not process' $(XDIST)
+PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m process $(XDIST)
 
 # The whole suite, the unit tests first: a red one fails at once, before the slow part starts.
 # The tests cover the benchmarks too, whose extra (matplotlib) the bench set-up installs.
