@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 PROCESS = "process"
+UNIT_TEST_SECONDS = 120
 _STARTS_PROCESSES = ("e2e", "docker", "cluster")
 # Where the suite's helpers live: their code is read; the code under test is left to the guard.
 _HELPER_PACKAGES = ("testbed", "benchmarks", "caramel", "caramel_operator")
@@ -115,6 +116,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parameters = [value for value in callspec.params.values() if inspect.isfunction(value)] if callspec else []
         if any(reader.function(function) for function in [getattr(item, "function", None), *fixtures, *parameters] if function is not None):
             item.add_marker(PROCESS)
+        elif not item.get_closest_marker("timeout"):
+            # The slowest unit test takes about 20 s on 2 busy cores: one that hangs (a collective
+            # waiting for a rank that is not there) fails the fast run long before the 600 s of the rest.
+            item.add_marker(pytest.mark.timeout(UNIT_TEST_SECONDS))
 
 
 @pytest.fixture(autouse=True)
