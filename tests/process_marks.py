@@ -2,14 +2,15 @@
 
 `make test-fast` runs the tests without it, so the marker must be on every test that starts a
 process, including tests written later by someone who never heard of it. A test is marked when
-its code, its fixtures' code, or the code of the test suite's own helpers they call (in tests/,
-testbed/ and benchmarks/, followed through modules, classes and nested functions) names a way to
-start a process: the subprocess or multiprocessing modules, os.fork and its kin, asyncio's
-subprocesses. Tests marked e2e, docker or cluster start processes by what they are.
+its code, its fixtures' code, or the code it calls (the suite's, testbed's, the benchmarks',
+Caramel's and the operator's; followed through modules, what making a class runs and the methods
+the code names, nested functions, tables of cases) names a way to start a process: the subprocess
+or multiprocessing modules, os.fork and its kin, asyncio's subprocesses. Tests marked e2e, docker
+or cluster start processes by what they are.
 
-The reading cannot see a process started by the code under test itself (caramel's or the
-operator's), so an unmarked test runs with process creation watched: one that starts a process
-fails, telling its author to mark it `@pytest.mark.process`.
+The reading cannot follow a method called on an object that the code under test was handed, so an
+unmarked test runs with process creation watched: one that starts a process fails, telling its
+author to mark it `@pytest.mark.process`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import pytest
 PROCESS = "process"
 UNIT_TEST_SECONDS = 120
 _STARTS_PROCESSES = ("e2e", "docker", "cluster")
-# Where the suite's helpers live: their code is read; the code under test is left to the guard.
-_HELPER_PACKAGES = ("testbed", "benchmarks", "caramel", "caramel_operator")
+# The packages whose code is read, besides tests/ itself; the rest (TensorFlow, kopf, ...) is not.
+_READ_PACKAGES = ("testbed", "benchmarks", "caramel", "caramel_operator")
+_TESTS = os.path.dirname(os.path.abspath(__file__))
 _PROCESS_MODULES = ("subprocess", "multiprocessing", "concurrent.futures.process", "_posixsubprocess")
 # Attributes that start a process, of modules that mostly do not (os, asyncio).
 _PROCESS_ATTRIBUTES = {
@@ -67,37 +69,35 @@ class _Reader:
                 return True
             if value in _PROCESS_ATTRIBUTES:
                 return not _PROCESS_ATTRIBUTES[value].isdisjoint(attributes)
-            # A helper module used as `module.helper(...)`: the helpers it names.
-            return _is_helper(value) and any(self._value(getattr(value, name, None), attributes) for name in attributes)
+            # A module used as `module.function(...)`: what it names of the module.
+            return _is_read(value) and any(self._value(getattr(value, name, None), attributes) for name in attributes)
         if isinstance(value, (dict, list, tuple)):  # a table of cases, such as parametrize's
             cases = value.values() if isinstance(value, dict) else value
             return any(self._value(case, attributes) for case in cases if inspect.isfunction(case))
         module = getattr(value, "__module__", None)
         if isinstance(module, str) and module.startswith(_PROCESS_MODULES):
             return True
-        if not _is_helper(value):
+        if not _is_read(value):
             return False
         if inspect.isclass(value):
             # What making one runs, and the methods the code names: not every method of a class
             # that is only made, or only named for a constant.
             called = _MADE_BY.union(attributes)
-            members = [member for klass in value.__mro__ if _is_helper(klass) for name, member in vars(klass).items() if name in called]
+            members = [member for klass in value.__mro__ if _is_read(klass) for name, member in vars(klass).items() if name in called]
             return any(self.function(member) for member in members if inspect.isfunction(member))
         return inspect.isfunction(value) and self.function(value)
 
 
-def _is_helper(value: Any) -> bool:
-    """Defined in the test suite (tests/, testbed/, benchmarks/)."""
+def _is_read(value: Any) -> bool:
+    """Defined in code that is read: tests/ or one of _READ_PACKAGES."""
     module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
     if not isinstance(module, str):
         return False
-    if module.split(".")[0] in _HELPER_PACKAGES:
+    if module.split(".")[0] in _READ_PACKAGES:
         return True
     source = getattr(sys.modules.get(module), "__file__", None) or ""
     return os.path.dirname(os.path.abspath(source)).startswith(_TESTS)
 
-
-_TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
