@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # requirement on the full `tensorflow` would install a second TensorFlow.
 WITHOUT_DEPENDENCIES := $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['caramel']['without-dependencies'])")
 
-.PHONY: setup test test-fast crd rbac clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
+.PHONY: setup test test-fast test-process crd rbac clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
 
 # The CRD and the API reference (docs/api.md) are generated from the API models; tests fail when a
 # committed copy drifts.
@@ -53,13 +53,29 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 	@touch $@
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 
+# The unit tests, and the tests that start processes (marker process, put on by tests/process_marks.py:
+# workers, the operator, the emulator, caramel, helm, mypy, docker, ...). Both run on pytest-xdist's
+# workers: the tests' ports are free ones (testbed/ports.py), so tests do not meet on a port. Tests
+# that share a module's run of a job are one xdist_group, which one worker runs (loadgroup).
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+FAST_TESTS = $(VENV_PYTHON) -m pytest -m 'not process' $(XDIST)
+PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m process $(XDIST)
+
+# The whole suite, the unit tests first: a red one fails at once, before the slow part starts.
 # The tests cover the benchmarks too, whose extra (matplotlib) the bench set-up installs.
 test: setup $(VENV)/.bench-done
-	$(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
+	@echo "--- the unit tests (make test-fast)"
+	$(FAST_TESTS) $(PYTEST_ARGS)
+	@echo "--- the tests that start processes (make test-process)"
+	$(PROCESS_TESTS) $(PYTEST_ARGS)
 
-# Unit tests only, without the end-to-end runs of real workers.
+# The unit tests only: no process started; at most 3 minutes on 2 cores.
 test-fast: setup $(VENV)/.bench-done
-	$(VENV_PYTHON) -m pytest -m 'not e2e' $(PYTEST_ARGS)
+	$(FAST_TESTS) $(PYTEST_ARGS)
+
+test-process: setup $(VENV)/.bench-done
+	$(PROCESS_TESTS) $(PYTEST_ARGS)
 
 # The scheduling benchmark (benchmarks/README.md). It builds network namespaces, a bridge, tc
 # shaping and an iptables rule, hence root. Arguments: make bench BENCH_ARGS="--profiles resnet50".

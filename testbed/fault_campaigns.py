@@ -40,7 +40,7 @@ from testbed.bad_jobs import HAND_WRITTEN, BadJob, fuzzed
 from testbed.crd_validation import validate_object, version_schema
 from testbed.local_runs import BackgroundRun, digests
 from testbed.operator_harness import JOBS, NETWORK_POLICIES, PODS, SERVICES, Emulator, Operator, eventually
-from testbed.ports import free_port, free_port_block
+from testbed.ports import free_port_block
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRESS = re.compile(r"caramel-progress step=(\d+)")
@@ -76,8 +76,9 @@ class WorkerCampaign:
             "script": "examples/train_small.py",
             "args": ["--steps", str(self.STEPS), "--batch-size", "32", "--hidden", "128"],
             "workers": {"replicas": 2},
-            "rendezvous": {"port": free_port()},
+            "rendezvous": {"port": free_port_block(5)},  # and the ranks' collective ports after it
             "metrics": {"port": free_port_block(4)},
+            "caramel": {"transportPort": free_port_block(4)},  # 29500 by default: claimed by a job that may run multitree
             "checkpoint": {"path": str(self.directory / name / "ckpt"), "intervalSteps": self.CHECKPOINT_INTERVAL},
             "runPolicy": {"backoffLimit": 2},
         }

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from process_marks import _no_process_unless_marked, pytest_collection_modifyitems  # noqa: F401  (the process marker)
 from testbed.operator_harness import Emulator
 from testbed.ports import free_port, free_port_block  # noqa: F401  (tests import them from here)
 
@@ -65,16 +66,24 @@ def one_rank():
     return TensorFlowBackend(rank=0, size=1, local_rank=0, local_size=1, timeout_seconds=10.0)
 
 
+MOST_RANKS = 8
+"""The most ranks a test's job has: each rank takes a port of each block job_manifest picks."""
+
+
 def job_manifest(name: str = "test-job", **spec: Any) -> dict[str, Any]:
-    """A CaramelJob manifest for the small example, with free ports; spec entries override."""
+    """A CaramelJob manifest for the small example, with free ports; spec entries override, and
+    entries of spec.caramel override its own."""
     base = {
         "script": str(SMALL_EXAMPLE),
         "args": ["--steps", "40", "--batch-size", "32", "--hidden", "64"],
         "workers": {"replicas": 2},
-        "rendezvous": {"port": free_port()},
-        "metrics": {"port": free_port_block(8)},
+        "rendezvous": {"port": free_port_block(1 + MOST_RANKS)},  # and the collective ports after it
+        "metrics": {"port": free_port_block(MOST_RANKS)},
     }
-    return {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": name}, "spec": {**base, **spec}}
+    # The multitree transport's ports too: a job that may run it (allreduce auto, the default)
+    # claims them from 29500 on, which two tests running side by side would both claim.
+    caramel = {"transportPort": free_port_block(MOST_RANKS), **spec.pop("caramel", {})}
+    return {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": name}, "spec": {**base, "caramel": caramel, **spec}}
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any], filename: str = "job.yaml") -> Path:

@@ -18,12 +18,13 @@ from conftest import job_manifest, run_caramel, write_manifest
 pytestmark = pytest.mark.e2e
 
 RANKS = 2
+STEPS_PER_EXECUTION = 2
 
 
 def run_worker(tmp_path, strategy: str, api: str, warmup: int, caramel: dict | None = None, timeout: float = 600) -> tuple[list[dict], str]:
     command = [
         sys.executable, "-m", "benchmarks.emulated_worker", "--profile", "mobilenet_v2", "--device-tflops", "1000",
-        "--strategy", strategy, "--api", api, "--steps", "4", "--warmup", str(warmup), "--steps-per-execution", "2",
+        "--strategy", strategy, "--api", api, "--steps", "4", "--warmup", str(warmup), "--steps-per-execution", str(STEPS_PER_EXECUTION),
     ]  # fmt: skip
     # The run stands for a long training's steady state, as the benchmark's: the first plan's search is waited for.
     env = [{"name": name, "value": value} for name, value in lab_variables(first_plan_waits=True).items()]
@@ -34,10 +35,34 @@ def run_worker(tmp_path, strategy: str, api: str, warmup: int, caramel: dict | N
     return events, result.stderr
 
 
+# These paths run past their first rounds (`settled_step`), for the graph choice's test; the
+# same run is every path's test on them, so that each path's job runs once.
+SETTLED_PATHS = [("function", "tensorflow"), ("fit", "horovod")]
+# xdist hands a group's tests to one worker, which runs the module's shared jobs once (make test: --dist loadgroup).
+shares_runs = pytest.mark.xdist_group("emulated-worker-caramel-paths")
+
+
+@pytest.fixture(scope="module")
+def caramel_run(tmp_path_factory):
+    """The events and standard error of the Caramel path `api` on `backend`, run once per module."""
+    runs: dict[tuple[str, str], tuple[list[dict], str]] = {}
+
+    def run(api: str, backend: str) -> tuple[list[dict], str]:
+        if (api, backend) not in runs:
+            settled = (api, backend) in SETTLED_PATHS
+            warmup = settled_step(STEPS_PER_EXECUTION) if settled else 6
+            directory = tmp_path_factory.mktemp(f"{api}-{backend}")
+            runs[api, backend] = run_worker(directory, "caramel", api, warmup, {"backend": backend}, timeout=900 if settled else 600)
+        return runs[api, backend]
+
+    return run
+
+
+@shares_runs
 @pytest.mark.parametrize("backend", ["tensorflow", "horovod"])
 @pytest.mark.parametrize("api", ["tape", "function", "fit"])
-def test_every_caramel_path_runs_to_its_summary_on_each_backend(tmp_path, api, backend):
-    events, stderr = run_worker(tmp_path, "caramel", api, 6, {"backend": backend})
+def test_every_caramel_path_runs_to_its_summary_on_each_backend(caramel_run, api, backend):
+    events, stderr = caramel_run(api, backend)
     summaries = [event for event in events if event["event"] == "summary"]
     assert len(summaries) == RANKS and all(summary["strategy"] == "caramel" for summary in summaries), stderr[-3000:]
     assert all(summary["backend"] == backend for summary in summaries), summaries
@@ -59,12 +84,12 @@ def test_every_baseline_runs_to_its_summary(tmp_path, strategy, api):
         assert "caramel:" not in stderr, stderr[-3000:]
 
 
-@pytest.mark.parametrize(("api", "backend"), [("function", "tensorflow"), ("fit", "horovod")])
-def test_caramels_graph_is_measured_against_the_backends_own_and_the_faster_kept(tmp_path, api, backend):
+@shares_runs
+@pytest.mark.parametrize(("api", "backend"), SETTLED_PATHS)
+def test_caramels_graph_is_measured_against_the_backends_own_and_the_faster_kept(caramel_run, api, backend):
     """Past its first rounds (`settled_step`), a Caramel step function has run blocks of its graph
     of several steps and of the backend's own graph of one step, timed both, and runs the one chosen."""
-    spe = 2
-    events, stderr = run_worker(tmp_path, "caramel", api, settled_step(spe), {"backend": backend}, timeout=900)
+    events, stderr = caramel_run(api, backend)
     summaries = [event for event in events if event["event"] == "summary"]
     assert len(summaries) == RANKS, stderr[-3000:]
     for summary in summaries:

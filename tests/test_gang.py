@@ -15,10 +15,13 @@ from caramel.contract.jobfile import parse_job
 from caramel.launch.gang import CannotStart, GangEnd, run_gang
 from caramel.launch.launcher import LocalRun
 from caramel.launch.processes import spawn, stop_groups
-from conftest import REPO, free_port
+from conftest import REPO, free_port_block
 import benchmarks.jobrun as jobrun
 from benchmarks.jobrun import RunFailed, run_job
 
+# Every test starts members; the benchmarks' through a cluster object whose spawn the collection
+# cannot follow (tests/process_marks.py).
+pytestmark = pytest.mark.process
 
 def python(code: str):
     return spawn([sys.executable, "-c", code], {"PYTHONUNBUFFERED": "1"})
@@ -112,7 +115,7 @@ def local_job(code: str, **spec):
     return parse_job({
         "apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "gang"},
         "spec": {"command": [sys.executable, "-c", code], "workers": {"replicas": 2}, "workingDir": str(REPO),
-                 "rendezvous": {"port": free_port()}, "metrics": {"enabled": False}, **spec},
+                 "rendezvous": {"port": free_port_block(3)}, "metrics": {"enabled": False}, **spec},
     })  # fmt: skip
 
 
@@ -177,7 +180,7 @@ class LocalCluster:
 @pytest.fixture
 def benchmark_job(monkeypatch):
     """A benchmark's job of two workers running Python code, its rendezvous on a free port."""
-    monkeypatch.setattr(jobrun, "RENDEZVOUS_PORT", free_port())
+    monkeypatch.setattr(jobrun, "RENDEZVOUS_PORT", free_port_block(3))  # and the two ranks' collective ports after it
     return lambda code: jobrun.bench_job("bench", [sys.executable, "-c", code], workers=2, interface=None)
 
 

@@ -25,7 +25,7 @@ import pytest
 from caramel.contract.env import worker_command, worker_env
 from caramel.contract.jobfile import parse_job
 from caramel.tensorflow.backends import horovod_installed
-from conftest import REPO, SMALL_EXAMPLE, free_port
+from conftest import REPO, SMALL_EXAMPLE, free_port_block
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,7 @@ class Workers:
 
     def __init__(self, spec: dict, cwd: Path = REPO) -> None:
         job = parse_job({"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "stop"},
-                         "spec": {"workers": {"replicas": 2}, "rendezvous": {"port": free_port()}, "metrics": {"enabled": False}, **spec}})
+                         "spec": {"workers": {"replicas": 2}, "rendezvous": {"port": free_port_block(3)}, "metrics": {"enabled": False}, **spec}})
         self.lines: list[str] = []
         self.processes = []
         for index in range(2):
