@@ -54,13 +54,16 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 
 # The unit tests, and the tests that start processes (marker process, put on by tests/process_marks.py:
-# workers, the operator, the emulator, caramel, helm, mypy, docker, ...). Both run on pytest-xdist's
-# workers: the tests' ports are free ones (testbed/ports.py), so tests do not meet on a port. Tests
-# that share a module's run of a job are one xdist_group, which one worker runs (loadgroup).
+# workers, the operator, the emulator, caramel, helm, mypy, docker, ...). The unit tests run on
+# pytest-xdist's workers. The tests that start processes run one at a time by default: their jobs
+# take free ports (testbed/ports.py), but a port found free can be taken by another test's ranks
+# before the job binds it, and two tests side by side (PROCESS_WORKERS=2) failed so, a worker of
+# one job joining the other's rendezvous. Tests that share a module's run of a job are one
+# xdist_group, which one worker runs (loadgroup).
 TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
-FAST_TESTS = $(VENV_PYTHON) -m pytest -m 'not process' $(XDIST)
-PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m process $(XDIST)
+PROCESS_WORKERS ?= 1
+FAST_TESTS = $(VENV_PYTHON) -m pytest -m 'not process' -n $(TEST_WORKERS) --dist loadgroup
+PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m process $(if $(filter-out 1,$(PROCESS_WORKERS)),-n $(PROCESS_WORKERS) --dist loadgroup)
 
 # The whole suite, the unit tests first: a red one fails at once, before the slow part starts.
 # The tests cover the benchmarks too, whose extra (matplotlib) the bench set-up installs.
