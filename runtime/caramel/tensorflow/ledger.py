@@ -57,7 +57,7 @@ class Ledger:
         self.metrics = runtime.metrics
         self.epochs = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_epochs")
         """Epochs done (Keras resumes at an epoch boundary), kept in checkpoints."""
-        self._checkpoints = checkpoints and self.contract.checkpoint is not None
+        self._checkpoint = self.contract.checkpoint if checkpoints else None
         self._manager = self._restore_and_sync()
         self._last_saved_step = self.completed_steps
         self.metrics.checkpoint_step.set(self._last_saved_step)  # the restored checkpoint's step; 0 without one
@@ -74,9 +74,9 @@ class Ledger:
         # Optimizer state must exist before it can be restored or broadcast.
         self.optimizer.build(self.model.trainable_variables)
         manager = None
-        if self._checkpoints and self.contract.checkpoint is not None:
+        if self._checkpoint is not None:
             checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.counter, epochs=self.epochs)
-            manager = tf.train.CheckpointManager(checkpoint, self.contract.checkpoint.path, max_to_keep=CHECKPOINTS_KEPT)
+            manager = tf.train.CheckpointManager(checkpoint, self._checkpoint.path, max_to_keep=CHECKPOINTS_KEPT)
             if self.rank == 0 and manager.latest_checkpoint:
                 checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
                 say(f"restored {manager.latest_checkpoint} at step {self.completed_steps}")
@@ -108,8 +108,7 @@ class Ledger:
     def checkpoint_if_due(self) -> None:
         """At a point where the variables hold the state after the last step counted: save if
         spec.checkpoint.intervalSteps steps passed since the last checkpoint."""
-        interval = self.contract.checkpoint.interval_steps if self._checkpoints and self.contract.checkpoint else None
-        if interval is not None and self.completed_steps - self._last_saved_step >= interval:
+        if self._checkpoint is not None and self.completed_steps - self._last_saved_step >= self._checkpoint.interval_steps:
             self._save()
 
     def finish(self) -> None:

@@ -93,14 +93,16 @@ class State:
         if self._bcast_object(waiting):
             raise HostsUpdatedInterrupt(False)  # the newcomers need the state: synchronize it
 
+    # What each kind of state keeps: defined by the subclasses below, as in Horovod's State, whose
+    # base class a script may subclass itself.
     def save(self) -> None:
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} must define save(): what commit() keeps")
 
     def restore(self) -> None:
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} must define restore(): back to the last commit")
 
     def sync(self) -> None:
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} must define sync(): rank 0's state on every rank")
 
     def reset(self) -> None:
         """Reset objects after the ranks re-formed, before the state is synchronized."""
