@@ -54,14 +54,12 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 	@echo "--- set-up done: activate with 'source $(VENV)/bin/activate'"
 
 # The unit tests, and the tests that start processes (marker process, put on by tests/process_marks.py:
-# workers, the operator, the emulator, caramel, helm, mypy, docker, ...). The unit tests run on
-# pytest-xdist's workers. The tests that start processes run one at a time by default: their jobs
-# take free ports (testbed/ports.py), but a port found free can be taken by another test's ranks
-# before the job binds it, and two tests side by side (PROCESS_WORKERS=2) failed so, a worker of
-# one job joining the other's rendezvous. Tests that share a module's run of a job are one
-# xdist_group, which one worker runs (loadgroup).
+# workers, the operator, the emulator, caramel, helm, mypy, docker, ...), each on pytest-xdist's
+# workers. Two tests side by side never share a port: each xdist worker picks its jobs' ports from
+# a range of its own (testbed/ports.py). Tests that share a module's run of a job are one
+# xdist_group, which one worker runs (loadgroup). PROCESS_WORKERS=1 runs them one at a time.
 TEST_WORKERS ?= 2
-PROCESS_WORKERS ?= 1
+PROCESS_WORKERS ?= 2
 FAST_TESTS = $(VENV_PYTHON) -m pytest -m 'not process' -n $(TEST_WORKERS) --dist loadgroup
 PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m process $(if $(filter-out 1,$(PROCESS_WORKERS)),-n $(PROCESS_WORKERS) --dist loadgroup)
 
