@@ -196,6 +196,22 @@ def test_an_elastic_gang_goes_on_and_its_lost_worker_is_created_again(cluster, e
 
 
 @pytest.mark.parametrize("cluster", [3], indirect=True)
+def test_an_elastic_gangs_deleted_pod_is_created_again_without_a_restart(cluster, elastic_rank0):
+    """A pod deleted (by someone, or evicted) is lost as a killed one is: its peers go on, and it
+    comes back in the same gang. The cluster suite deletes one of a real elastic gang."""
+    api = cluster
+    elastic_job(api, elastic_rank0)
+    api.delete("/api/v1/namespaces/default/pods/demo-worker-2")
+    [(kind, message)] = posted(api, "WorkerReplaced", 1)
+    assert kind == "Warning" and message.startswith("worker demo-worker-2 failed: PodDeleted;"), message
+    assert "the elastic gang goes on with 2 of 3 workers" in message, message
+    eventually(lambda: gang(api, "demo", 0, 3), timeout=30, what="worker 2 created again in gang 0")
+    status = api.status("demo")
+    assert (status["phase"], status["restarts"], status["replacedWorkers"]) == ("Running", 0, 1), status
+    assert status["lastFailure"]["reason"] == "PodDeleted", status
+
+
+@pytest.mark.parametrize("cluster", [3], indirect=True)
 def test_an_elastic_gang_that_loses_worker_0_restarts_whole(cluster, elastic_rank0):
     """Worker 0 serves the rendezvous the others re-form at: without it the gang cannot go on."""
     api = cluster
