@@ -13,12 +13,18 @@ collectives.
 
 What Caramel does not serve fails when called, with an error that names it
 (`NotSupportedByCaramel`, in `horovod._caramel_support`).
+
+Importing `horovod` or `horovod.tensorflow` loads nothing of Caramel's runtime (`caramel.tensorflow`)
+or of TensorFlow: their names are loaded on first use (each package's `__getattr__`), so that the
+real Horovod's modules that Caramel's Horovod backend imports through them do not import back into
+the runtime the backend is part of.
 """
 
 from __future__ import annotations
 
 import os as _os
 import sys as _sys
+import typing as _typing
 from importlib.machinery import PathFinder as _PathFinder
 
 __version__ = "0.28.1"
@@ -43,11 +49,29 @@ _real_horovod_dir = _find_real_horovod()
 if _real_horovod_dir is not None:
     __path__.append(_real_horovod_dir)
 
-from horovod._caramel_support import NotSupportedByCaramel, unsupported  # noqa: E402 (after the path is complete)
-
-run = unsupported(
-    "horovod.run",
-    "the CaramelJob (or `caramel run job.yaml`) starts the ranks; call the training function in the script directly",
-)
-
 __all__ = ["NotSupportedByCaramel", "__version__", "run"]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """`NotSupportedByCaramel` and `run`, which come from caramel.tensorflow, loaded on first use
+    (PEP 562): importing the package alone, as Horovod's own modules do (horovod.common,
+    horovod.tensorflow.mpi_ops, which Caramel's Horovod backend imports), loads nothing of
+    Caramel's runtime."""
+    if name == "NotSupportedByCaramel":
+        from horovod._caramel_support import NotSupportedByCaramel
+
+        globals()[name] = NotSupportedByCaramel
+        return NotSupportedByCaramel
+    if name == "run":
+        from horovod._caramel_support import unsupported
+
+        globals()[name] = run = unsupported(
+            "horovod.run",
+            "the CaramelJob (or `caramel run job.yaml`) starts the ranks; call the training function in the script directly",
+        )
+        return run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 # In a worker, `horovod.tensorflow` is Caramel's stand-in (caramel.compat), whose package path goes
-# on into the real Horovod's, where mpi_ops is: mypy, reading the stand-in, cannot follow that.
-from horovod.tensorflow import mpi_ops  # type: ignore[attr-defined]
+# on into the real Horovod's, where mpi_ops is. No import loop back into caramel.tensorflow: the
+# stand-in's package loads Caramel's Horovod API only on first use of one of its names (PEP 562).
+from horovod.tensorflow import mpi_ops
 
 from caramel.contract.env import WorkerContract
 from caramel.tensorflow.backends import Backend, ReduceOp

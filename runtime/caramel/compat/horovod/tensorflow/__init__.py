@@ -5,423 +5,28 @@
     opt = hvd.DistributedOptimizer(opt)          # caramel.tensorflow.DistributedOptimizer
     hvd.broadcast_variables(model.variables, root_rank=0)
 
-Everything runs on Caramel's runtime: `spec.caramel.backend: auto` picks Horovod's collectives
-where Horovod is installed (its C++ ops, `horovod.tensorflow.mpi_ops`, which resolve to the real
-Horovod through this package's path) and TensorFlow's own otherwise. The tape and the optimizer
-take Horovod's keywords; gradients are averaged as Caramel averages them (see
-`caramel.tensorflow.communicator`). `allreduce`, `allgather` (first dimensions may differ from
-rank to rank), `broadcast` and their grouped forms work eagerly and in graphs; `broadcast_object`
-and `allgather_object` eagerly. At exit every rank's trained weights are compared
-(`_caramel_final_check`).
+The API is defined in `_caramel_api` (see there what it serves and how) and the modules it uses,
+each loaded on first use of one of its names (`__getattr__` below, PEP 562): importing this package alone loads nothing of
+Caramel's runtime or of TensorFlow. That matters because the package's path goes on into the real
+Horovod's `horovod/tensorflow`, where Horovod's ops are: Caramel's Horovod backend imports
+`horovod.tensorflow.mpi_ops` (and mpi_ops `horovod.tensorflow.util`) through this package, and
+that import must not come back into `caramel.tensorflow`, which the backend is part of.
 
-The tape takes local sources (`register_local_source`, `PartialDistributedGradientTape`), whose
-gradients each rank keeps; `SyncBatchNormalization` averages batch statistics over the ranks;
-`broadcast_global_variables` takes TensorFlow 1's call in TensorFlow 2's meaning (every variable of
-the process: `functions.py`).
-
-Elastic training (`hvd.elastic`) re-forms the ranks in the process on the horovod backend
-(`elastic.py`). The rest of Horovod's API fails when called, naming the feature
-(`NotSupportedByCaramel`): process sets, Adasum and Product, alltoall, reducescatter, join, the
-timeline, TF1's sessions, and local gradient accumulation (`backward_passes_per_step` above 1).
+The package's modules (`elastic`, `keras`, `functions`, `compression`, `sync_batch_norm`, and the
+real Horovod's `mpi_ops` and `util`) are its attributes too, imported on first use.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from typing import Any
+import importlib as _importlib
+import os as _os
+import typing as _typing
 
-import tensorflow as tf
+import horovod as _horovod
 
-import caramel.tensorflow as ctf
-import horovod
-from caramel.tensorflow import runtime as _caramel_runtime
-from caramel.tensorflow.backends import ReduceOp, horovod_installed
-from caramel.tensorflow.keras_version import check_optimizer, updating_through
-from horovod import _caramel_keras2_idioms, _caramel_rounds
-
-if horovod._real_horovod_dir is not None and os.path.isdir(os.path.join(horovod._real_horovod_dir, "tensorflow")):
+if _horovod._real_horovod_dir is not None and _os.path.isdir(_os.path.join(_horovod._real_horovod_dir, "tensorflow")):
     # The real Horovod's modules that this package does not define (mpi_ops, util) come from there.
-    __path__.append(os.path.join(horovod._real_horovod_dir, "tensorflow"))
-
-from horovod._caramel_support import NotSupportedByCaramel, refuse, unsupported  # noqa: E402
-from horovod.tensorflow import _caramel_final_check  # noqa: E402
-from horovod.tensorflow import elastic  # noqa: E402
-from horovod.tensorflow._caramel_collectives import (  # noqa: E402
-    Adasum,
-    Product,
-    backend,
-    check_process_set,
-    check_root,
-    collective_name,
-    gather_ragged,
-    global_process_set,
-    not_converted,
-    reduce_op,
-)
-from horovod.tensorflow._caramel_variable_refs import refs_to_vars, vars_to_refs  # noqa: E402
-from horovod.tensorflow.compression import Compression  # noqa: E402
-from horovod.tensorflow.functions import (  # noqa: E402
-    allgather_object,
-    broadcast_global_variables,
-    broadcast_object,
-    broadcast_object_fn,
-    broadcast_variables,
-)
-from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: E402
-
-Average, Sum = ctf.Average, ctf.Sum
-Min, Max = ReduceOp.MIN, ReduceOp.MAX
-
-_SHUT_DOWN = False
-
-
-# -- set-up and the job's shape ------------------------------------------------------------------
-
-
-def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job's ranks (Caramel's runtime), accept the Keras 2 idioms of Horovod-era scripts,
-    and check the trained weights at exit."""
-    if comm is not None:
-        refuse("hvd.init(comm=...)", "the CaramelJob's gang is the communicator; call hvd.init()")
-    if process_sets:
-        refuse("hvd.init(process_sets=...)", "Caramel's collectives are among all ranks")
-    _caramel_keras2_idioms.install()
-    _caramel_rounds.join_when_ready()
-    _caramel_runtime.init()
-    _caramel_final_check.arm()
-
-
-def shutdown() -> None:
-    """Horovod's shutdown: the trained weights are checked now (every rank must call it)."""
-    global _SHUT_DOWN
-    _caramel_final_check.check()
-    _SHUT_DOWN = True
-
-
-def is_initialized() -> bool:
-    try:
-        _caramel_runtime.current()
-    except RuntimeError:
-        return False
-    return not _SHUT_DOWN
-
-
-def size() -> int:
-    return _caramel_runtime.current().size
-
-
-def rank() -> int:
-    return _caramel_runtime.current().rank
-
-
-def local_size() -> int:
-    return backend().local_size
-
-
-def local_rank() -> int:
-    return backend().local_rank
-
-
-def cross_size() -> int:
-    """The number of workers (Horovod's hosts): every worker runs local_size ranks."""
-    return size() // local_size()
-
-
-def cross_rank() -> int:
-    """This rank's worker (Horovod's host), rank r running on worker r // local_size."""
-    return rank() // local_size()
-
-
-def is_homogeneous() -> bool:
-    return True  # every worker runs spec.workers.slotsPerWorker ranks
-
-
-def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    _check_process_set_id(process_set_id, "hvd.size_op")
-    return tf.constant(size(), tf.int32, name=name)
-
-
-def rank_op(name: str | None = None) -> tf.Tensor:
-    return tf.constant(rank(), tf.int32, name=name)
-
-
-def local_size_op(name: str | None = None) -> tf.Tensor:
-    return tf.constant(local_size(), tf.int32, name=name)
-
-
-def local_rank_op(name: str | None = None) -> tf.Tensor:
-    return tf.constant(local_rank(), tf.int32, name=name)
-
-
-def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    _check_process_set_id(process_set_id, "hvd.process_set_included_op")
-    return tf.constant(1, tf.int32, name=name)
-
-
-def _check_process_set_id(process_set_id: int, feature: str) -> None:
-    if process_set_id != 0:
-        refuse(f"{feature}(process_set_id={process_set_id})", "Caramel's collectives are among all ranks (process set 0)")
-
-
-def gloo_enabled() -> bool:
-    return backend().name == "horovod"
-
-
-def gloo_built() -> bool:
-    return horovod_installed()
-
-
-def _false() -> bool:
-    return False
-
-
-mpi_enabled = mpi_built = mpi_threads_supported = _false
-nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = sycl_built = _false
-
-
-# -- collectives ---------------------------------------------------------------------------------
-
-
-@not_converted
-def allreduce(
-    tensor: Any,
-    average: bool | None = None,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    op: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    name: str | None = None,
-    process_set: Any = global_process_set,
-    ignore_name_scope: bool = False,
-) -> Any:
-    """`tensor` reduced over all ranks (Average by default; Sum, Min, Max). A tf.IndexedSlices is
-    gathered, as Horovod does: its values and indices from every rank."""
-    del device_dense, device_sparse, ignore_name_scope
-    reduction = reduce_op(average, op, "hvd.allreduce")
-    check_process_set(process_set, "hvd.allreduce")
-    name = collective_name("allreduce", name)
-    if isinstance(tensor, tf.IndexedSlices):
-        if reduction not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-            refuse(f"hvd.allreduce(op={reduction.name.title()}) of a tf.IndexedSlices", "sparse tensors are averaged or summed")
-        values, _ = gather_ragged(tensor.values, f"{name}_values")
-        indices, _ = gather_ragged(tensor.indices, f"{name}_indices")
-        scale = prescale_factor * postscale_factor / (size() if reduction is ReduceOp.AVERAGE else 1)
-        return tf.IndexedSlices(values * tf.cast(scale, values.dtype) if scale != 1 else values, indices, tensor.dense_shape)
-    return _reduced([tensor], reduction, compression, prescale_factor, postscale_factor, name)[0]
-
-
-@not_converted
-def grouped_allreduce(
-    tensors: Sequence[Any],
-    average: bool | None = None,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    op: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = global_process_set,
-    ignore_name_scope: bool = False,
-    name: str | None = None,
-) -> list[tf.Tensor]:
-    """Every tensor reduced over all ranks, in one collective per dtype (Horovod's arguments, in
-    Horovod's order, which differs from allreduce's)."""
-    del device_dense, device_sparse, ignore_name_scope
-    reduction = reduce_op(average, op, "hvd.grouped_allreduce")
-    check_process_set(process_set, "hvd.grouped_allreduce")
-    if any(isinstance(tensor, tf.IndexedSlices) for tensor in tensors):
-        refuse("hvd.grouped_allreduce of tf.IndexedSlices", "reduce each with hvd.allreduce")
-    return _reduced(tensors, reduction, compression, prescale_factor, postscale_factor, collective_name("allreduce", name))
-
-
-def _reduced(tensors: Sequence[Any], reduction: ReduceOp, compression: Any, prescale: float, postscale: float, name: str) -> list[tf.Tensor]:
-    compressed = [compression.compress(_scaled(tf.convert_to_tensor(tensor), prescale)) for tensor in tensors]
-    reduced = backend().all_reduce([tensor for tensor, _ in compressed], reduction, name)
-    return [_scaled(compression.decompress(tensor, context), postscale) for tensor, (_, context) in zip(reduced, compressed)]
-
-
-def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
-    return tensor if factor == 1.0 else tensor * tf.cast(factor, tensor.dtype)
-
-
-@not_converted
-def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
-    """Every rank's `tensor` joined along the first axis, in rank order; first dimensions may
-    differ from rank to rank, the other dimensions may not."""
-    del ignore_name_scope
-    check_process_set(process_set, "hvd.allgather")
-    return gather_ragged(tensor, collective_name("allgather", name))[0]
-
-
-@not_converted
-def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> list[tf.Tensor]:
-    check_process_set(process_set, "hvd.grouped_allgather")
-    base = collective_name("allgather", name)
-    return [gather_ragged(tensor, f"{base}_{i}")[0] for i, tensor in enumerate(tensors)]
-
-
-@not_converted
-def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
-    """Rank root_rank's `tensor` (of one shape on every rank), on every rank."""
-    del ignore_name_scope
-    check_process_set(process_set, "hvd.broadcast")
-    check_root(root_rank, "hvd.broadcast")
-    return backend().broadcast([tf.convert_to_tensor(tensor)], root_rank, collective_name("broadcast", name))[0]
-
-
-@not_converted
-def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
-    """Horovod's in-place broadcast: the variables take rank root_rank's values."""
-    check_process_set(process_set, "hvd.broadcast_")
-    check_root(root_rank, "hvd.broadcast_")
-    variables = list(variables)
-    values = backend().broadcast([tf.convert_to_tensor(variable) for variable in variables], root_rank, collective_name("broadcast", name))
-    for variable, value in zip(variables, values):
-        variable.assign(value)
-    return variables
-
-
-# -- training ------------------------------------------------------------------------------------
-
-
-class _DistributedGradientTape(ctf.DistributedGradientTape):
-    """Caramel's tape, which also notes the variables it averages, for the weights check at exit."""
-
-    @not_converted
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False, **kwargs: Any) -> Any:
-        local = self._options.local_sources
-        _caramel_final_check.note_trained([source for source in tf.nest.flatten(sources) if id(source) not in local])
-        return super().gradient(target, sources, output_gradients, use_generic_names, **kwargs)
-
-
-def DistributedGradientTape(  # noqa: N802 (Horovod's name)
-    gradtape: tf.GradientTape,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    sparse_as_dense: bool = False,
-    op: Any = Average,
-    gradient_predivide_factor: float = 1.0,
-    num_groups: int = 0,
-    groups: Any = None,
-    process_set: Any = global_process_set,
-    scale_local_gradients: bool = True,
-) -> _DistributedGradientTape:
-    """The tape, whose gradient() averages (op Sum: sums) the gradients over all ranks."""
-    return _DistributedGradientTape(
-        gradtape, device_dense=device_dense, device_sparse=device_sparse, compression=compression, sparse_as_dense=sparse_as_dense,
-        op=op, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups, process_set=process_set,
-        scale_local_gradients=scale_local_gradients,
-    )  # fmt: skip
-
-
-def PartialDistributedGradientTape(  # noqa: N802 (Horovod's name)
-    gradtape: tf.GradientTape,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    sparse_as_dense: bool = False,
-    op: Any = Average,
-    gradient_predivide_factor: float = 1.0,
-    num_groups: int = 0,
-    groups: Any = None,
-    process_set: Any = global_process_set,
-    local_layers: Any = None,
-    scale_local_gradients: bool = True,
-) -> _DistributedGradientTape:
-    """The tape of DistributedGradientTape, whose gradients of the local layers' trainable
-    weights each rank keeps to itself (their sources registered local)."""
-    tape = DistributedGradientTape(
-        gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-        process_set, scale_local_gradients,
-    )  # fmt: skip
-    for variable in local_layer_variables(local_layers):
-        tape.register_local_source(variable)
-    return tape
-
-
-def local_layer_variables(local_layers: Any) -> list[Any]:
-    """The trainable weights of Horovod's `local_layers` (a Keras layer, a list of them, or None)."""
-    if local_layers is None:
-        return []
-    layers = [local_layers] if isinstance(local_layers, tf.keras.layers.Layer) else list(local_layers)
-    if not all(isinstance(layer, tf.keras.layers.Layer) for layer in layers):
-        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")  # Horovod's own error
-    return [variable for layer in layers for variable in layer.trainable_weights]
-
-
-def DistributedOptimizer(  # noqa: N802 (Horovod's name)
-    optimizer: Any,
-    name: str | None = None,
-    use_locking: bool = False,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    sparse_as_dense: bool = False,
-    backward_passes_per_step: int = 1,
-    op: Any = Average,
-    gradient_predivide_factor: float = 1.0,
-    average_aggregated_gradients: bool = False,
-    num_groups: int = 0,
-    groups: Any = None,
-    process_set: Any = global_process_set,
-    scale_local_gradients: bool = True,
-) -> Any:
-    """The Keras optimizer, whose updates average (op Sum: sum) the gradients over all ranks first."""
-    del use_locking  # TensorFlow 1's
-    return distributed_optimizer(
-        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
-        sparse_as_dense=sparse_as_dense, backward_passes_per_step=backward_passes_per_step, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, average_aggregated_gradients=average_aggregated_gradients,
-        num_groups=num_groups, groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
-    )  # fmt: skip
-
-
-def distributed_optimizer(optimizer: Any, local_variables: Sequence[Any] = (), **horovod_options: Any) -> Any:
-    """Caramel's DistributedOptimizer around a copy of `optimizer` that notes the variables it
-    updates (for the weights check at exit); horovod.tensorflow.keras's DistributedOptimizer too.
-    `local_variables`: those each rank keeps to itself (PartialDistributedOptimizer's)."""
-    check_optimizer(optimizer, "hvd.DistributedOptimizer")
-    if getattr(type(optimizer), "_caramel_distributed", False):
-        return optimizer
-    noting = _noting_class(type(optimizer))
-    return ctf.DistributedOptimizer(noting.from_config(optimizer.get_config()), local_variables, **horovod_options)
-
-
-def distribute(optimizer: Any, **horovod_options: Any) -> None:
-    """Make `optimizer` itself Horovod's DistributedOptimizer as Caramel serves it, keeping its
-    state (a loaded model's: `hvd.load_model`)."""
-    check_optimizer(optimizer, "hvd.DistributedOptimizer")
-    if not getattr(type(optimizer), "_caramel_distributed", False):
-        optimizer.__class__ = _noting_class(type(optimizer))  # the update method alone differs: no state to add
-        ctf.distribute(optimizer, **horovod_options)
-
-
-def _noting_class(base: type[Any]) -> type[Any]:
-    """`base`, noting the variables its updates train."""
-
-    def noted(self: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:
-        _caramel_final_check.note_trained(variables)
-        return gradients
-
-    return updating_through(base, noted)
-
-
-# -- what Caramel does not serve -----------------------------------------------------------------
-
-_ALL_RANKS = "Caramel's collectives are among all ranks"
-ProcessSet = unsupported("hvd.ProcessSet", f"{_ALL_RANKS} (hvd.global_process_set)")
-add_process_set = unsupported("hvd.add_process_set", _ALL_RANKS)
-remove_process_set = unsupported("hvd.remove_process_set", _ALL_RANKS)
-alltoall = unsupported("hvd.alltoall", "its collectives are allreduce, allgather and broadcast")
-reducescatter = unsupported("hvd.reducescatter", "use hvd.allreduce")
-grouped_reducescatter = unsupported("hvd.grouped_reducescatter", "use hvd.grouped_allreduce")
-join = unsupported("hvd.join", "every rank must run the same number of steps")
-start_timeline = unsupported("hvd.start_timeline", "Caramel records each step's transfers in its own metrics")
-stop_timeline = unsupported("hvd.stop_timeline", "Caramel records each step's transfers in its own metrics")
+    __path__.append(_os.path.join(_horovod._real_horovod_dir, "tensorflow"))
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min", "NotSupportedByCaramel",
@@ -434,3 +39,42 @@ __all__ = [
     "refs_to_vars", "remove_process_set", "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline", "sycl_built",
     "vars_to_refs",
 ]  # fmt: skip
+
+_MODULES = frozenset({"compression", "elastic", "functions", "sync_batch_norm"})
+"""The package's modules that dir() lists, as Horovod's horovod.tensorflow holds them."""
+_KERAS_USES = ("distribute", "distributed_optimizer", "local_layer_variables")
+"""The API's names that the package's Keras modules use besides Horovod's."""
+_DEFINED_ELSEWHERE = {
+    "horovod._caramel_support": ("NotSupportedByCaramel",),
+    "horovod.tensorflow._caramel_collectives": ("Adasum", "Product", "global_process_set"),
+    "horovod.tensorflow._caramel_variable_refs": ("refs_to_vars", "vars_to_refs"),
+    "horovod.tensorflow.compression": ("Compression",),
+    "horovod.tensorflow.functions": (
+        "allgather_object", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "broadcast_variables",
+    ),
+    "horovod.tensorflow.sync_batch_norm": ("SyncBatchNormalization",),
+}  # fmt: skip
+_WHERE = {name: f"{__name__}._caramel_api" for name in [*__all__, *_KERAS_USES] if name not in _MODULES}
+_WHERE.update({name: module for module, names in _DEFINED_ELSEWHERE.items() for name in names})
+"""The module that defines each name the package serves: `_caramel_api`, but for those defined
+elsewhere."""
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """One of the names the package serves, its module imported on first use (the API's: Caramel's
+    runtime and TensorFlow); or one of the package's modules, imported on first use."""
+    if name in _WHERE:
+        value = getattr(_importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE) | _MODULES)
