@@ -10,7 +10,7 @@ directions; the flat testbed has every worker on one bridge. Each worker is star
 Caramel's worker contract (`jobrun.py`), with the testbed's topology in CARAMEL_TOPOLOGY (set
 through spec.env: `run_job` takes no topology), and runs `topology_worker.py`: in every repeat,
 on the same random float32 buffers, Horovod's allreduce (Gloo's ring, Horovod's defaults) and
-Caramel's `TreeAllreduce` on `multitree(topology)`, the slowest rank's time counting.
+Caramel's `TreeTransport` on `multitree(topology)`, the slowest rank's time counting.
 
 Bounds. On the racks testbed every byte of the buffer has to cross the uplink once in each
 direction (each rack needs the other's sum), so no all-reduce of B bytes beats B / uplink rate;
@@ -47,7 +47,7 @@ from pathlib import Path
 from caramel.allreduce.simulate import choose_allreduce
 from caramel.network.model import Link, Topology
 from caramel.network.wire import to_json
-from caramel.transport.tree_allreduce import CONGESTION_CONTROL, PIECE_BYTES
+from caramel.collectives.tree_transport import CONGESTION_CONTROL, PIECE_BYTES
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import EmulatedCluster, HarnessError, rack_of

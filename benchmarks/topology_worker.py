@@ -25,7 +25,7 @@ from benchmarks.plain_horovod import horovod_tensorflow
 from caramel.allreduce.multitree_schedule import multitree
 from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
-from caramel.transport.tree_allreduce import CONGESTION_CONTROL, PIECE_BYTES, TreeAllreduce
+from caramel.collectives.tree_transport import CONGESTION_CONTROL, PIECE_BYTES, TreeTransport
 
 MEGABYTE = 2**20
 WARM_UP_BYTES = MEGABYTE
@@ -42,7 +42,7 @@ def main() -> None:
     hvd.init()
     contract = WorkerContract.from_env()
     schedule = multitree(job_topology(contract))
-    transport = TreeAllreduce(
+    transport = TreeTransport(
         schedule, hvd.rank(), contract.transport_addresses, piece_bytes=args.piece_bytes,
         congestion_control=None if args.congestion_control == "system" else args.congestion_control,
     )  # fmt: skip

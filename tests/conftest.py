@@ -61,7 +61,7 @@ def emulator(tmp_path):
 def one_rank():
     """A backend of a job of one rank (TensorFlow's, which needs no server for one): the unit tests'
     collectives, whose results are their inputs."""
-    from caramel.tensorflow.backends.tensorflow import TensorFlowBackend
+    from caramel.collectives.tensorflow_backend import TensorFlowBackend
 
     return TensorFlowBackend(rank=0, size=1, local_rank=0, local_size=1, timeout_seconds=10.0)
 

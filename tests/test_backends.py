@@ -1,4 +1,4 @@
-"""The collective backends' seam (`caramel.tensorflow.backends`): which backend a job gets, and
+"""The collective backends' seam (`caramel.collectives.backend`): which backend a job gets, and
 what every backend derives from its all-reduce. Collectives between real ranks are checked
 end to end (tests/test_correctness.py, tests/test_horovod_api.py)."""
 
@@ -11,9 +11,9 @@ import tensorflow as tf
 from caramel.contract.api import Backend as BackendChoice
 from caramel.contract.api import CaramelJob
 from caramel.contract.env import WorkerContract, slot_env, worker_env
-from caramel.tensorflow import backends
-from caramel.tensorflow.backends import ReduceOp, chosen
-from caramel.tensorflow.backends.tensorflow import BUCKET_BYTES, COPY_KEY_STRIDE, MAX_COPIES, TensorFlowBackend, release_buckets
+from caramel.collectives import backend as backends
+from caramel.collectives.backend import ReduceOp, chosen
+from caramel.collectives.tensorflow_backend import BUCKET_BYTES, COPY_KEY_STRIDE, MAX_COPIES, TensorFlowBackend, release_buckets
 
 
 def contract(backend: str) -> WorkerContract:

@@ -74,8 +74,8 @@ def test_the_package_is_caramels_and_its_path_goes_on_into_the_real_horovod():
         import horovod, horovod.tensorflow, horovod.tensorflow.keras, horovod.keras
         from horovod.tensorflow import mpi_ops
         import horovod.common.util
-        from caramel.tensorflow.backends import horovod_installed
-        import caramel.tensorflow.backends.horovod as backend   # Caramel's Horovod backend imports mpi_ops through the package
+        from caramel.collectives.backend import horovod_installed
+        import caramel.collectives.horovod_backend as backend   # Caramel's Horovod backend imports mpi_ops through the package
         print(json.dumps({
             "package": horovod.__file__, "version": horovod.__version__, "tensorflow": horovod.tensorflow.__file__,
             "keras": horovod.tensorflow.keras.__file__, "standalone_keras": horovod.keras.DistributedOptimizer.__module__,

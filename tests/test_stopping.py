@@ -24,7 +24,7 @@ import pytest
 
 from caramel.contract.env import worker_command, worker_env
 from caramel.contract.jobfile import parse_job
-from caramel.tensorflow.backends import horovod_installed
+from caramel.collectives.backend import horovod_installed
 from conftest import REPO, SMALL_EXAMPLE, free_port_block
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from caramel.allreduce.multitree_schedule import multitree
 from caramel.allreduce.replay import replay
 from caramel.network.model import Link, Topology
 from caramel.network.synthetic import racks, torus
-from caramel.transport.tree_allreduce import SUPPORTED_DTYPES, TransportError, TreeAllreduce
+from caramel.collectives.tree_transport import SUPPORTED_DTYPES, TransportError, TreeTransport
 from conftest import REPO, free_port_block
 
 DTYPES = {name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for name in SUPPORTED_DTYPES}
@@ -60,16 +60,16 @@ def on_every_rank(size: int, work: Callable[[int], object], timeout: float = 60)
     return results
 
 
-def connect(schedule: Schedule, piece_bytes: int = SMALL_PIECES) -> list[TreeAllreduce]:
+def connect(schedule: Schedule, piece_bytes: int = SMALL_PIECES) -> list[TreeTransport]:
     where = addresses(schedule.hosts)
-    return on_every_rank(schedule.hosts, lambda rank: TreeAllreduce(schedule, rank, where, piece_bytes=piece_bytes))
+    return on_every_rank(schedule.hosts, lambda rank: TreeTransport(schedule, rank, where, piece_bytes=piece_bytes))
 
 
-def allreduce(transports: Sequence[TreeAllreduce], buffers: Sequence[np.ndarray], sequence: int) -> list[np.ndarray]:
+def allreduce(transports: Sequence[TreeTransport], buffers: Sequence[np.ndarray], sequence: int) -> list[np.ndarray]:
     return on_every_rank(len(transports), lambda rank: transports[rank].allreduce(buffers[rank], sequence))
 
 
-def close(transports: Sequence[TreeAllreduce]) -> None:
+def close(transports: Sequence[TreeTransport]) -> None:
     for transport in transports:
         transport.close()
 
@@ -225,15 +225,15 @@ def test_a_missing_peer_is_named_with_its_address():
     where = addresses(2)
     schedule = multitree(racks(1, 2, 1.0, 1.0))
     with pytest.raises(TransportError, match=rf"rank 1 could not connect to rank 0 at 127.0.0.1:{where[0][1]} within 0.5 s"):
-        TreeAllreduce(schedule, 1, where, connect_timeout=0.5)
+        TreeTransport(schedule, 1, where, connect_timeout=0.5)
     with pytest.raises(TransportError, match=rf"rank 0: no connection on port {where[0][1]} from rank\(s\) 1 \(127.0.0.1\) within 0.5 s"):
-        TreeAllreduce(schedule, 0, where, connect_timeout=0.5)
+        TreeTransport(schedule, 0, where, connect_timeout=0.5)
 
 
 def test_ranks_with_different_schedules_refuse_each_other():
     where = addresses(2)
     schedules = [multitree(racks(1, 2, 1.0, 1.0)), ring(racks(1, 2, 1.0, 1.0))]
-    errors = outcomes(2, lambda rank: TreeAllreduce(schedules[rank], rank, where, connect_timeout=5))
+    errors = outcomes(2, lambda rank: TreeTransport(schedules[rank], rank, where, connect_timeout=5))
     for rank, error in enumerate(errors):  # each side names the other
         assert isinstance(error, TransportError)
         assert f"rank {rank}: rank {1 - rank} at 127.0.0.1" in str(error) and "runs another schedule" in str(error)
@@ -242,14 +242,14 @@ def test_ranks_with_different_schedules_refuse_each_other():
 def test_ranks_with_different_piece_sizes_refuse_each_other():
     schedule = multitree(racks(1, 2, 1.0, 1.0))
     where = addresses(2)
-    errors = outcomes(2, lambda rank: TreeAllreduce(schedule, rank, where, connect_timeout=5, piece_bytes=64 << rank))
+    errors = outcomes(2, lambda rank: TreeTransport(schedule, rank, where, connect_timeout=5, piece_bytes=64 << rank))
     assert all("cuts pieces of" in str(error) for error in errors), errors
 
 
 def test_connections_take_the_congestion_control_asked_for_or_keep_the_default(caplog):
     schedule = multitree(racks(1, 2, 1.0, 1.0))
     where = addresses(2)
-    transports = on_every_rank(2, lambda rank: TreeAllreduce(schedule, rank, where, congestion_control="reno"))
+    transports = on_every_rank(2, lambda rank: TreeTransport(schedule, rank, where, congestion_control="reno"))
     try:
         for transport in transports:
             (connection,) = transport._connections.values()
@@ -257,7 +257,7 @@ def test_connections_take_the_congestion_control_asked_for_or_keep_the_default(c
     finally:
         close(transports)
     where = addresses(2)
-    transports = on_every_rank(2, lambda rank: TreeAllreduce(schedule, rank, where, congestion_control="no-such"))
+    transports = on_every_rank(2, lambda rank: TreeTransport(schedule, rank, where, congestion_control="no-such"))
     close(transports)
     assert "keeps the system's TCP congestion control: no-such" in caplog.text
 
@@ -270,7 +270,7 @@ def test_a_schedule_the_executor_cannot_run_by_dependencies_is_refused():
         all_gather=(ChunkTransfer(0, 0, 1, 0), ChunkTransfer(1, 1, 2, 0)),
     )  # fmt: skip
     with pytest.raises(ValueError, match="rank 1, chunk 0: a partial sum arrives after the rank has sent its own"):
-        TreeAllreduce(late, 1, addresses(3))
+        TreeTransport(late, 1, addresses(3))
 
 
 def test_ranks_that_finish_and_close_at_once_fail_nobody_still_finishing():
@@ -303,9 +303,9 @@ DYING_RANK = """
 import sys, time
 from caramel.allreduce.multitree_schedule import multitree
 from caramel.network.synthetic import racks
-from caramel.transport.tree_allreduce import TreeAllreduce
+from caramel.collectives.tree_transport import TreeTransport
 where = [("127.0.0.1", int(port)) for port in sys.argv[1:]]
-transport = TreeAllreduce(multitree(racks(1, len(where), 1.0, 1.0)), len(where) - 1, where)
+transport = TreeTransport(multitree(racks(1, len(where), 1.0, 1.0)), len(where) - 1, where)
 print("connected", flush=True)
 time.sleep(60)
 """
@@ -320,7 +320,7 @@ def test_a_killed_peer_fails_the_others_promptly_naming_it():
     )  # fmt: skip
     try:
         schedule = multitree(racks(1, size, 1.0, 1.0))
-        transports = on_every_rank(size - 1, lambda rank: TreeAllreduce(schedule, rank, where))
+        transports = on_every_rank(size - 1, lambda rank: TreeTransport(schedule, rank, where))
         assert dying.stdout.readline().strip() == "connected"
         started = []
 

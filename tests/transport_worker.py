@@ -19,7 +19,7 @@ import tensorflow as tf
 from caramel.allreduce.multitree_schedule import multitree
 from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
-from caramel.transport.tree_allreduce import TreeAllreduce
+from caramel.collectives.tree_transport import TreeTransport
 
 # The drop-ins' gradient dtypes, with a tolerance for sums taken in different orders.
 TOLERANCES = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3,
@@ -29,7 +29,7 @@ TOLERANCES = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(
 def main() -> int:
     hvd.init()
     contract = WorkerContract.from_env()
-    transport = TreeAllreduce(multitree(job_topology(contract)), contract.rank, contract.transport_addresses)
+    transport = TreeTransport(multitree(job_topology(contract)), contract.rank, contract.transport_addresses)
     rng = np.random.default_rng(contract.rank)
     sequence, failures = 0, 0
     for dtype, tolerance in TOLERANCES.items():

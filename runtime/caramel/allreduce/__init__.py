@@ -1,5 +1,5 @@
 """All-reduce algorithms over a network (`caramel.network`), as schedules of chunk transfers, and
-what they cost on it. Pure: nothing here moves bytes between processes (`caramel.transport` does).
+what they cost on it. Pure: nothing here moves bytes between processes (`caramel.collectives.tree_transport` does).
 
 - `chunk_schedule`: a `Schedule` (per-step `ChunkTransfer`s) and one rank's plan of a phase.
 - `baseline_schedules`: ring, recursive halving-doubling and hierarchical schedules.

@@ -25,7 +25,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from caramel.tensorflow.backends import ReduceOp
+from caramel.collectives.backend import ReduceOp
 from caramel.tensorflow.compression import Compression, Compressor
 from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from caramel.tensorflow.ledger import broadcast_variables as _broadcast_variables

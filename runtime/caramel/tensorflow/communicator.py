@@ -47,14 +47,14 @@ from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepStamps, StepTimes, backward_seconds_from_releases, execution_times
-from caramel.tensorflow.backends import Backend, ReduceOp
-from caramel.tensorflow.collectives import Chain, run_split_transfers, run_transfers
+from caramel.collectives.backend import Backend, ReduceOp
+from caramel.tensorflow.planned_transfers import Chain, run_split_transfers, run_transfers
 from caramel.tensorflow.graph_choice import CARAMEL
 from caramel.tensorflow.selector import OWN_WAY, PLANNED
 from caramel.tensorflow.stamps import StampBook
 from caramel.tensorflow.step_control import StepControl
-from caramel.tensorflow.tree_reduce import TreeReduce
-from caramel.transport.tree_allreduce import SUPPORTED_DTYPES
+from caramel.collectives.multitree import MultitreeReduce
+from caramel.collectives.tree_transport import SUPPORTED_DTYPES
 
 # The name of the `switch_case` of the two ways (arms) in a step's graph.
 ARMS_NAME = "caramel_arms"
@@ -91,7 +91,7 @@ class GradientCommunicator:
             )
         self.algorithm: str | None = None
         """ring or multitree, chosen when the first graph's gradients are seen."""
-        self._trees: TreeReduce | None = None
+        self._trees: MultitreeReduce | None = None
         """MULTITREE's trees, where they average the plan's transfers instead of the backend."""
         self._stamps = StampBook()
         self._releases: tf.Variable | None = None
@@ -249,7 +249,7 @@ class GradientCommunicator:
             )
         if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(job_topology(self.contract), nbytes) == "multitree"):
             self.algorithm = "multitree"
-            self._trees = TreeReduce(self.contract, self.backend.rank)
+            self._trees = MultitreeReduce(self.contract, self.backend.rank)
         else:
             self.algorithm = "ring"
         self.control.use_algorithm(self.algorithm, self._trees.allreduce_now if self._trees else None)  # the plans are for the trees' link

@@ -47,7 +47,7 @@ from caramel.planner.schedule import (
 )
 from caramel.planner.search import Search, plan_document, plan_from
 from caramel.planner.timing import StepTimes, typical_backward_seconds
-from caramel.tensorflow.backends import Backend, ReduceOp
+from caramel.collectives.backend import Backend, ReduceOp
 
 # Steps whose timings the replanner remembers for release times.
 RECENT_STEPS = 16

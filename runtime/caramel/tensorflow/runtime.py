@@ -16,7 +16,7 @@ from typing import Any
 
 from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
-from caramel.tensorflow.backends import Backend, chosen, set_up
+from caramel.collectives.backend import Backend, chosen, set_up
 from caramel.tensorflow import stopping
 from caramel.tensorflow.communicator import GradientCommunicator
 from caramel.tensorflow.keras_version import keras_2

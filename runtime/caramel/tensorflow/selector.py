@@ -34,7 +34,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from caramel.planner.rounds import BLOCK_PAIRS, MIN_BLOCK_STEPS
-from caramel.tensorflow.backends import Backend
+from caramel.collectives.backend import Backend
 
 OWN_WAY, PLANNED = 0, 1
 """The arms: the backend's own way, and the plan in force."""

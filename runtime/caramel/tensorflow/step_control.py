@@ -22,7 +22,7 @@ from enum import Enum
 from caramel.contract.env import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.rounds import MIN_BLOCK_STEPS, block_steps
-from caramel.tensorflow.backends import Backend
+from caramel.collectives.backend import Backend
 from caramel.tensorflow.graph_choice import CARAMEL, OWN_GRAPH, GraphChoice
 from caramel.tensorflow.replanner import ProbeAllreduce, Replanner
 from caramel.tensorflow.selector import ArmSelector

@@ -1,7 +1,7 @@
 """Horovod's collectives on Caramel's backend: what `horovod.tensorflow`'s functions share.
 
 Caramel's backends reduce, broadcast and gather tensors of one shape on every rank, eagerly and in
-graphs (`caramel.tensorflow.backends`). Horovod's allgather also takes tensors whose first
+graphs (`caramel.collectives.backend`). Horovod's allgather also takes tensors whose first
 dimension differs from rank to rank: the ranks first gather each other's first dimensions, pad to
 the longest, gather, and cut the padding out. Gathers and broadcasts are sums to which one rank
 contributes, so tensors of dtypes that collectives may not sum travel in one that sums them exactly.
@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from caramel.tensorflow.backends import SUMMED_AS, Backend, ReduceOp
+from caramel.collectives.backend import SUMMED_AS, Backend, ReduceOp
 from caramel.tensorflow.runtime import current
 from horovod._caramel_support import refuse
 

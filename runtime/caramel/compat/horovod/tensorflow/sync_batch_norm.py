@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from caramel.tensorflow.backends import ReduceOp
+from caramel.collectives.backend import ReduceOp
 from caramel.tensorflow.keras_version import keras_2
 from horovod.tensorflow._caramel_collectives import backend, not_converted
 

@@ -29,7 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
-from caramel.tensorflow.backends import ReduceOp
+from caramel.collectives.backend import ReduceOp
 from caramel.tensorflow.keras import TrainingCallback
 from horovod._caramel_support import refuse
 from horovod.tensorflow import _caramel_final_check

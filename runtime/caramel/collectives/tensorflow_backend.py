@@ -33,8 +33,8 @@ from tensorflow.core.protobuf import cluster_pb2, config_pb2, tensorflow_server_
 from tensorflow.python.eager import context
 
 from caramel.contract.env import WorkerContract
-from caramel.tensorflow.backends import Backend, ReduceOp
-from caramel.tensorflow.fusion import joined
+from caramel.collectives.backend import Backend, ReduceOp
+from caramel.collectives.fusion import joined
 
 JOB = "worker"
 GROUP_KEY = 1

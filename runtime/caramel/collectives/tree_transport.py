@@ -1,6 +1,6 @@
 """MULTITREE's executor: runs an all-reduce `Schedule` between the ranks of a job, over TCP.
 
-    transport = TreeAllreduce(multitree(topology), rank, addresses)   # connects to its peers
+    transport = TreeTransport(multitree(topology), rank, addresses)   # connects to its peers
     average = transport.allreduce(gradient, sequence)                  # from any thread
     transport.close()
 
@@ -222,7 +222,7 @@ class _Connection:
         return f"rank {self.peer} ({self.address[0]}:{self.address[1]})"
 
 
-class TreeAllreduce:
+class TreeTransport:
     """All-reduce (average) of numpy buffers over TCP, following `schedule`, on rank `rank`.
 
     `addresses[r]` is where rank r listens: a host name or address and a port; this rank binds
@@ -357,7 +357,7 @@ class TreeAllreduce:
         for connection in self._connections.values():
             connection.sock.close()
 
-    def __enter__(self) -> TreeAllreduce:
+    def __enter__(self) -> TreeTransport:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -1,10 +1,12 @@
-"""Collective backends: what moves tensors between the ranks.
+"""The collective backends' seam: what a backend provides, and which one a job gets.
 
 Caramel decides which gradients travel together, in which order and how many at once; a backend
-moves them. Each backend is one module of this package, listed in `BACKENDS`, whose
+moves them. Each backend is one module of `caramel.collectives`, listed in `BACKENDS`, whose
 `set_up(contract)` joins the job's ranks and returns a `Backend`:
-- `horovod`: Horovod's collectives over Gloo (its C++ ops, built at set-up: docs/versions.md);
-- `tensorflow`: TensorFlow's own collective ops over gRPC; nothing is compiled.
+- `horovod` (`horovod_backend`): Horovod's collectives over Gloo (its C++ ops, built at set-up:
+  docs/versions.md);
+- `tensorflow` (`tensorflow_backend`): TensorFlow's own collective ops over gRPC; nothing is
+  compiled.
 
 A backend provides the set-up, one fused all-reduce (in a graph or eagerly), and its own way of
 averaging a step's gradients: the baseline that Caramel measures its plans against and falls
@@ -26,7 +28,7 @@ import tensorflow as tf
 from caramel.contract.api import Backend as BackendChoice
 from caramel.contract.env import WorkerContract
 
-BACKENDS = {BackendChoice.HOROVOD: "caramel.tensorflow.backends.horovod", BackendChoice.TENSORFLOW: "caramel.tensorflow.backends.tensorflow"}
+BACKENDS = {BackendChoice.HOROVOD: "caramel.collectives.horovod_backend", BackendChoice.TENSORFLOW: "caramel.collectives.tensorflow_backend"}
 
 
 # Dtypes that collectives may not sum, and the dtype each is summed in, exactly, by `broadcast`.

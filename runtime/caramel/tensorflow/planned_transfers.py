@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from caramel.planner.transfers import Transfer
-from caramel.tensorflow.backends import Backend
+from caramel.collectives.backend import Backend
 
 # Collectives in flight at once: with two, the next transfer is already queued when the current
 # one ends.

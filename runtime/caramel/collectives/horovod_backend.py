@@ -19,8 +19,8 @@ import tensorflow as tf
 from horovod.tensorflow import mpi_ops
 
 from caramel.contract.env import WorkerContract
-from caramel.tensorflow.backends import Backend, ReduceOp
-from caramel.tensorflow.fusion import per_dtype
+from caramel.collectives.backend import Backend, ReduceOp
+from caramel.collectives.fusion import per_dtype
 
 OPS = {ReduceOp.SUM: mpi_ops.Sum, ReduceOp.AVERAGE: mpi_ops.Average, ReduceOp.MIN: mpi_ops.Min, ReduceOp.MAX: mpi_ops.Max}
 # Horovod caches the negotiation of this many tensors (its default is 1024). A graph of several

@@ -1,4 +1,4 @@
-"""Planned transfers all-reduced by MULTITREE's trees (`caramel.transport.tree_allreduce`), from the graph.
+"""Planned transfers all-reduced by MULTITREE's trees (`caramel.collectives.tree_transport`), from the graph.
 
 With `spec.caramel.allreduce: multitree` (or `auto` where the job's topology makes it clearly
 faster), each planned transfer is one call of the tree transport instead of a Horovod
@@ -16,17 +16,17 @@ import tensorflow as tf
 from caramel.allreduce.multitree_schedule import multitree
 from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
-from caramel.tensorflow.fusion import joined
-from caramel.transport.tree_allreduce import TreeAllreduce
+from caramel.collectives.fusion import joined
+from caramel.collectives.tree_transport import TreeTransport
 
 
-class TreeReduce:
+class MultitreeReduce:
     """A `collectives.Reduce` that runs the job's MULTITREE schedule between the ranks."""
 
     def __init__(self, contract: WorkerContract, rank: int) -> None:
         self._contract = contract
         self._rank = rank
-        self._transport: TreeAllreduce | None = None
+        self._transport: TreeTransport | None = None
         with tf.init_scope():
             self._calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_tree_calls")
 
@@ -50,8 +50,8 @@ class TreeReduce:
         sequence = int(self._calls.assign_add(1, read_value=True).numpy()) - 1
         return self._connected().allreduce(tensor.numpy(), sequence)
 
-    def _connected(self) -> TreeAllreduce:
+    def _connected(self) -> TreeTransport:
         if self._transport is None:
             contract = self._contract
-            self._transport = TreeAllreduce(multitree(job_topology(contract)), self._rank, contract.transport_addresses)
+            self._transport = TreeTransport(multitree(job_topology(contract)), self._rank, contract.transport_addresses)
         return self._transport
