@@ -122,7 +122,8 @@ def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode,
 
 def test_split_collectives_are_refused_on_tensorflow(tmp_path):
     env = [{"name": name, "value": value} for name, value in lab_variables(collective="split").items()]
-    manifest = job_manifest(caramel={"backend": "tensorflow"}, workers={"replicas": RANKS}, env=env)
+    # No restarts (backoffLimit 0): each would refuse the same job again.
+    manifest = job_manifest(caramel={"backend": "tensorflow"}, workers={"replicas": RANKS}, env=env, runPolicy={"backoffLimit": 0})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode != 0
     assert "CARAMEL_LAB_SCHEDULING collective split needs reduce-scatter, which the tensorflow backend has not on the CPU" in result.stderr

@@ -30,7 +30,8 @@ steps(iter(tf.data.Dataset.from_tensors(1.0).repeat(2)))
 
 
 def test_too_few_batches_for_an_execution_is_a_clear_error(tmp_path):
-    manifest = job_manifest(script=None, command=[sys.executable, "-c", SCRIPT], args=[], workers={"replicas": 1})
+    # No restarts (backoffLimit 0): each would run out of data the same way.
+    manifest = job_manifest(script=None, command=[sys.executable, "-c", SCRIPT], args=[], workers={"replicas": 1}, runPolicy={"backoffLimit": 0})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode != 0
     assert "the data ran out within an execution of" in result.stderr, result.stderr[-3000:]
