@@ -85,8 +85,8 @@ def main() -> None:
             memory.append(memory_with_jobs(args.jobs, root / f"m{run}"))
             print(f"  run {run + 1}: RSS idle {memory[-1][0]:.0f} MiB, with {args.jobs} jobs median {memory[-1][1]:.0f} MiB, peak {memory[-1][2]:.0f} MiB", flush=True)
     print()
-    print(f"| measurement | median | min | max |")
-    print(f"| --- | --- | --- | --- |")
+    print("| measurement | median | min | max |")
+    print("| --- | --- | --- | --- |")
     print(f"| create {args.workers}-worker job until all pods exist (s) | {statistics.median(creation):.2f} | {min(creation):.2f} | {max(creation):.2f} |")
     for label, column in (("idle", 0), (f"managing {args.jobs} jobs, median", 1), (f"managing {args.jobs} jobs, peak", 2)):
         values = [m[column] for m in memory]
