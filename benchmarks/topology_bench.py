@@ -45,9 +45,9 @@ import time
 from pathlib import Path
 
 from caramel.allreduce.simulate import choose_allreduce
+from caramel.collectives.tree_transport import CONGESTION_CONTROL, PIECE_BYTES
 from caramel.network.model import Link, Topology
 from caramel.network.wire import to_json
-from caramel.collectives.tree_transport import CONGESTION_CONTROL, PIECE_BYTES
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import EmulatedCluster, HarnessError, rack_of

@@ -23,9 +23,9 @@ import tensorflow as tf
 
 from benchmarks.plain_horovod import horovod_tensorflow
 from caramel.allreduce.multitree_schedule import multitree
+from caramel.collectives.tree_transport import CONGESTION_CONTROL, PIECE_BYTES, TreeTransport
 from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
-from caramel.collectives.tree_transport import CONGESTION_CONTROL, PIECE_BYTES, TreeTransport
 
 MEGABYTE = 2**20
 WARM_UP_BYTES = MEGABYTE

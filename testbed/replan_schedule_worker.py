@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import time
 
+from caramel.collectives.tensorflow_backend import TensorFlowBackend
 from caramel.contract.api import Scheduling
 from caramel.contract.lab import LabScheduling
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepTimes, TransferTiming
-from caramel.collectives.tensorflow_backend import TensorFlowBackend
 from caramel.tensorflow.replanner import Replanner
 
 GRADIENT_SIZES = [(64 * 1024 * 4, 4)] * 8  # eight float32 gradients of 64 Ki elements

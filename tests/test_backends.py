@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caramel.contract.api import Backend as BackendChoice
-from caramel.contract.api import CaramelJob
-from caramel.contract.env import WorkerContract, slot_env, worker_env
 from caramel.collectives import backend as backends
 from caramel.collectives.backend import ReduceOp, chosen
 from caramel.collectives.tensorflow_backend import BUCKET_BYTES, COPY_KEY_STRIDE, MAX_COPIES, TensorFlowBackend, release_buckets
+from caramel.contract.api import Backend as BackendChoice
+from caramel.contract.api import CaramelJob
+from caramel.contract.env import WorkerContract, slot_env, worker_env
 
 
 def contract(backend: str) -> WorkerContract:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from caramel.collectives.backend import horovod_installed
 from caramel.contract.env import worker_command, worker_env
 from caramel.contract.jobfile import parse_job
-from caramel.collectives.backend import horovod_installed
 from conftest import REPO, SMALL_EXAMPLE, free_port_block
 
 pytestmark = pytest.mark.e2e

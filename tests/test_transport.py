@@ -18,9 +18,9 @@ from caramel.allreduce.baseline_schedules import halving_doubling, hierarchical,
 from caramel.allreduce.chunk_schedule import ChunkTransfer, Schedule
 from caramel.allreduce.multitree_schedule import multitree
 from caramel.allreduce.replay import replay
+from caramel.collectives.tree_transport import SUPPORTED_DTYPES, TransportError, TreeTransport
 from caramel.network.model import Link, Topology
 from caramel.network.synthetic import racks, torus
-from caramel.collectives.tree_transport import SUPPORTED_DTYPES, TransportError, TreeTransport
 from conftest import REPO, free_port_block
 
 DTYPES = {name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for name in SUPPORTED_DTYPES}
@@ -302,8 +302,8 @@ def test_a_peer_that_left_fails_the_next_call_by_name():
 DYING_RANK = """
 import sys, time
 from caramel.allreduce.multitree_schedule import multitree
-from caramel.network.synthetic import racks
 from caramel.collectives.tree_transport import TreeTransport
+from caramel.network.synthetic import racks
 where = [("127.0.0.1", int(port)) for port in sys.argv[1:]]
 transport = TreeTransport(multitree(racks(1, len(where), 1.0, 1.0)), len(where) - 1, where)
 print("connected", flush=True)

@@ -17,9 +17,9 @@ import numpy as np
 import tensorflow as tf
 
 from caramel.allreduce.multitree_schedule import multitree
+from caramel.collectives.tree_transport import TreeTransport
 from caramel.contract.env import WorkerContract
 from caramel.network.wire import job_topology
-from caramel.collectives.tree_transport import TreeTransport
 
 # The drop-ins' gradient dtypes, with a tolerance for sums taken in different orders.
 TOLERANCES = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3,

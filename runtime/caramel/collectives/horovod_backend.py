@@ -18,9 +18,9 @@ import tensorflow as tf
 # stand-in's package loads Caramel's Horovod API only on first use of one of its names (PEP 562).
 from horovod.tensorflow import mpi_ops
 
-from caramel.contract.env import WorkerContract
 from caramel.collectives.backend import Backend, ReduceOp
 from caramel.collectives.fusion import per_dtype
+from caramel.contract.env import WorkerContract
 
 OPS = {ReduceOp.SUM: mpi_ops.Sum, ReduceOp.AVERAGE: mpi_ops.Average, ReduceOp.MIN: mpi_ops.Min, ReduceOp.MAX: mpi_ops.Max}
 # Horovod caches the negotiation of this many tensors (its default is 1024). A graph of several

@@ -14,14 +14,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from caramel.allreduce.multitree_schedule import multitree
-from caramel.contract.env import WorkerContract
-from caramel.network.wire import job_topology
 from caramel.collectives.fusion import joined
 from caramel.collectives.tree_transport import TreeTransport
+from caramel.contract.env import WorkerContract
+from caramel.network.wire import job_topology
 
 
 class MultitreeReduce:
-    """A `collectives.Reduce` that runs the job's MULTITREE schedule between the ranks."""
+    """A `caramel.tensorflow.planned_transfers.Reduce` that runs the job's MULTITREE schedule between the ranks."""
 
     def __init__(self, contract: WorkerContract, rank: int) -> None:
         self._contract = contract

@@ -32,9 +32,9 @@ from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.core.protobuf import cluster_pb2, config_pb2, tensorflow_server_pb2
 from tensorflow.python.eager import context
 
-from caramel.contract.env import WorkerContract
 from caramel.collectives.backend import Backend, ReduceOp
 from caramel.collectives.fusion import joined
+from caramel.contract.env import WorkerContract
 
 JOB = "worker"
 GROUP_KEY = 1

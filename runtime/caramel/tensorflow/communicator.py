@@ -7,7 +7,7 @@ Where a step is traced decides how its gradients travel:
   - the backend's own way (`Backend.own_way`): on Horovod each gradient its own allreduce, as
     `hvd.DistributedGradientTape` sends them, fused by Horovod's background thread; on TensorFlow
     one packed collective, as MultiWorkerMirroredStrategy sends them; no order, no stamps;
-  - the plan in force: its transfers as the backend's collectives (`collectives.py`), in its order and
+  - the plan in force: its transfers as the backend's collectives (`planned_transfers.py`), in its order and
     window, with stamps of when each transfer's gradients existed and when it ended
     (`stamps.py`), which, read between executions, give the step's timings
     (`caramel.planner.timing`) for the metrics and the replanner.
@@ -41,20 +41,20 @@ import numpy as np
 import tensorflow as tf
 
 from caramel.allreduce.simulate import choose_allreduce
+from caramel.collectives.backend import Backend, ReduceOp
+from caramel.collectives.multitree import MultitreeReduce
+from caramel.collectives.tree_transport import SUPPORTED_DTYPES
 from caramel.contract.api import Allreduce, Tuning
-from caramel.contract.lab import LAB_SCHEDULING, Collective
 from caramel.contract.env import WorkerContract
+from caramel.contract.lab import LAB_SCHEDULING, Collective
 from caramel.network.wire import job_topology
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.timing import StepStamps, StepTimes, backward_seconds_from_releases, execution_times
-from caramel.collectives.backend import Backend, ReduceOp
-from caramel.tensorflow.planned_transfers import Chain, run_split_transfers, run_transfers
 from caramel.tensorflow.graph_choice import CARAMEL
+from caramel.tensorflow.planned_transfers import Chain, run_split_transfers, run_transfers
 from caramel.tensorflow.selector import OWN_WAY, PLANNED
 from caramel.tensorflow.stamps import StampBook
 from caramel.tensorflow.step_control import StepControl
-from caramel.collectives.multitree import MultitreeReduce
-from caramel.collectives.tree_transport import SUPPORTED_DTYPES
 
 # The name of the `switch_case` of the two ways (arms) in a step's graph.
 ARMS_NAME = "caramel_arms"

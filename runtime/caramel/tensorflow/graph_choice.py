@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from caramel.planner.rounds import BLOCK_PAIRS
 from caramel.collectives.backend import Backend
+from caramel.planner.rounds import BLOCK_PAIRS
 from caramel.tensorflow.selector import MIN_GAIN
 
 CARAMEL, OWN_GRAPH = "caramel", "own"

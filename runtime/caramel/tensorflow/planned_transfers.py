@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from caramel.planner.transfers import Transfer
 from caramel.collectives.backend import Backend
+from caramel.planner.transfers import Transfer
 
 # Collectives in flight at once: with two, the next transfer is already queued when the current
 # one ends.

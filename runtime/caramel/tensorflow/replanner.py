@@ -45,9 +45,9 @@ from caramel.planner.schedule import (
     repays_retrace,
     simulate,
 )
+from caramel.collectives.backend import Backend, ReduceOp
 from caramel.planner.search import Search, plan_document, plan_from
 from caramel.planner.timing import StepTimes, typical_backward_seconds
-from caramel.collectives.backend import Backend, ReduceOp
 
 # Steps whose timings the replanner remembers for release times.
 RECENT_STEPS = 16

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from caramel.collectives.backend import Backend, chosen, set_up
 from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
-from caramel.collectives.backend import Backend, chosen, set_up
 from caramel.tensorflow import stopping
 from caramel.tensorflow.communicator import GradientCommunicator
 from caramel.tensorflow.keras_version import keras_2

@@ -2,7 +2,7 @@
 
 Every step's graph holds two ways (arms) to average its gradients: the backend's own
 (`Backend.own_way`: exactly as `hvd.DistributedGradientTape`, or MultiWorkerMirroredStrategy,
-does it) and the plan in force (`collectives.py`). A prediction can be wrong; a measurement of both
+does it) and the plan in force (`planned_transfers.py`). A prediction can be wrong; a measurement of both
 on this job, this model and this link cannot be wrong in the same way. So the graph measures
 both and keeps the faster: Caramel is then never slower than the backend's own way by more than what
 the measuring costs, whatever its planner predicted.
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from caramel.planner.rounds import BLOCK_PAIRS, MIN_BLOCK_STEPS
 from caramel.collectives.backend import Backend
+from caramel.planner.rounds import BLOCK_PAIRS, MIN_BLOCK_STEPS
 
 OWN_WAY, PLANNED = 0, 1
 """The arms: the backend's own way, and the plan in force."""

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from caramel.collectives.backend import Backend
 from caramel.contract.env import WorkerContract
 from caramel.planner.linkmodel import LinkModel
 from caramel.planner.rounds import MIN_BLOCK_STEPS, block_steps
-from caramel.collectives.backend import Backend
 from caramel.tensorflow.graph_choice import CARAMEL, OWN_GRAPH, GraphChoice
 from caramel.tensorflow.replanner import ProbeAllreduce, Replanner
 from caramel.tensorflow.selector import ArmSelector

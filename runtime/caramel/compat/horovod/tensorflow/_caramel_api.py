@@ -35,8 +35,8 @@ from typing import Any
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from caramel.tensorflow import runtime as _caramel_runtime
 from caramel.collectives.backend import ReduceOp, horovod_installed
+from caramel.tensorflow import runtime as _caramel_runtime
 from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from horovod import _caramel_keras2_idioms, _caramel_rounds
 from horovod._caramel_support import refuse, unsupported
