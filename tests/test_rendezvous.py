@@ -15,6 +15,10 @@ import pytest
 
 from caramel.launch.gloo_store import scope_sizes
 from caramel.launch.rendezvous import (
+    LEASE_SECONDS,
+    SETTLE_SECONDS,
+    SURVIVOR_PATIENCE_SECONDS,
+    Beats,
     GangFinished,
     Host,
     OpenRound,
@@ -84,6 +88,61 @@ def test_an_elastic_gangs_later_round_is_its_survivors_once_they_settle_and_take
     assert rounds.join(FOUR[2], member="again", after=1) == 2  # a retried join, or another process of that worker
 
 
+def test_an_elastic_round_waits_for_a_survivor_whose_worker_is_alive_until_it_joins_or_is_gone():
+    """The defect of a Keras survivor that freed its failed step for 12 s: the round closed 3 s
+    after the others joined and left it out, while its worker still said it was alive."""
+    clock = Clock()
+    rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
+    for host in FOUR:
+        rounds.join(host, member=host.name)
+        rounds.alive(host.name, host.name)
+    # Worker 3 is lost and says so; worker 2 is a slow survivor, still alive.
+    rounds.gone("job-worker-3", "job-worker-3")
+    clock.now = 10.0
+    rounds.join(FOUR[0], member="job-worker-0", after=0)
+    rounds.join(FOUR[1], member="job-worker-1", after=0)
+    for now in (13.0, 20.0, 30.0):
+        clock.now = now
+        rounds.alive("job-worker-2", "job-worker-2")
+        assert rounds.status(1) == OpenRound(1, joined=("job-worker-0", "job-worker-1"), waiting_for=("job-worker-2", "job-worker-3"))
+    rounds.join(FOUR[2], member="job-worker-2", after=0)
+    clock.now = 33.0
+    assert rounds.status(1) == Round(1, FOUR[:3])
+
+
+@pytest.mark.parametrize(
+    "how_it_goes",
+    ["says it is gone", "falls silent", "is waited for too long", "is replaced by a worker started again"],
+)
+def test_an_elastic_round_closes_without_a_survivor_that(how_it_goes):
+    clock = Clock()
+    rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
+    for host in FOUR:
+        rounds.join(host, member=host.name)
+        rounds.alive(host.name, host.name)
+    rounds.gone("job-worker-3", "job-worker-3")
+    clock.now = 10.0
+    for host in FOUR[:2]:
+        rounds.join(host, member=host.name, after=0)
+    clock.now = 13.0
+    rounds.alive("job-worker-2", "job-worker-2")
+    assert isinstance(rounds.status(1), OpenRound)
+    if how_it_goes == "says it is gone":
+        rounds.gone("job-worker-2", "job-worker-2")
+    elif how_it_goes == "falls silent":
+        clock.now = 13.0 + LEASE_SECONDS
+    elif how_it_goes == "is waited for too long":
+        for now in range(14, 10 + int(SURVIVOR_PATIENCE_SECONDS)):
+            clock.now = now
+            rounds.alive("job-worker-2", "job-worker-2")
+            assert isinstance(rounds.status(1), OpenRound)
+        clock.now = 10.0 + SURVIVOR_PATIENCE_SECONDS
+    else:  # its old process is gone with its pod; the new one beats under another member id
+        rounds.alive("job-worker-2", "again")
+        clock.now = 13.0 + LEASE_SECONDS
+    assert rounds.status(1) == Round(1, FOUR[:2])
+
+
 def test_an_elastic_round_never_closes_without_worker_0_whose_state_the_others_take():
     clock = Clock()
     rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
@@ -144,6 +203,33 @@ def test_members_see_a_worker_waiting_to_rejoin_them_over_http():
         assert serving.rounds.finish() == ("job-worker-1",)
         late.join(timeout=5)
         assert isinstance(results["late"], GangFinished)
+    finally:
+        serving.stop()
+
+
+def test_a_round_waits_over_http_for_a_worker_that_says_its_training_processes_run_until_they_end():
+    port = free_port()
+    serving = RendezvousServer(port, GANG, fewest=1)
+    serving.start()
+    try:
+        results: dict = {}
+        threads = [join_in_thread(port, host, results, threading.Event(), []) for host in GANG]
+        for thread in threads:
+            thread.join(timeout=10)
+        beats = Beats("127.0.0.1", port, "job-worker-1", member="")
+        beats.start()
+        # Worker 0's ranks broke and it meets again; worker 1 is alive, so round 1 waits past its settling.
+        waiting = threading.Thread(target=lambda: results.__setitem__("again", join_round("127.0.0.1", port, GANG[0], 30, threading.Event(), after=0)))
+        waiting.start()
+        waiting.join(timeout=SETTLE_SECONDS + 0.5)
+        assert waiting.is_alive()
+        beats.end()
+        waiting.join(timeout=5)
+        assert results["again"] == Round(1, GANG[:1])
+        assert request(port, "PUT", "/caramel/alive/stranger", b'{"member": "x", "alive": true}')[0] == 409
+        assert json.loads(request(port, "PUT", "/caramel/alive/job-worker-1", b'{"alive": true}')[1]) == {
+            "error": 'a word of life carries {"member": ID, "alive": true|false}'
+        }
     finally:
         serving.stop()
 

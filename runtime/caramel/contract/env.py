@@ -189,6 +189,12 @@ class WorkerContract:
         return global_batch // self.world_size + (self.rank < global_batch % self.world_size)
 
     @property
+    def may_run_short(self) -> bool:
+        """Whether the gang may train on with fewer workers than it has (spec.workers.minReplicas
+        below replicas): an elastic script's ranks then re-form when one is lost."""
+        return self.min_workers * self.slots_per_worker < self.full_world_size
+
+    @property
     def required_rank(self) -> int:
         """This training process's rank (HOROVOD_RANK, which every training process has)."""
         if self.rank is None:

@@ -45,6 +45,7 @@ from caramel.launch.rendezvous import (
     MEMBER_VARIABLE,
     POLL_SECONDS,
     ROUND_VARIABLE,
+    Beats,
     GangFinished,
     RendezvousServer,
     first_round_closed,
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             member = uuid.uuid4().hex
             if contract.worker_index and first_round_closed(address, contract.rendezvous_port, contract.rendezvous_timeout_seconds, stop.event, say):
                 say("back to an elastic gang that trains: its training processes join the ranks at their next commit")
-                return _run_slots(contract, argv, say, stop, {ROUND_VARIABLE: JOIN_WHEN_READY, MEMBER_VARIABLE: member})
+                rejoining = {ROUND_VARIABLE: JOIN_WHEN_READY, MEMBER_VARIABLE: member}
+                return _run_slots(contract, argv, say, stop, _beats(contract, address, member), rejoining)
             joined = join_round(
                 address, contract.rendezvous_port, gang[contract.worker_index], contract.rendezvous_timeout_seconds, stop.event, say, member
             )
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"all {len(joined.hosts)} workers joined round {joined.number} of the rendezvous: {joined.world_size} ranks")
         host = gang[contract.worker_index].name
         slot_ranks = [{**joined.rank_env(host, slot), MEMBER_VARIABLE: member} for slot in range(contract.slots_per_worker)]
-        status = _run_slots(contract, argv, say, stop, *slot_ranks)
+        status = _run_slots(contract, argv, say, stop, _beats(contract, address, member), *slot_ranks)
         if server and status == 0 and server.rounds.finish():
             # A worker waiting to rejoin an elastic gang learns at its next look that the gang is done.
             time.sleep(2 * POLL_SECONDS)
@@ -156,9 +158,20 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
 
 
-def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop, *slot_ranks: dict[str, str]) -> int:
+def _beats(contract: WorkerContract, address: str, member: str) -> Beats | None:
+    """This worker's word to the rendezvous that its training processes run, where its gang may
+    run short: a round the survivors of a lost worker meet at then waits for them."""
+    if not contract.may_run_short:
+        return None
+    return Beats(address, contract.rendezvous_port, parse_hosts(contract.hosts)[contract.worker_index].name, member)
+
+
+def _run_slots(
+    contract: WorkerContract, argv: list[str], say: Callable[[str], None], stop: Stop, beats: Beats | None, *slot_ranks: dict[str, str]
+) -> int:
     """Run the training processes, each slot with its variables of `slot_ranks` (its ranks in the
-    round joined), or all with the one given (join when ready)."""
+    round joined), or all with the one given (join when ready), saying they run with `beats`
+    while they do (until one fails: then they are stopped, and no survivor to wait for)."""
     reports: list[ProgressReport] = []
     # Per rank, for a failure summary: its first error line and the line after it (a C++
     # exception's what()), and its last lines.
@@ -190,18 +203,28 @@ def _run_slots(contract: WorkerContract, argv: list[str], say: Callable[[str], N
     def headline(slot: int, returncode: int) -> str:
         return f"rank {ranks[slot]} {describe_exit(returncode)}"
 
+    def failed(slot: int, returncode: int) -> None:
+        say(f"{headline(slot, returncode)}; stopping the other ranks")
+        if beats:
+            beats.end()
+
+    if beats:
+        beats.start()
     try:
         end = run_gang(
             len(envs),
             lambda slot: stop.started(spawn(argv, envs[slot])),
             relay,
             stop_reason=lambda: "stopped" if stop.event.is_set() else None,
-            on_failure=lambda slot, returncode: say(f"{headline(slot, returncode)}; stopping the other ranks"),
+            on_failure=failed,
             poll_seconds=0.1,
         )
     except CannotStart as cannot:
         say(f"cannot start {argv[0]!r}: {cannot.error.strerror} (check spec.script or spec.command)")
         return EXIT_CANNOT_START
+    finally:
+        if beats:
+            beats.end()
     if end.failed is not None and end.returncode is not None and end.failed_at is not None:
         rank = ranks[end.failed]
         message = failure_message(headline(end.failed, end.returncode), end.failed_at, first_errors.get(rank, []), last_lines[rank])

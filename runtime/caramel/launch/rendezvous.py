@@ -9,10 +9,14 @@ before all are there. A gang that may run short (CARAMEL_MIN_WORKERS below its w
 again while it trains, when an elastic script re-forms its ranks (Horovod's `hvd.elastic`): a
 later round's members are the workers alive, and it closes once every member of the round before
 has joined again (a worker that came back joins it too), or, where some never come (lost), once
-no one has joined for SETTLE_SECONDS and at least the fewest workers, worker 0 among them, are in:
-rank 0 is always worker 0, whose state the others take (a worker that came back has none to
-give), and whose loss restarts the whole gang. A worker that joins while the others train waits in the open round: they see it
-there (`check_host_updates`) and join it.
+no one has joined for SETTLE_SECONDS, at least the fewest workers, worker 0 among them, are in,
+and every member missing is gone: rank 0 is always worker 0, whose state the others take (a
+worker that came back has none to give), and whose loss restarts the whole gang. A member is gone
+once its worker says so or stops saying it is alive (`PUT /caramel/alive/<worker>` every
+BEAT_SECONDS while its training processes run, `DELETE` when they end: `Beats`); a survivor
+whose worker is alive is waited for, however long its failing collective and its clean-up take,
+up to SURVIVOR_PATIENCE_SECONDS. A worker that joins while the others train waits in the open
+round: they see it there (`check_host_updates`) and join it.
 
 Each round, once closed, also has a key-value store in the layout of Horovod's Gloo rendezvous
 (`gloo_store.GlooStore`, every path that is not `/caramel/...`): on the horovod backend,
@@ -25,6 +29,7 @@ loopback; the others join at HOROVOD_GLOO_RENDEZVOUS_ADDR, waiting for the serve
 
 from __future__ import annotations
 
+import functools
 import http.client
 import http.server
 import json
@@ -39,6 +44,7 @@ from caramel.launch.gloo_store import GlooStore
 
 CARAMEL_PATH = "/caramel/"
 JOIN = re.compile(r"/caramel/join/([^/]+)")
+ALIVE = re.compile(r"/caramel/alive/([^/]+)")
 ROUND = re.compile(r"/caramel/round/([0-9]+)")
 ROUND_VARIABLE = "CARAMEL_ROUND"
 """The round a training process's ranks come from (set by its worker: `Round.rank_env`), or
@@ -57,6 +63,16 @@ GONE = 410
 # last join: survivors of a lost worker see their collective fail within milliseconds of each
 # other, while a survivor in the middle of a step's computation joins once its next collective fails.
 SETTLE_SECONDS = 3.0
+# A worker of an elastic gang says it is alive this often while its training processes run; one
+# not heard from for LEASE_SECONDS is gone (its pod was lost, with no word).
+BEAT_SECONDS = 1.0
+LEASE_SECONDS = 3 * BEAT_SECONDS
+BEAT_TIMEOUT_SECONDS = BEAT_SECONDS
+# How long a later round waits for a survivor whose worker is alive: its collective fails within
+# the Gloo peer timeout, and freeing what the failed step held (Keras fit's data iterator) takes
+# seconds more on a loaded machine (measured: 12 s and more on 2 cores). One stuck past this is
+# left out; it joins the round after, and the others take it in at their next commit.
+SURVIVOR_PATIENCE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +166,10 @@ class Rounds:
         self._joined: dict[str, str] = {}
         """The open round's workers, by name: their member ids."""
         self._last_join = 0.0
+        self._reforming_since: float | None = None
+        """When the first member of the last closed round joined the open one (its ranks broke then)."""
+        self._heard: dict[tuple[str, str], float] = {}
+        """When each worker process (name, member) last said it is alive; gone ones are dropped."""
         self._closed: list[Round] = []
         self._members: list[dict[str, str]] = []
         """Each closed round's member ids, by worker."""
@@ -174,10 +194,24 @@ class Rounds:
             for number in range(len(self._closed) - 1, after, -1):
                 if self._members[number].get(host.name) == member:
                     return number
+            if self._reforming_since is None and self._closed and host.name in self._members[-1]:
+                self._reforming_since = self._clock()
             self._joined[host.name] = member
             self._last_join = self._clock()
             self._close_if_due()
             return len(self._closed) - 1 if not self._joined else len(self._closed)
+
+    def alive(self, host_name: str, member: str) -> None:
+        """Worker process `member` of `host_name` says its training processes run."""
+        with self._lock:
+            self._check_member_name(host_name)
+            self._heard[(host_name, member)] = self._clock()
+
+    def gone(self, host_name: str, member: str) -> None:
+        """Worker process `member` of `host_name` says its training processes have ended."""
+        with self._lock:
+            self._heard.pop((host_name, member), None)
+            self._close_if_due()
 
     def status(self, number: int) -> Round | OpenRound:
         """Round `number` once closed; while it is open, who joined it and whom it waits for."""
@@ -201,11 +235,15 @@ class Rounds:
 
     def _check_member(self, host: Host) -> None:
         """The contract's rule: only the gang's workers, each with its slots."""
-        member = next((known for known in self.gang if known.name == host.name), None)
-        if member is None:
-            raise Refused(f"{host.name} is not a worker of this gang ({', '.join(known.name for known in self.gang)})")
+        member = self._check_member_name(host.name)
         if member.slots != host.slots:
             raise Refused(f"{host.name} runs {host.slots} training processes; the gang gives it {member.slots}")
+
+    def _check_member_name(self, name: str) -> Host:
+        member = next((known for known in self.gang if known.name == name), None)
+        if member is None:
+            raise Refused(f"{name} is not a worker of this gang ({', '.join(known.name for known in self.gang)})")
+        return member
 
     def _close_if_due(self) -> None:
         """Close the open round where the gang's rule says it is complete (see the module's docstring)."""
@@ -215,15 +253,25 @@ class Rounds:
             if len(self._joined) == len(self.gang):
                 self._close()
             return
-        before = {host.name for host in self._closed[-1].hosts}
-        if before <= self._joined.keys():
+        missing = [host.name for host in self._closed[-1].hosts if host.name not in self._joined]
+        if not missing:
             self._close()
         elif (
             self._clock() - self._last_join >= self.settle_seconds
             and len(self._joined) >= self.fewest
             and self.gang[0].name in self._joined
+            and not any(self._survivor_may_come(name) for name in missing)
         ):
             self._close()
+
+    def _survivor_may_come(self, name: str) -> bool:
+        """Whether `name`, a member of the round before that has not joined this one, may still:
+        its worker process is alive (heard within LEASE_SECONDS) and the round has waited less
+        than SURVIVOR_PATIENCE_SECONDS for it."""
+        now = self._clock()
+        heard = self._heard.get((name, self._members[-1][name]))
+        waited = now - (self._reforming_since or now)
+        return heard is not None and now - heard < LEASE_SECONDS and waited < SURVIVOR_PATIENCE_SECONDS
 
     def _close(self) -> None:
         """Close the open round: its workers in the gang's order, with a fresh store."""
@@ -232,6 +280,7 @@ class Rounds:
         self._closed.append(closed)
         self._members.append(self._joined)
         self._joined = {}
+        self._reforming_since = None
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -251,6 +300,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._answer(GONE, {"error": str(finished)})
             except (ValueError, KeyError, TypeError):
                 self._answer(400, {"error": 'a join carries {"slots": N}'})
+            return
+        alive = ALIVE.fullmatch(self.path)
+        if alive:
+            try:
+                said = json.loads(body)
+                if said["alive"]:
+                    self.server.rounds.alive(alive.group(1), str(said["member"]))
+                else:
+                    self.server.rounds.gone(alive.group(1), str(said["member"]))
+                self._answer(200, None)
+            except Refused as refused:
+                self._answer(409, {"error": str(refused)})
+            except (ValueError, KeyError, TypeError):
+                self._answer(400, {"error": 'a word of life carries {"member": ID, "alive": true|false}'})
             return
         scope_key = self._scope_key()
         if scope_key:
@@ -345,6 +408,40 @@ class RendezvousServer:
         self._thread.join()
 
 
+class Beats:
+    """A worker process's word to the rendezvous of an elastic gang that its training processes
+    run, so that a later round waits for them (`Rounds`): every BEAT_SECONDS from a thread, from
+    `start()` until `end()`, which says they have ended. A word that finds no rendezvous is
+    dropped: the ranks learn of a lost rendezvous themselves."""
+
+    def __init__(self, address: str, port: int, host_name: str, member: str) -> None:
+        self._say = functools.partial(_tell, address, port, f"/caramel/alive/{host_name}", member)
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="rendezvous-beats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def end(self) -> None:
+        """Say the training processes have ended (at once: a round then need not wait for them)."""
+        if not self._ended.is_set():
+            self._ended.set()
+            self._thread.join()
+            self._say(alive=False)
+
+    def _beat(self) -> None:
+        while not self._ended.is_set():
+            self._say(alive=True)
+            self._ended.wait(BEAT_SECONDS)
+
+
+def _tell(address: str, port: int, path: str, member: str, alive: bool) -> None:
+    try:
+        _request(address, port, "PUT", path, {"member": member, "alive": alive}, timeout_seconds=BEAT_TIMEOUT_SECONDS)
+    except (OSError, RuntimeError):
+        pass
+
+
 class _Patience:
     """One wait at the rendezvous: its timeout, and what it tells while it lasts (at once, then
     about every 10 s)."""
@@ -427,10 +524,17 @@ def waiting_to_join(address: str, port: int, after: int) -> tuple[str, ...]:
     return tuple(status["joined"])
 
 
-def _request(address: str, port: int, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+def _request(
+    address: str,
+    port: int,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
     """One request to the rendezvous and its JSON answer. Connection failures are OSErrors (the
     server is not up yet); a refusal is a RuntimeError with the server's reason."""
-    connection = http.client.HTTPConnection(address, port, timeout=REQUEST_TIMEOUT_SECONDS)
+    connection = http.client.HTTPConnection(address, port, timeout=timeout_seconds)
     try:
         connection.request(method, path, body=json.dumps(body).encode() if body is not None else None)
         response = connection.getresponse()

@@ -155,8 +155,7 @@ def _meet(contract: WorkerContract, slot: int, after: int) -> Round:
 def is_elastic() -> bool:
     """Whether the gang may run short (spec.workers.minReplicas below replicas): an elastic
     script's ranks then re-form; otherwise they form a fixed gang."""
-    contract = current().contract
-    return contract.min_workers * contract.slots_per_worker < contract.full_world_size
+    return current().contract.may_run_short
 
 
 def _round() -> int:
