@@ -109,6 +109,36 @@ def test_a_commit_that_cannot_be_kept_fails_naming_the_object():
     assert "hvd.elastic state: state.lock (lock) cannot be committed" in printed
 
 
+def test_a_failed_steps_frames_are_freed_aside_so_that_the_survivors_meet_at_once():
+    """What a lost peer's failure holds (a Keras fit's frames, with its data iterator, whose
+    threads can take seconds to stop) is freed in a thread of its own, not on the way to the rendezvous."""
+    result = run_one_rank("""
+    import threading, time
+    from horovod.tensorflow.elastic import _let_go_aside
+    freed_in = []
+    class DataIterator:
+        def __del__(self):
+            time.sleep(0.5)
+            freed_in.append(threading.current_thread().name)
+    def step():
+        iterator = DataIterator()
+        raise RuntimeError("a peer was lost")
+    failure = []
+    try:
+        step()
+    except RuntimeError as error:
+        failure.append(error)
+    _let_go_aside(failure)
+    assert not freed_in, "freed on the main thread"
+    deadline = time.monotonic() + 30
+    while not freed_in and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("freed in", freed_in)
+    """, {"replicas": 1})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "freed in ['caramel-failed-step']" in result.stdout, result.stdout[-3000:]
+
+
 def test_elastic_with_caramels_own_training_run_is_refused_saying_which_to_use():
     printed = refusals("""
     from caramel.tensorflow.training import TrainingRun

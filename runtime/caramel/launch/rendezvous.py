@@ -69,8 +69,8 @@ BEAT_SECONDS = 1.0
 LEASE_SECONDS = 3 * BEAT_SECONDS
 BEAT_TIMEOUT_SECONDS = BEAT_SECONDS
 # How long a later round waits for a survivor whose worker is alive: its collective fails within
-# the Gloo peer timeout, and freeing what the failed step held (Keras fit's data iterator) takes
-# seconds more on a loaded machine (measured: 12 s and more on 2 cores). One stuck past this is
+# the Gloo peer timeout, and what it does before it joins can take seconds more on a loaded
+# machine (benchmarks/results/2026-11-29-keras-elastic-reform-time.txt). One stuck past this is
 # left out; it joins the round after, and the others take it in at their next commit.
 SURVIVOR_PATIENCE_SECONDS = 60.0
 

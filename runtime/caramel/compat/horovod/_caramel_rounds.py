@@ -102,6 +102,10 @@ def lost_peers_raised() -> Iterator[None]:
         yield
     except tf.errors.OpError as error:
         if any(name in (error.message or "").lower() for name in ("gloo", "horovod")):
+            # Leave the broken ranks now, not once the failed step is freed (a Keras fit's data
+            # iterator can take seconds): a peer blocked on this rank fails at once instead of
+            # after the peer timeout.
+            current().backend.leave()
             raise HorovodInternalError(error) from error
         raise
 

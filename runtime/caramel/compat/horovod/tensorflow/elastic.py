@@ -28,6 +28,7 @@ came after, and an object that cannot be pickled fails at the commit, naming it.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -229,20 +230,32 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
             return func(state, *args, **kwargs)
         skip_sync = False
         while True:
+            failure: list[BaseException] = []
             try:
                 if not skip_sync:
                     with _rounds.lost_peers_raised():
                         state.sync()
                 return func(state, *args, **kwargs)
-            except HorovodInternalError:
+            except HorovodInternalError as error:
+                failure.append(error)
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
+            _let_go_aside(failure)
             reset()
             state.on_reset()
 
     return wrapper
+
+
+def _let_go_aside(failure: list[BaseException]) -> None:
+    """Let go of a failed step's exception (the only reference left to it is in `failure`) in a
+    thread of its own. Its traceback holds the step's frames, and freeing them can wait seconds
+    for a Keras fit's data iterator to stop its threads, while the survivors should meet at once
+    (benchmarks/results/2026-11-29-keras-elastic-reform-time.txt)."""
+    if failure:
+        threading.Thread(target=failure.clear, name="caramel-failed-step", daemon=True).start()
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
