@@ -88,19 +88,25 @@ def test_an_elastic_gangs_later_round_is_its_survivors_once_they_settle_and_take
     assert rounds.join(FOUR[2], member="again", after=1) == 2  # a retried join, or another process of that worker
 
 
-def test_an_elastic_round_waits_for_a_survivor_whose_worker_is_alive_until_it_joins_or_is_gone():
-    """The defect of a Keras survivor that freed its failed step for 12 s: the round closed 3 s
-    after the others joined and left it out, while its worker still said it was alive."""
+def lost_worker_3_and_slow_worker_2() -> tuple[Rounds, Clock]:
+    """Four alive workers in round 0; worker 3 is lost and says so, workers 0 and 1 join round 1
+    at 10 s, and worker 2, a slow survivor, is still alive."""
     clock = Clock()
     rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
     for host in FOUR:
         rounds.join(host, member=host.name)
         rounds.alive(host.name, host.name)
-    # Worker 3 is lost and says so; worker 2 is a slow survivor, still alive.
     rounds.gone("job-worker-3", "job-worker-3")
     clock.now = 10.0
-    rounds.join(FOUR[0], member="job-worker-0", after=0)
-    rounds.join(FOUR[1], member="job-worker-1", after=0)
+    for host in FOUR[:2]:
+        rounds.join(host, member=host.name, after=0)
+    return rounds, clock
+
+
+def test_an_elastic_round_waits_for_a_survivor_whose_worker_is_alive_until_it_joins_or_is_gone():
+    """The defect of a Keras survivor that freed its failed step for 12 s: the round closed 3 s
+    after the others joined and left it out, while its worker still said it was alive."""
+    rounds, clock = lost_worker_3_and_slow_worker_2()
     for now in (13.0, 20.0, 30.0):
         clock.now = now
         rounds.alive("job-worker-2", "job-worker-2")
@@ -115,15 +121,7 @@ def test_an_elastic_round_waits_for_a_survivor_whose_worker_is_alive_until_it_jo
     ["says it is gone", "falls silent", "is waited for too long", "is replaced by a worker started again"],
 )
 def test_an_elastic_round_closes_without_a_survivor_that(how_it_goes):
-    clock = Clock()
-    rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
-    for host in FOUR:
-        rounds.join(host, member=host.name)
-        rounds.alive(host.name, host.name)
-    rounds.gone("job-worker-3", "job-worker-3")
-    clock.now = 10.0
-    for host in FOUR[:2]:
-        rounds.join(host, member=host.name, after=0)
+    rounds, clock = lost_worker_3_and_slow_worker_2()
     clock.now = 13.0
     rounds.alive("job-worker-2", "job-worker-2")
     assert isinstance(rounds.status(1), OpenRound)
