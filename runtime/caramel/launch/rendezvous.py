@@ -12,10 +12,10 @@ has joined again (a worker that came back joins it too), or, where some never co
 no one has joined for SETTLE_SECONDS, at least the fewest workers, worker 0 among them, are in,
 and every member missing is gone: rank 0 is always worker 0, whose state the others take (a
 worker that came back has none to give), and whose loss restarts the whole gang. A member is gone
-once its worker says so or stops saying it is alive (`PUT /caramel/alive/<worker>` every
-BEAT_SECONDS while its training processes run, `DELETE` when they end: `Beats`); a survivor
-whose worker is alive is waited for, however long its failing collective and its clean-up take,
-up to SURVIVOR_PATIENCE_SECONDS. A worker that joins while the others train waits in the open
+once its worker says so or stops saying it is alive (`PUT /caramel/alive/<worker>`, `"alive":
+true` every BEAT_SECONDS while its training processes run, `false` when they end: `Beats`); a
+survivor whose worker is alive is waited for, however long its failing collective and its
+clean-up take, up to SURVIVOR_PATIENCE_SECONDS. A worker that joins while the others train waits in the open
 round: they see it there (`check_host_updates`) and join it.
 
 Each round, once closed, also has a key-value store in the layout of Horovod's Gloo rendezvous

@@ -105,7 +105,9 @@ def lost_peers_raised() -> Iterator[None]:
             # Leave the broken ranks now, not once the failed step is freed (a Keras fit's data
             # iterator can take seconds): a peer blocked on this rank fails at once instead of
             # after the peer timeout.
-            current().backend.leave()
+            backend = current().backend
+            if backend.reforms:
+                backend.leave()
             raise HorovodInternalError(error) from error
         raise
 
