@@ -128,10 +128,15 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
                 address = LOOPBACK  # its own server: no name to resolve, no network in between
             member = uuid.uuid4().hex
+            # Where the gang may run short, a round the survivors of a lost worker meet at waits for
+            # this worker's training processes while they run: it says so as long as they do.
+            beats = None
+            if contract.may_run_short:
+                beats = Beats(address, contract.rendezvous_port, gang[contract.worker_index].name, member)
             if contract.worker_index and first_round_closed(address, contract.rendezvous_port, contract.rendezvous_timeout_seconds, stop.event, say):
                 say("back to an elastic gang that trains: its training processes join the ranks at their next commit")
                 rejoining = {ROUND_VARIABLE: JOIN_WHEN_READY, MEMBER_VARIABLE: member}
-                return _run_slots(contract, argv, say, stop, _beats(contract, address, member), rejoining)
+                return _run_slots(contract, argv, say, stop, beats, rejoining)
             joined = join_round(
                 address, contract.rendezvous_port, gang[contract.worker_index], contract.rendezvous_timeout_seconds, stop.event, say, member
             )
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"all {len(joined.hosts)} workers joined round {joined.number} of the rendezvous: {joined.world_size} ranks")
         host = gang[contract.worker_index].name
         slot_ranks = [{**joined.rank_env(host, slot), MEMBER_VARIABLE: member} for slot in range(contract.slots_per_worker)]
-        status = _run_slots(contract, argv, say, stop, _beats(contract, address, member), *slot_ranks)
+        status = _run_slots(contract, argv, say, stop, beats, *slot_ranks)
         if server and status == 0 and server.rounds.finish():
             # A worker waiting to rejoin an elastic gang learns at its next look that the gang is done.
             time.sleep(2 * POLL_SECONDS)
@@ -156,14 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server:
             server.stop()
-
-
-def _beats(contract: WorkerContract, address: str, member: str) -> Beats | None:
-    """This worker's word to the rendezvous that its training processes run, where its gang may
-    run short: a round the survivors of a lost worker meet at then waits for them."""
-    if not contract.may_run_short:
-        return None
-    return Beats(address, contract.rendezvous_port, parse_hosts(contract.hosts)[contract.worker_index].name, member)
 
 
 def _run_slots(

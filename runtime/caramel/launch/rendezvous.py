@@ -68,7 +68,6 @@ SETTLE_SECONDS = 3.0
 # not heard from for LEASE_SECONDS is gone (its pod was lost, with no word).
 BEAT_SECONDS = 1.0
 LEASE_SECONDS = 3 * BEAT_SECONDS
-BEAT_TIMEOUT_SECONDS = BEAT_SECONDS
 # How long a later round waits for a survivor whose worker is alive: its collective fails within
 # the Gloo peer timeout, and what it does before it joins can take seconds more on a loaded
 # machine (benchmarks/results/2026-11-29-keras-elastic-reform-time.txt). One stuck past this is
@@ -441,7 +440,8 @@ class Beats:
 
 def _tell(address: str, port: int, path: str, member: str, alive: bool) -> None:
     try:
-        _request(address, port, "PUT", path, {"member": member, "alive": alive}, timeout_seconds=BEAT_TIMEOUT_SECONDS)
+        # A word that takes longer than a beat is dropped: the next one says the same.
+        _request(address, port, "PUT", path, {"member": member, "alive": alive}, timeout_seconds=BEAT_SECONDS)
     except (OSError, RuntimeError):
         pass
 
