@@ -120,3 +120,18 @@ def test_tensorflow_collectives_in_a_graph_wait_for_their_inputs_and_the_collect
     flattened = [op.inputs[0].op for op in collectives]  # each gradient flattened into its bucket's buffer
     assert [op.inputs[0].op.name for op in flattened] == ["Fill_2", "Fill_1", "Fill"]
     assert [[c.name for c in op.control_inputs] for op in collectives] == [[], [collectives[0].name], [collectives[1].name]]
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        (tf.errors.UnavailableError(None, None, "recvmsg:Connection reset by peer"), True),  # the peer's server gone
+        (tf.errors.AbortedError(None, None, "Collective ops is aborted by: ..."), True),
+        (tf.errors.DeadlineExceededError(None, None, "Collective has timed out during execution."), True),
+        (tf.errors.InvalidArgumentError(None, None, "Incompatible shapes"), False),  # the script's own error
+        (tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor"), False),
+    ],
+)
+def test_the_tensorflow_backend_tells_a_lost_peer_from_the_scripts_own_errors(error, lost):
+    """An elastic gang re-forms on the first, and fails as any job on the others."""
+    assert TensorFlowBackend(rank=0, size=2, local_rank=0, local_size=1, timeout_seconds=1.0).lost_peer(error) is lost

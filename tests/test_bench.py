@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import benchmarks.elastic_reform_bench as elastic_reform_bench
 import benchmarks.quickstart_bench as quickstart_bench
 import benchmarks.scheduling_bench as bench
 from benchmarks.jobrun import parse_event
@@ -459,3 +460,12 @@ def test_report_prints_an_earlier_runs_tables_from_its_results(tmp_path: Path, c
     results.write_text("{}" + "x")
     assert bench.main(["--report", str(results)]) == 2
     assert f"--report {results}: cannot be read as a results.json of --compute emulated" in capsys.readouterr().err
+
+
+def test_the_elastic_reform_bench_runs_one_unchanged_script_each_way_as_a_valid_job() -> None:
+    """Its three ways differ only in the backend and in whether the gang may run short."""
+    jobs = {way: parse_job(elastic_reform_bench.job(way)) for way in elastic_reform_bench.WAYS}
+    assert {(job.spec.caramel.backend.value, job.spec.workers.min_replicas) for job in jobs.values()} == {
+        ("horovod", 2), ("tensorflow", 2), ("tensorflow", None),
+    }  # fmt: skip
+    assert {job.spec.script for job in jobs.values()} == {str(elastic_reform_bench.SCRIPT)}

@@ -149,11 +149,46 @@ def test_elastic_with_caramels_own_training_run_is_refused_saying_which_to_use()
     assert "train either with hvd.elastic" in printed
 
 
-def test_elastic_on_the_tensorflow_backend_is_refused_naming_it():
+def test_a_state_of_the_scripts_own_is_refused_where_the_ranks_re_form_by_restarting():
     printed = refusals("""
-    refused(lambda: hvd.elastic.run(lambda state: None)(hvd.elastic.TensorFlowKerasState(model, opt)))
+    class Counter(hvd.elastic.State):
+        def save(self): pass
+        def restore(self): pass
+        def sync(self): pass
+    refused(lambda: hvd.elastic.run(lambda state: None)(Counter(hvd.broadcast_object, hvd.rank)))
+    hvd.elastic.run(lambda state: print("trained from batch", state.batch))(hvd.elastic.TensorFlowKerasState(model, opt, batch=0))
     """, {"replicas": 2, "minReplicas": 1})
-    assert "elastic training (hvd.elastic) on the tensorflow backend is not supported by Caramel" in printed
+    assert "hvd.elastic.run with a State of the script's own (Counter) on the tensorflow backend is not supported by Caramel" in printed
+    assert "trained from batch 0" in printed
+
+
+def test_a_commit_carried_across_a_restart_is_taken_back_and_refused_where_the_variables_differ():
+    """What a process restarted to re-form takes back (on the tensorflow backend): its former
+    self's last commit, variables and objects, and the reset callbacks run after it."""
+    printed = refusals("""
+    from horovod.tensorflow.functions import _pickler
+    state = hvd.elastic.TensorFlowKerasState(model, opt, batch=0)
+    for v in model.variables:
+        v.assign(tf.ones_like(v))
+    state.batch = 7
+    state.commit()
+    carried = _pickler.loads(_pickler.dumps(state.carried()))
+    for v in model.variables:
+        v.assign(tf.zeros_like(v))
+    state.batch = 9
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(state.batch)])
+    state.resume(carried)
+    state.on_reset()
+    assert all((v.numpy() == 1).all() for v in model.variables) and state.batch == 7 and resets == [7], resets
+    print("resumed")
+    try:
+        hvd.elastic.TensorFlowState([model.variables[0]], batch=0).resume(carried)
+    except RuntimeError as error:
+        print(error)
+    """, {"replicas": 1})
+    assert "resumed" in printed
+    assert "the script must make the same variables each time it starts" in printed
 
 
 # -- end to end ----------------------------------------------------------------------------------
@@ -302,14 +337,16 @@ def reference_weights(sizes: dict[int, int], steps: int) -> np.ndarray:
 
 
 @pytest.mark.e2e
-@needs_horovod
 @pytest.mark.timeout(600)
-def test_an_elastic_run_that_shrinks_and_grows_back_ends_as_sgd_at_the_same_per_step_sizes(tmp_path):
+@pytest.mark.parametrize("backend", [pytest.param("horovod", marks=needs_horovod), "tensorflow"])
+def test_an_elastic_run_that_shrinks_and_grows_back_ends_as_sgd_at_the_same_per_step_sizes(tmp_path, backend):
+    """On the horovod backend the ranks re-form in their processes; on the tensorflow backend the
+    survivors' processes restart to re-form, each with its last commit: the same SGD either way."""
     steps = 160
     script = tmp_path / "elastic_sgd.py"
     script.write_text(ELASTIC_SGD)
     manifest = job_manifest(
-        name="elastic-sgd", script=str(script), args=[str(steps)], caramel={"backend": "horovod"},
+        name="elastic-sgd", script=str(script), args=[str(steps)], caramel={"backend": backend},
         workers={"replicas": 4, "minReplicas": 3}, runPolicy={"backoffLimit": 2},
     )  # fmt: skip
     run = BackgroundRun(write_manifest(tmp_path, manifest))
@@ -326,3 +363,5 @@ def test_an_elastic_run_that_shrinks_and_grows_back_ends_as_sgd_at_the_same_per_
     np.testing.assert_allclose(trained, reference_weights(sizes, steps), rtol=1e-4, atol=1e-6)
     final = digests(run.output)
     assert sorted(final) == [0, 1, 2, 3] and len(set(final.values())) == 1, final
+    restarted = run.output.count("their training processes restarted with the last commit")
+    assert restarted == (2 if backend == "tensorflow" else 0), run.output[-6000:]  # once to shrink, once to grow

@@ -67,12 +67,20 @@ class Backend(ABC):
         or MultiWorkerMirroredStrategy): the baseline Caramel's plans are measured against."""
 
     reforms: ClassVar[bool] = False
-    """Whether `reform` re-forms this backend's ranks in the process (elastic training)."""
+    """Whether `reform` re-forms this backend's ranks in the process (elastic training); where it
+    does not, an elastic gang's training processes restart to re-form, keeping their last commit
+    (`horovod._caramel_rounds`)."""
 
+    @abstractmethod
+    def lost_peer(self, error: tf.errors.OpError) -> bool:
+        """Whether `error`, raised by a collective, says that a peer was lost (its process or its
+        connection gone): an elastic gang's ranks then re-form without it."""
+
+    @abstractmethod
     def leave(self) -> None:
-        """Leave the ranks at once, before they re-form (for backends whose `reforms` is true):
-        a peer blocked on this rank fails then, instead of waiting for it."""
-        raise NotImplementedError(f"the {self.name} backend's ranks do not re-form in the process")
+        """Leave the ranks at once, before they re-form (an elastic gang's ranks broke): this
+        process's collectives fail, and a peer blocked on this rank fails then, instead of
+        waiting for it."""
 
     def reform(self, contract: WorkerContract) -> Backend:
         """This process's collectives among the ranks `contract` gives now (an elastic gang that

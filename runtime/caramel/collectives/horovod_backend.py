@@ -61,6 +61,11 @@ class HorovodBackend(Backend):
         """The shards of `reduce_scatter`, gathered whole on every rank."""
         return mpi_ops.grouped_allgather(list(shards), name=name)
 
+    def lost_peer(self, error: tf.errors.OpError) -> bool:
+        """Horovod's ops fail so with Gloo's error (a read error, a connection reset by peer), or
+        with Horovod's own once its background loop stopped on it: the message names Gloo or Horovod."""
+        return any(name in (error.message or "").lower() for name in ("gloo", "horovod"))
+
     def leave(self) -> None:
         """Horovod's shutdown: its Gloo connections close, which fails every peer's collective."""
         mpi_ops.shutdown()

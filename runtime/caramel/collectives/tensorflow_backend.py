@@ -17,8 +17,11 @@ backward pass) as well as for its own inputs. With the token the collectives are
 themselves, in the order they were traced, and against nothing else.
 
 A collective waits for its peers at most the contract's collective timeout, and a peer whose
-process ended fails it at once (its server is gone): the step then fails, the process exits, and
-the gang restarts as after any failure. The coordination service waits as long for a slow peer.
+process ended fails it at once (its server is gone): the step then fails, and the process exits
+and the gang restarts as after any failure; or, in an elastic gang (Horovod's `hvd.elastic`), the
+survivors restart their processes to re-form, keeping their last commit: TensorFlow's collective
+executor and coordination service, once started, serve one cluster for the process's lifetime.
+The coordination service waits as long as a collective for a slow peer.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-from tensorflow.core.protobuf import cluster_pb2, config_pb2, tensorflow_server_pb2
+from tensorflow.core.protobuf import cluster_pb2, config_pb2, error_codes_pb2, tensorflow_server_pb2
 from tensorflow.python.eager import context
 
 from caramel.collectives.backend import Backend, ReduceOp
@@ -62,6 +65,18 @@ class TensorFlowBackend(Backend):
         self._lock = threading.Lock()
         self._copies: dict[int, tf.Variable] = {}
         self._ordering_token: tf.Variable | None = None
+
+    def lost_peer(self, error: tf.errors.OpError) -> bool:
+        """A peer's server gone fails a collective as unreachable (a connection reset or refused),
+        and every collective of the process after it as aborted; a peer silent for the collective
+        timeout fails it as past its deadline."""
+        return isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError))
+
+    def leave(self) -> None:
+        """Abort this process's collective executor (as MultiWorkerMirroredStrategy does when a
+        peer fails its health check): the collectives under way and to come fail as unreachable,
+        and so do peers' that wait on this rank's data."""
+        context.context().abort_collective_ops(error_codes_pb2.UNAVAILABLE, "caramel: the ranks broke (a peer was lost, or one left to re-form)")
 
     def ordering_token(self) -> tf.Variable:
         """The resource every collective in a graph takes as its ordering token (see the module's

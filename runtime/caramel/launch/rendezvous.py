@@ -519,6 +519,14 @@ def first_round_closed(
     return False
 
 
+def closed_round(address: str, port: int, number: int) -> Round:
+    """Round `number`, closed (a training process asks for the round its ranks come from)."""
+    status = _request(address, port, "GET", f"/caramel/round/{number}")
+    if "hosts" not in status:
+        raise RuntimeError(f"round {number} at the rendezvous at {address}:{port} has not closed")
+    return Round.from_json(status)
+
+
 def waiting_to_join(address: str, port: int, after: int) -> tuple[str, ...]:
     """The workers waiting in the round after `after` for the others to join it (none where it
     has not begun): an elastic gang's members ask, to take in a worker that came."""

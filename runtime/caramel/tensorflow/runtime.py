@@ -53,16 +53,6 @@ class Runtime:
             refuse(f"{driver} in a script that uses {self.driver}", instead)
         self.driver = driver
 
-    def check_reforms(self) -> None:
-        """Refuse elastic training where the backend's ranks cannot re-form in the process."""
-        if not self.backend.reforms:
-            refuse(
-                f"elastic training (hvd.elastic) on the {self.backend.name} backend",
-                "its ranks cannot re-form in the process; run the job on backend horovod (spec.caramel.backend: horovod, or "
-                "auto where Horovod is installed), or train without hvd.elastic: a gang with spec.workers.minReplicas then "
-                "restarts smaller from its checkpoint",
-            )
-
     def reform(self, meet: Callable[[], None]) -> None:
         """Join the job's ranks anew in this process, as an elastic gang re-forms (Horovod's API as
         Caramel serves it: `hvd.elastic`): the backend leaves the old ranks at once (so that peers
@@ -70,8 +60,7 @@ class Runtime:
         variables in the environment, and the backend joins them; the gradient communicator is
         made anew, since its plans, measurements, arm selection and graph choice were of the old
         world. Functions traced before keep their graphs: their collectives are the backend's ops,
-        which take the world's size when they run."""
-        self.check_reforms()
+        which take the world's size when they run. Only for a backend whose `reforms` is true."""
         self.backend.leave()
         meet()
         self.contract = WorkerContract.from_env()

@@ -15,8 +15,12 @@
 because a peer was lost (`HorovodInternalError`), every survivor restores its last commit, the
 ranks re-form without the lost worker, synchronize and call the function again; where a worker
 waits to join, `commit()` (or `check_host_updates()`) raises `HostsUpdatedInterrupt` on every rank
-at once, and they re-form with it, keeping their state. The ranks re-form in the process, at the
-gang's rendezvous (`horovod._caramel_rounds`): no process restarts. A gang runs elastic where
+at once, and they re-form with it, keeping their state. On the horovod backend the ranks re-form in
+the process, at the gang's rendezvous (`horovod._caramel_rounds`): no process restarts. On the
+tensorflow backend, whose collectives serve one cluster per process, each survivor's training
+process runs its command again in its place, holding the last commit: the script starts over, and
+where it enters `run` the state takes the commit back before it is synchronized (the states below;
+a State of the script's own cannot be carried so, and is refused there). A gang runs elastic where
 spec.workers.minReplicas is below replicas; otherwise `run` runs the function once, as a fixed
 gang (rank 0 says which).
 
@@ -132,6 +136,15 @@ class ObjectState(State):
         for name, value in self._saved_state.items():
             setattr(self, name, _pickler.loads(value))
 
+    def carried(self) -> dict[str, Any]:
+        """The last commit, as a process restarted to re-form takes it back (`resume`)."""
+        return {"objects": self._saved_state}
+
+    def resume(self, carried: dict[str, Any]) -> None:
+        """Back to the last commit of this process's former self (its `carried()`)."""
+        self._saved_state = carried["objects"]
+        self.restore()
+
 
 def _pickled(values: dict[str, Any], where: str) -> dict[str, bytes]:
     """Each attribute's value pickled: a copy to roll back to and to send, made now."""
@@ -147,53 +160,17 @@ def _pickled(values: dict[str, Any], where: str) -> dict[str, bytes]:
     return saved
 
 
-class TensorFlowState(ObjectState):
-    """State of TensorFlow variables (every variable of the process where none are given), and
-    of Python objects given as keyword arguments."""
+class _VariablesState(ObjectState):
+    """State of TensorFlow variables (`_variables()`), and of Python objects given as keyword
+    arguments: a commit copies the variables' values too, a restore assigns them, a sync takes
+    rank 0's."""
 
-    def __init__(self, variables: Iterable[tf.Variable] | None = None, session: Any = None, **kwargs: Any) -> None:
-        if session is not None:
-            refuse("hvd.elastic.TensorFlowState(session=...)", "TensorFlow 1 sessions are gone; give the variables, eagerly")
-        self.variables = list(variables) if variables is not None else global_variables()
-        self._values = _values(self.variables)
-        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
-
-    def save(self) -> None:
-        self._values = _values(self.variables)
-        super().save()
-
-    def restore(self) -> None:
-        _assign(self.variables, self._values)
-        super().restore()
-
-    def sync(self) -> None:
-        broadcast_variables(self.variables, root_rank=0)
-        self._values = _values(self.variables)
-        super().sync()
-
-
-class TensorFlowKerasState(ObjectState):
-    """State of a Keras model and its optimizer (the model's own where none is given), and of
-    Python objects given as keyword arguments."""
-
-    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
-        del backend  # TensorFlow 1's session provider
-        if not getattr(model, "built", False):
-            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
-        self.model = model
-        self.optimizer = optimizer or model.optimizer
-        if self.optimizer is None:
-            raise ValueError("hvd.elastic state: give the optimizer, or compile the model with it")
+    def __init__(self, **kwargs: Any) -> None:
         self._values = _values(self._variables())
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
 
     def _variables(self) -> list[tf.Variable]:
-        """The model's variables and the optimizer's, built first where Keras builds them lazily,
-        so that a rank that joins holds as many as the others."""
-        if not (getattr(self.optimizer, "built", False) or getattr(self.optimizer, "_built", False)):  # Keras 3's flag, Keras 2's
-            self.optimizer.build(self.model.trainable_variables)
-        variables = self.optimizer.variables
-        return [*self.model.variables, *(variables() if callable(variables) else variables)]
+        raise NotImplementedError
 
     def save(self) -> None:
         self._values = _values(self._variables())
@@ -208,6 +185,56 @@ class TensorFlowKerasState(ObjectState):
         self._values = _values(self._variables())
         super().sync()
 
+    def carried(self) -> dict[str, Any]:
+        return {**super().carried(), "values": self._values}
+
+    def resume(self, carried: dict[str, Any]) -> None:
+        values = carried["values"]
+        if len(values) != len(self._variables()):
+            raise RuntimeError(
+                f"hvd.elastic: the state holds {len(self._variables())} variables, and the commit this process kept before "
+                f"it restarted to re-form holds {len(values)}: the script must make the same variables each time it starts"
+            )
+        self._values = values
+        super().resume(carried)
+
+
+class TensorFlowState(_VariablesState):
+    """State of TensorFlow variables (every variable of the process where none are given), and
+    of Python objects given as keyword arguments."""
+
+    def __init__(self, variables: Iterable[tf.Variable] | None = None, session: Any = None, **kwargs: Any) -> None:
+        if session is not None:
+            refuse("hvd.elastic.TensorFlowState(session=...)", "TensorFlow 1 sessions are gone; give the variables, eagerly")
+        self.variables = list(variables) if variables is not None else global_variables()
+        super().__init__(**kwargs)
+
+    def _variables(self) -> list[tf.Variable]:
+        return self.variables
+
+
+class TensorFlowKerasState(_VariablesState):
+    """State of a Keras model and its optimizer (the model's own where none is given), and of
+    Python objects given as keyword arguments."""
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+        del backend  # TensorFlow 1's session provider
+        if not getattr(model, "built", False):
+            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+        self.model = model
+        self.optimizer = optimizer or model.optimizer
+        if self.optimizer is None:
+            raise ValueError("hvd.elastic state: give the optimizer, or compile the model with it")
+        super().__init__(**kwargs)
+
+    def _variables(self) -> list[tf.Variable]:
+        """The model's variables and the optimizer's, built first where Keras builds them lazily,
+        so that a rank that joins holds as many as the others."""
+        if not (getattr(self.optimizer, "built", False) or getattr(self.optimizer, "_built", False)):  # Keras 3's flag, Keras 2's
+            self.optimizer.build(self.model.trainable_variables)
+        variables = self.optimizer.variables
+        return [*self.model.variables, *(variables() if callable(variables) else variables)]
+
 
 def _values(variables: list[tf.Variable]) -> list[np.ndarray]:
     return [variable.numpy() for variable in variables]
@@ -221,13 +248,15 @@ def _assign(variables: list[tf.Variable], values: list[np.ndarray]) -> None:
 def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
     """`func(state, ...)` run elastic: after each failure of a lost peer the state restored and
     `reset()`, after each interrupt for workers that joined `reset()` alone, then run again from
-    the synchronized state. In a fixed gang, once."""
+    the synchronized state. In a fixed gang, once. Where the ranks re-form by restarting the
+    training processes, the restart takes `reset()`'s place, carrying the last commit."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         if not _rounds.enter():
             state.sync()
             return func(state, *args, **kwargs)
+        carried = None if _rounds.reforms_in_process() else _resumed(state)
         skip_sync = False
         while True:
             failure: list[BaseException] = []
@@ -242,11 +271,31 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
                 skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
+            if carried:
+                _rounds.restart_keeping(_pickler.dumps(carried.carried()))
             _let_go_aside(failure)
             reset()
             state.on_reset()
 
     return wrapper
+
+
+def _resumed(state: State) -> ObjectState:
+    """Where the ranks re-form by restarting the training processes: the state, back to the last
+    commit that this process kept before it restarted, if it did, and reset as after a re-form in
+    the process (the restart was the re-form); refused where the restart cannot carry its commits."""
+    if not isinstance(state, ObjectState):
+        refuse(
+            f"hvd.elastic.run with a State of the script's own ({type(state).__name__}) on the tensorflow backend",
+            "its ranks re-form by restarting the training processes, and Caramel carries only ObjectState's commits "
+            "(ObjectState, TensorFlowState, TensorFlowKerasState, KerasState) across the restart; derive the state from "
+            "one of those, or run on backend horovod, whose ranks re-form in the process",
+        )
+    commit = _rounds.carried_commit()
+    if commit is not None:
+        state.resume(_pickler.loads(commit))
+        state.on_reset()
+    return state
 
 
 def _let_go_aside(failure: list[BaseException]) -> None:
