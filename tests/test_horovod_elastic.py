@@ -172,18 +172,18 @@ def test_a_commit_carried_across_a_restart_is_taken_back_and_refused_where_the_v
         v.assign(tf.ones_like(v))
     state.batch = 7
     state.commit()
-    carried = _pickler.loads(_pickler.dumps(state.carried()))
+    carried = _pickler.loads(_pickler.dumps(state._caramel_carried()))
     for v in model.variables:
         v.assign(tf.zeros_like(v))
     state.batch = 9
     resets = []
     state.register_reset_callbacks([lambda: resets.append(state.batch)])
-    state.resume(carried)
+    state._caramel_resume(carried)
     state.on_reset()
     assert all((v.numpy() == 1).all() for v in model.variables) and state.batch == 7 and resets == [7], resets
     print("resumed")
     try:
-        hvd.elastic.TensorFlowState([model.variables[0]], batch=0).resume(carried)
+        hvd.elastic.TensorFlowState([model.variables[0]], batch=0)._caramel_resume(carried)
     except RuntimeError as error:
         print(error)
     """, {"replicas": 1})

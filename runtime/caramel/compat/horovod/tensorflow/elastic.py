@@ -136,12 +136,12 @@ class ObjectState(State):
         for name, value in self._saved_state.items():
             setattr(self, name, _pickler.loads(value))
 
-    def carried(self) -> dict[str, Any]:
-        """The last commit, as a process restarted to re-form takes it back (`resume`)."""
+    def _caramel_carried(self) -> dict[str, Any]:
+        """The last commit, as a process restarted to re-form takes it back (`_caramel_resume`)."""
         return {"objects": self._saved_state}
 
-    def resume(self, carried: dict[str, Any]) -> None:
-        """Back to the last commit of this process's former self (its `carried()`)."""
+    def _caramel_resume(self, carried: dict[str, Any]) -> None:
+        """Back to the last commit of this process's former self (its `_caramel_carried()`)."""
         self._saved_state = carried["objects"]
         self.restore()
 
@@ -185,10 +185,10 @@ class _VariablesState(ObjectState):
         self._values = _values(self._variables())
         super().sync()
 
-    def carried(self) -> dict[str, Any]:
-        return {**super().carried(), "values": self._values}
+    def _caramel_carried(self) -> dict[str, Any]:
+        return {**super()._caramel_carried(), "values": self._values}
 
-    def resume(self, carried: dict[str, Any]) -> None:
+    def _caramel_resume(self, carried: dict[str, Any]) -> None:
         values = carried["values"]
         if len(values) != len(self._variables()):
             raise RuntimeError(
@@ -196,7 +196,7 @@ class _VariablesState(ObjectState):
                 f"it restarted to re-form holds {len(values)}: the script must make the same variables each time it starts"
             )
         self._values = values
-        super().resume(carried)
+        super()._caramel_resume(carried)
 
 
 class TensorFlowState(_VariablesState):
@@ -256,7 +256,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
         if not _rounds.enter():
             state.sync()
             return func(state, *args, **kwargs)
-        carried = None if _rounds.reforms_in_process() else _resumed(state)
+        restarting = None if _rounds.reforms_in_process() else _resumed(state)
         skip_sync = False
         while True:
             failure: list[BaseException] = []
@@ -271,8 +271,8 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
                 skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
-            if carried:
-                _rounds.restart_keeping(_pickler.dumps(carried.carried()))
+            if restarting is not None:
+                _rounds.restart_keeping(_pickler.dumps(restarting._caramel_carried()))
             _let_go_aside(failure)
             reset()
             state.on_reset()
@@ -293,7 +293,7 @@ def _resumed(state: State) -> ObjectState:
         )
     commit = _rounds.carried_commit()
     if commit is not None:
-        state.resume(_pickler.loads(commit))
+        state._caramel_resume(_pickler.loads(commit))
         state.on_reset()
     return state
 
