@@ -212,6 +212,8 @@ def restart_keeping(commit: bytes) -> NoReturn:
     with tempfile.NamedTemporaryFile(prefix="caramel-commit-", delete=False) as kept:
         kept.write(pickle.dumps((commit, time.time())))
     os.environ[CARRIED_COMMIT_VARIABLE] = kept.name
+    runtime = current()
+    runtime.say(f"the ranks broke: the training processes restart to re-form ({runtime.backend.name} backend), keeping the last commit")
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, sys.orig_argv)
