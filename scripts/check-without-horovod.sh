@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The install without Horovod, as a new user makes it: a clean clone of the commit checked out
-# here, `CARAMEL_WITHOUT_HOROVOD=1 make setup`, then `caramel run` of the quickstart and of an
-# unchanged Horovod script (examples/horovod/mnist.py), each of which must end Succeeded.
+# here, `CARAMEL_WITHOUT_HOROVOD=1 make setup`, then `caramel run` of the quickstart, of an
+# unchanged Horovod script (examples/horovod/mnist.py) and of an elastic one
+# (examples/horovod/mnist_elastic.py, whose gang runs elastic on TensorFlow's collectives), each
+# of which must end Succeeded.
 # The clone is removed at the end, whatever happens.
 #   scripts/check-without-horovod.sh [--keep]     (--keep: leave the clone, for a look inside)
 set -euo pipefail
@@ -27,9 +29,9 @@ if .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find
     exit 1
 fi
 
-for job in examples/quickstart.yaml examples/horovod/mnist.yaml; do
+for job in examples/quickstart.yaml examples/horovod/mnist.yaml examples/horovod/mnist_elastic.yaml; do
     echo "--- caramel run $job"
     .venv/bin/caramel run "$job" 2>&1 | tee "$workspace/run.log"
     grep -q "^Succeeded " "$workspace/run.log" || { echo "$job did not end Succeeded" >&2; exit 1; }
 done
-echo "--- without Horovod: both jobs Succeeded"
+echo "--- without Horovod: every job Succeeded"
