@@ -161,16 +161,14 @@ def _pickled(values: dict[str, Any], where: str) -> dict[str, bytes]:
 
 
 class _VariablesState(ObjectState):
-    """State of TensorFlow variables (`_variables()`), and of Python objects given as keyword
-    arguments: a commit copies the variables' values too, a restore assigns them, a sync takes
-    rank 0's."""
+    """State of TensorFlow variables (those `variables()` gives, asked each time), and of Python
+    objects given as keyword arguments: a commit copies the variables' values too, a restore
+    assigns them, a sync takes rank 0's."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        self._values = _values(self._variables())
+    def __init__(self, variables: Callable[[], list[tf.Variable]], **kwargs: Any) -> None:
+        self._variables = variables
+        self._values = _values(variables())
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
-
-    def _variables(self) -> list[tf.Variable]:
-        raise NotImplementedError
 
     def save(self) -> None:
         self._values = _values(self._variables())
@@ -207,10 +205,7 @@ class TensorFlowState(_VariablesState):
         if session is not None:
             refuse("hvd.elastic.TensorFlowState(session=...)", "TensorFlow 1 sessions are gone; give the variables, eagerly")
         self.variables = list(variables) if variables is not None else global_variables()
-        super().__init__(**kwargs)
-
-    def _variables(self) -> list[tf.Variable]:
-        return self.variables
+        super().__init__(lambda: self.variables, **kwargs)
 
 
 class TensorFlowKerasState(_VariablesState):
@@ -225,9 +220,9 @@ class TensorFlowKerasState(_VariablesState):
         self.optimizer = optimizer or model.optimizer
         if self.optimizer is None:
             raise ValueError("hvd.elastic state: give the optimizer, or compile the model with it")
-        super().__init__(**kwargs)
+        super().__init__(self._model_and_optimizer_variables, **kwargs)
 
-    def _variables(self) -> list[tf.Variable]:
+    def _model_and_optimizer_variables(self) -> list[tf.Variable]:
         """The model's variables and the optimizer's, built first where Keras builds them lazily,
         so that a rank that joins holds as many as the others."""
         if not (getattr(self.optimizer, "built", False) or getattr(self.optimizer, "_built", False)):  # Keras 3's flag, Keras 2's
