@@ -62,19 +62,21 @@ def job_manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 class WorkerCampaign:
     # Enough steps that a kill lands mid-training: rank 0 reports progress every half second (what
     # the trial waits for), and this model's steps take 2 to 25 ms (200 steps once ended before
-    # the first report after step 21).
+    # the first report after step 21). A kill comes in the first half of the run, so that at
+    # least one report interval's steps at the fastest are left after it.
     STEPS = 2000
     CHECKPOINT_INTERVAL = 100
 
-    def __init__(self, directory: Path, seed: int) -> None:
+    def __init__(self, directory: Path, seed: int, steps: int = STEPS) -> None:
         self.directory = directory
         self.rng = random.Random(seed)
+        self.steps = steps
         self._expected: str | None = None
 
     def job_file(self, name: str) -> Path:
         spec = {
             "script": "examples/train_small.py",
-            "args": ["--steps", str(self.STEPS), "--batch-size", "32", "--hidden", "128"],
+            "args": ["--steps", str(self.steps), "--batch-size", "32", "--hidden", "128"],
             "workers": {"replicas": 2},
             "rendezvous": {"port": free_port_block(5)},  # and the ranks' collective ports after it
             "metrics": {"port": free_port_block(4)},
@@ -99,7 +101,7 @@ class WorkerCampaign:
     def trial(self, index: int) -> Trial:
         expected = self.expected_digest()
         rank = self.rng.randrange(2)
-        step = self.rng.randrange(self.CHECKPOINT_INTERVAL + 1, self.STEPS * 3 // 4)
+        step = self.rng.randrange(self.CHECKPOINT_INTERVAL + 1, self.steps // 2)
         run = BackgroundRun(self.job_file(f"trial-{index}"))
         deadline = time.monotonic() + 300
         while not any(int(s) >= step for s in PROGRESS.findall(run.output)):
@@ -112,10 +114,10 @@ class WorkerCampaign:
         output = run.output
         restored = re.findall(r"restored .*ckpt-\d+ at step (\d+)", output)
         ranks = digests(output)
-        what = f"killed rank {rank} after step {reached} of {self.STEPS}, resumed from step {restored[-1] if restored else '-'}"
+        what = f"killed rank {rank} after step {reached} of {self.steps}, resumed from step {restored[-1] if restored else '-'}"
         if code != 0 or "restarting the whole gang" not in output:
             return Trial(False, f"{what}: exit {code}, no gang restart:\n{output[-3000:]}")
-        if not restored or int(restored[-1]) >= self.STEPS:
+        if not restored or int(restored[-1]) >= self.steps:
             return Trial(False, f"{what}: the new gang did not resume training from a checkpoint:\n{output[-3000:]}")
         if set(ranks.values()) != {expected} or len(ranks) != 2:
             return Trial(False, f"{what}: digests {ranks} differ from the uninterrupted run's {expected}")

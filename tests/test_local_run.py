@@ -223,10 +223,12 @@ def test_a_crashing_script_shows_its_traceback(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_a_killed_worker_restarts_the_gang_which_resumes_from_its_checkpoint(tmp_path):
-    """One trial of the worker fault campaign (`python -m testbed.fault_campaigns` runs ten)."""
+    """One trial of the worker fault campaign (`python -m testbed.fault_campaigns` runs ten, of
+    WorkerCampaign.STEPS steps), on a shorter run: a kill lands between the first checkpoint and
+    the run's middle all the same."""
     from testbed.fault_campaigns import WorkerCampaign
 
-    campaign = WorkerCampaign(tmp_path, seed=4)
+    campaign = WorkerCampaign(tmp_path, seed=4, steps=800)
     trial = campaign.trial(0)
     assert trial.ok, trial.detail
 

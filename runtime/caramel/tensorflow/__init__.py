@@ -26,6 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from caramel.collectives.backend import ReduceOp
+from caramel.tensorflow.autograph_exemption import exempt_caramel_from_autograph
 from caramel.tensorflow.compression import Compression, Compressor
 from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from caramel.tensorflow.ledger import broadcast_variables as _broadcast_variables
@@ -53,6 +54,10 @@ __all__ = [
     "rank",
     "size",
 ]
+
+# Before any step is traced: a step reaches Caramel's code through this package only (the horovod
+# package Caramel serves imports it on first use).
+exempt_caramel_from_autograph()
 
 Average, Sum = ReduceOp.AVERAGE, ReduceOp.SUM
 """How gradients are reduced over the ranks (the drop-ins' `op`)."""

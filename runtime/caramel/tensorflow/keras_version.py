@@ -68,7 +68,7 @@ def updating_through(base: type[Any], transform: Transform, **attributes: Any) -
             gradients = transform(self, [gradient for gradient, _ in pairs], variables)
             return base.apply_gradients(self, list(zip(gradients, variables)), name=name, skip_gradients_aggregation=True, **kwargs)
 
-        update = {"apply_gradients": tf.autograph.experimental.do_not_convert(apply_gradients)}
+        update: dict[str, Callable[..., Any]] = {"apply_gradients": apply_gradients}
     else:
 
         def apply(self: Any, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
@@ -79,7 +79,7 @@ def updating_through(base: type[Any], transform: Transform, **attributes: Any) -
                 return base.apply(self, gradients, trainable_variables)
             return context.merge_call(lambda _: base.apply(self, gradients, trainable_variables))
 
-        update = {"apply": tf.autograph.experimental.do_not_convert(apply)}
+        update = {"apply": apply}
     # Named as the class it derives from, so that a model saved with it loads with that one.
     return type(base.__name__, (base,), {**update, "__module__": base.__module__, **attributes})
 

@@ -48,7 +48,6 @@ from horovod.tensorflow._caramel_collectives import (
     collective_name,
     gather_ragged,
     global_process_set,
-    not_converted,
     reduce_op,
 )
 from horovod.tensorflow.compression import Compression
@@ -166,7 +165,6 @@ nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = sycl_built = _fal
 # -- collectives ---------------------------------------------------------------------------------
 
 
-@not_converted
 def allreduce(
     tensor: Any,
     average: bool | None = None,
@@ -196,7 +194,6 @@ def allreduce(
     return _reduced([tensor], reduction, compression, prescale_factor, postscale_factor, name)[0]
 
 
-@not_converted
 def grouped_allreduce(
     tensors: Sequence[Any],
     average: bool | None = None,
@@ -230,7 +227,6 @@ def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
     return tensor if factor == 1.0 else tensor * tf.cast(factor, tensor.dtype)
 
 
-@not_converted
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
     """Every rank's `tensor` joined along the first axis, in rank order; first dimensions may
     differ from rank to rank, the other dimensions may not."""
@@ -239,14 +235,12 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
     return gather_ragged(tensor, collective_name("allgather", name))[0]
 
 
-@not_converted
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> list[tf.Tensor]:
     check_process_set(process_set, "hvd.grouped_allgather")
     base = collective_name("allgather", name)
     return [gather_ragged(tensor, f"{base}_{i}")[0] for i, tensor in enumerate(tensors)]
 
 
-@not_converted
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
     """Rank root_rank's `tensor` (of one shape on every rank), on every rank."""
     del ignore_name_scope
@@ -255,7 +249,6 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     return backend().broadcast([tf.convert_to_tensor(tensor)], root_rank, collective_name("broadcast", name))[0]
 
 
-@not_converted
 def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
     """Horovod's in-place broadcast: the variables take rank root_rank's values."""
     check_process_set(process_set, "hvd.broadcast_")
@@ -273,7 +266,6 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None
 class _DistributedGradientTape(ctf.DistributedGradientTape):
     """Caramel's tape, which also notes the variables it averages, for the weights check at exit."""
 
-    @not_converted
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False, **kwargs: Any) -> Any:
         local = self._options.local_sources
         _caramel_final_check.note_trained([source for source in tf.nest.flatten(sources) if id(source) not in local])

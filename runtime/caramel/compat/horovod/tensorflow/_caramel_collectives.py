@@ -32,12 +32,6 @@ class HorovodOp:
 
 Adasum, Product = HorovodOp("Adasum"), HorovodOp("Product")
 
-not_converted = tf.autograph.experimental.do_not_convert
-"""For the functions scripts call inside their tf.functions: AutoGraph has nothing to convert in
-Caramel's code (no Python control flow on tensors), and fails on some of it with a warning that
-asks users to report it to the TensorFlow team."""
-
-
 class GlobalProcessSet:
     """Horovod's `global_process_set`, every rank: the only process set Caramel serves."""
 

@@ -31,7 +31,6 @@ from horovod.tensorflow._caramel_collectives import (
     collective_name,
     gather_ragged,
     global_process_set,
-    not_converted,
 )
 
 try:
@@ -40,7 +39,6 @@ except ImportError:  # Horovod brings cloudpickle; without Horovod, pickle does 
     _pickler = pickle
 
 
-@not_converted
 def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: Any = global_process_set, inplace: bool = False) -> None:
     """Overwrite the variables on every rank with rank root_rank's values (eagerly or in a graph)."""
     del inplace  # Horovod's choice of op; the variables are assigned either way

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from caramel.collectives.backend import ReduceOp
 from caramel.tensorflow.keras_version import keras_2
-from horovod.tensorflow._caramel_collectives import backend, not_converted
+from horovod.tensorflow._caramel_collectives import backend
 
 
 class SyncBatchNormalization(tf.keras.layers.BatchNormalization):
@@ -31,7 +31,6 @@ class SyncBatchNormalization(tf.keras.layers.BatchNormalization):
             kwargs["fused"] = False
         super().__init__(**kwargs)
 
-    @not_converted
     def _moments(self, inputs: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         mean, variance = super()._moments(inputs, *args, **kwargs)
         collectives = backend()
