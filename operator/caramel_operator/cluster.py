@@ -121,13 +121,18 @@ class Cluster:
 
     async def job_uid(self, namespace: str, name: str) -> str | None:
         """The uid of the job now in the API, or None if it is gone (its CRD too, perhaps)."""
+        job = await self._job(namespace, name)
+        return None if job is None else job["metadata"].get("uid")
+
+    async def _job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job now in the API, or None if it is gone."""
         try:
             response = await self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return json.loads(response.data)["metadata"].get("uid")
+        return json.loads(response.data)
 
     async def jobs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         """Every job in `namespaces` (all when empty); none when the CRD is gone."""
@@ -166,19 +171,28 @@ class Cluster:
         theirs runs again."""
         released = 0
         for job in await self.jobs(namespaces):
-            metadata = job["metadata"]
-            if finalizer in (metadata.get("finalizers") or []):
-                remaining = [f for f in metadata["finalizers"] if f != finalizer]
-                body = {"metadata": {"finalizers": remaining, "resourceVersion": metadata.get("resourceVersion")}}
-                try:
-                    await self._call(
-                        self.custom.patch_namespaced_custom_object, GROUP, VERSION, metadata["namespace"], PLURAL, metadata["name"], body
-                    )
-                    released += 1
-                except ApiException as error:
-                    if error.status not in (404, 409):  # gone, or changed: the next event retries
-                        raise
+            released += await self._release(job, finalizer)
         return released
+
+    async def _release(self, job: dict[str, Any] | None, finalizer: str) -> bool:
+        """Remove `finalizer` from the job; True if this call removed it. A job changed since it was
+        read (409: its reconciling wrote to it meanwhile) is read again and released then: the
+        CRD's deletion may bring no further event to retry on, and the job would keep the CRD
+        Terminating."""
+        while job is not None and finalizer in (job["metadata"].get("finalizers") or []):
+            metadata = job["metadata"]
+            remaining = [f for f in metadata["finalizers"] if f != finalizer]
+            body = {"metadata": {"finalizers": remaining, "resourceVersion": metadata.get("resourceVersion")}}
+            try:
+                await self._call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, metadata["namespace"], PLURAL, metadata["name"], body)
+                return True
+            except ApiException as error:
+                if error.status == 404:
+                    return False
+                if error.status != 409:
+                    raise
+            job = await self._job(metadata["namespace"], metadata["name"])
+        return False
 
     async def delete_pods(self, namespace: str, names: list[str], force: bool = False) -> None:
         grace = 0 if force else None
