@@ -19,6 +19,10 @@ from testbed.ports import free_port, free_port_block  # noqa: F401  (tests impor
 REPO = Path(__file__).resolve().parent.parent
 SMALL_EXAMPLE = REPO / "examples" / "train_small.py"
 
+# Every process a test starts (ranks above all) sees the runtime image's packages, in which there is
+# no matplotlib: testbed/without_matplotlib says why. This process keeps its sys.path.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "testbed" / "without_matplotlib"), os.environ.get("PYTHONPATH")]))
+
 
 KERAS_2 = {"TF_USE_LEGACY_KERAS": "1"}
 """The environment in which tf.keras is Keras 2 (tf-keras) rather than TensorFlow's own Keras 3."""
