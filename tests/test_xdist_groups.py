@@ -31,5 +31,5 @@ def test_loadgroup_runs_a_groups_tests_on_one_worker(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    workers = re.findall(r"\[(gw\d+)\] .*PASSED test_grouped\.py::test_grouped\[\d\]", result.stdout)
+    workers = re.findall(r"\[(gw\d+)\] .*PASSED test_grouped\.py::test_grouped\[\d\]@shared", result.stdout)
     assert len(workers) == 4 and len(set(workers)) == 1, result.stdout[-3000:]
