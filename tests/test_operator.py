@@ -19,7 +19,8 @@ from caramel.planner.timing import StepTimes, TransferTiming
 from conftest import free_port
 from caramel_operator.builders import build_worker_pod
 from caramel_operator.gang_placement import placed_topology
-from testbed.operator_harness import CRDS, EVENTS, JOBS, NETWORK_POLICIES, SERVICES, Operator, Watch, eventually, printer_row, terminated
+from caramel_operator.handlers import FINALIZER
+from testbed.operator_harness import CRD, CRDS, EVENTS, JOBS, NETWORK_POLICIES, SERVICES, Operator, Watch, eventually, printer_row, terminated
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
 
@@ -233,6 +234,21 @@ def test_ttl_after_finished_deletes_the_job_quietly(emulator, operator):
     assert "WARNING" not in operator.log.read_text() and "cancelled" not in operator.log.read_text()
 
 
+
+def test_a_job_deleted_during_its_first_pass_gets_no_pods_and_no_event_saying_so(emulator, operator):
+    api = emulator.api
+    # The pass's status write is answered late; the job goes meanwhile, before its pods are created.
+    emulator.stall("PATCH", "/carameljobs/gone/status$", 2.0, when="after")
+    api.create_job("gone", SPEC)
+    eventually(lambda: phase(api, "gone") is not None, what="the first pass's status written")
+    api.delete(f"{JOBS}/gone")
+    api.patch(f"{JOBS}/gone", {"metadata": {"finalizers": []}})
+    eventually(lambda: api.job("gone") is None, what="the job gone")
+    time.sleep(3)  # the status write answered, and the pass at its end
+    assert not api.pods("gone")
+    assert "default/gone: GangCreated" not in operator.log.read_text()
+    assert not [event for event in api.events("GangCreated") if event["involvedObject"]["name"] == "gone"]
+
 def test_rank0_progress_reaches_the_status_and_its_tuning_survives_a_restart(emulator, operator):
     # Rank 0's real metrics endpoint, fed as the runtime feeds it.
     port = free_port()
@@ -336,6 +352,26 @@ def test_a_deleted_and_recreated_crd_releases_jobs_and_serves_new_ones_at_once(e
     # The CRD's deletion is no error: it once logged a 40-line traceback, each time.
     log = operator.log.read_text()
     assert "Traceback" not in log and "ERROR" not in log, log
+
+
+
+def test_a_finalizer_put_back_while_the_crd_terminates_is_released_again(emulator, operator):
+    """kopf serves a job a moment after its CRD's deletion began, and may put its finalizer back on
+    it after the CRD's last event before the job's deletion; the CRD must go all the same."""
+    api = emulator.api
+    api.create_job("old", SPEC)
+    eventually(lambda: len(api.pods("old")) == 2, what="the old job's pods")
+    api.delete(CRD)
+    eventually(lambda: "Terminating" in condition_types(api.get(CRD)), what="the CRD Terminating")
+    time.sleep(0.3)  # the operator has answered both of the CRD's events (its deletion, its condition)
+    put_back = api.patch(f"{JOBS}/old", {"metadata": {"finalizers": [FINALIZER]}})
+    assert put_back["metadata"]["finalizers"] == [FINALIZER] and not put_back["metadata"].get("deletionTimestamp")
+    eventually(lambda: api.get(CRD) is None, timeout=10, what="the CRD gone")
+    assert "Traceback" not in operator.log.read_text()
+
+
+def condition_types(obj):
+    return {condition["type"] for condition in ((obj or {}).get("status") or {}).get("conditions") or []}
 
 
 GLOO_ABORT = "\n".join(

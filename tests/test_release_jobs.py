@@ -1,5 +1,5 @@
 """A CRD being deleted releases every job from the operator's finalizer, also a job that changed
-between the listing and the patch (caramel_operator.cluster.Cluster.release_jobs).
+between the listing and the patch (caramel_operator.cluster.Cluster.release_job).
 
 kube-apiserver answers a merge patch made from a stale resourceVersion with 409 Conflict; kmock's
 emulator, which the operator tests run against, gives every update a new version and never
@@ -50,7 +50,7 @@ def test_a_job_changed_since_it_was_listed_is_read_again_and_released():
     cluster = Cluster.__new__(Cluster)  # its API client stood in for (above)
     cluster.custom = CustomObjects()
     cluster._timeout = (1.0, 1.0)
-    released = asyncio.run(cluster.release_jobs(FINALIZER, ()))
-    assert released == 1
+    listed = json.loads(cluster.custom.list_cluster_custom_object().data)["items"][0]
+    assert asyncio.run(cluster.release_job(listed, FINALIZER))
     assert cluster.custom.stored["metadata"]["finalizers"] == ["other.example/keep"]  # the other finalizer kept
     assert [patch["metadata"]["resourceVersion"] for patch in cluster.custom.patches] == ["1", "2"]

@@ -49,6 +49,7 @@ class Cluster:
         self.core = kubernetes.client.CoreV1Api(client)
         self.networking = kubernetes.client.NetworkingV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.apiextensions = kubernetes.client.ApiextensionsV1Api(client)
         # urllib3's (connect, read) timeouts: the read timeout bounds each wait for the server.
         self._timeout = (connect_timeout_seconds, request_timeout_seconds)
 
@@ -165,22 +166,20 @@ class Cluster:
             if error.status != 404:  # gone: its reconciling task is being stopped
                 raise
 
-    async def release_jobs(self, finalizer: str, namespaces: tuple[str, ...]) -> int:
-        """Remove the operator's finalizer from every job it serves (in `namespaces`, or all when
-        empty): the CRD is being deleted, and its jobs must be able to go even when no handler of
-        theirs runs again."""
-        released = 0
-        for job in await self.jobs(namespaces):
-            released += await self._release(job, finalizer)
-        return released
+    async def crd_uid(self, name: str) -> str | None:
+        """The uid of the CRD `name`, or None if there is none. Listed, not read: kopf's rights on
+        CRDs, which the operator has, are list and watch."""
+        response = await self._call(self.apiextensions.list_custom_resource_definition, field_selector=f"metadata.name={name}")
+        uids = [crd["metadata"]["uid"] for crd in json.loads(response.data)["items"] if crd["metadata"]["name"] == name]
+        return uids[0] if uids else None
 
-    async def _release(self, job: dict[str, Any] | None, finalizer: str) -> bool:
-        """Remove `finalizer` from the job; True if this call removed it. A job changed since it was
-        read (409: its reconciling wrote to it meanwhile) is read again and released then: the
-        CRD's deletion may bring no further event to retry on, and the job would keep the CRD
-        Terminating."""
-        while job is not None and finalizer in (job["metadata"].get("finalizers") or []):
-            metadata = job["metadata"]
+    async def release_job(self, job: dict[str, Any], finalizer: str) -> bool:
+        """Remove `finalizer` from the job, so that it can go when no handler of its runs again (its
+        CRD is being deleted); True if this call removed it. A job changed since it was read (409:
+        its reconciling wrote to it meanwhile) is read again and released then."""
+        current: dict[str, Any] | None = job
+        while current is not None and finalizer in (current["metadata"].get("finalizers") or []):
+            metadata = current["metadata"]
             remaining = [f for f in metadata["finalizers"] if f != finalizer]
             body = {"metadata": {"finalizers": remaining, "resourceVersion": metadata.get("resourceVersion")}}
             try:
@@ -191,7 +190,7 @@ class Cluster:
                     return False
                 if error.status != 409:
                     raise
-            job = await self._job(metadata["namespace"], metadata["name"])
+            current = await self._job(metadata["namespace"], metadata["name"])
         return False
 
     async def delete_pods(self, namespace: str, names: list[str], force: bool = False) -> None:

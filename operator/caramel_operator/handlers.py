@@ -268,6 +268,8 @@ async def _reconcile_once(
             await _read_progress(decision, job, workers, memo, now)
             status = await _write_status(decision.status, status, namespace, name, memo.cluster)
             refusals = await _carry_out(decision, body, namespace, memo.cluster)
+            if refusals is None:
+                return status  # nothing was done, and its events ("created ...") would not be true
             decision = report_creation_failures(decision, refusals, now)
             status = await _write_status(decision.status, status, namespace, name, memo.cluster)
         for event in decision.events:
@@ -349,13 +351,14 @@ async def _read_group(
     return ObservedGroup(gang, found)
 
 
-async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluster: Cluster) -> list[str]:
-    """Carry out the actions; the API server's refusals of creations."""
+async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluster: Cluster) -> list[str] | None:
+    """Carry out the actions; the API server's refusals of creations, or None if the job is gone
+    and nothing was done."""
     creates = any(isinstance(action, CreateObject | CreatePods | CreateGroup) for action in decision.actions)
     if creates and await cluster.job_uid(namespace, body.metadata.name) != body.metadata.uid:
         # The job (or its CRD) is gone, though its daemon has not heard yet: creating pods now
         # would make orphans, which the garbage collector deletes and the next pass re-creates.
-        return []
+        return None
     refusals = []
     for action in decision.actions:
         match action:
@@ -414,14 +417,29 @@ async def expire(
         LOG.info(f"CaramelJob {namespace}/{name}: Expired: deleted, spec.runPolicy.ttlSecondsAfterFinished after it finished")
 
 
+# How often the jobs of a CRD being deleted are looked at again, until none is left or the CRD is gone.
+RELEASE_AGAIN_SECONDS = 0.5
+
+
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", field="metadata.name", value=CRD_NAME)
 async def release_jobs_of_a_deleted_crd(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     """Deleting the CRD deletes every job, and each waits on kopf's finalizer; kopf stops serving
-    a resource whose CRD is going, so the finalizers are removed here, or the CRD stays Terminating."""
+    a resource whose CRD is going, so the finalizers are removed here, or the CRD stays Terminating.
+
+    Removed until the last job is gone, not once per event of the CRD: kopf serves the jobs for a
+    moment longer and puts its finalizer back on a job it sees changed, and the CRD may send no
+    further event before its jobs are gone (none comes from the deletion of the jobs it waits on)."""
     crd = event["object"]
     if event["type"] == "DELETED":
         memo.watch.crd_deleted()
-    if event["type"] == "DELETED" or (crd.get("metadata") or {}).get("deletionTimestamp"):
-        released = await memo.cluster.release_jobs(FINALIZER, SETTINGS.watch_namespaces)
+        return
+    if not (crd.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    while jobs := await memo.cluster.jobs(SETTINGS.watch_namespaces):
+        # Read after the listing: while this CRD exists no other can, so every job listed is its.
+        if await memo.cluster.crd_uid(CRD_NAME) != crd["metadata"]["uid"]:
+            return
+        released = sum([await memo.cluster.release_job(job, FINALIZER) for job in jobs])
         if released:
             LOG.info(f"CRD {CRD_NAME} is being deleted: released {released} CaramelJobs from the operator's finalizer")
+        await asyncio.sleep(RELEASE_AGAIN_SECONDS)
