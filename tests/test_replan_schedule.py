@@ -44,7 +44,7 @@ def test_plans_are_decided_at_the_first_boundary_then_every_interval():
     assert report["beside"][0] > 4, report
 
 
-def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one_rank):
+def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one_rank, capsys):
     from caramel.planner.linkmodel import LinkModel
     from caramel.planner.schedule import Batch, Plan
     from caramel.tensorflow.replanner import Replanner
@@ -53,10 +53,12 @@ def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one
     replanner.seconds_per_step, replanner.retrace_seconds = 0.5, 20.0  # one step per graph; the estimated build
     plan = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.45)  # 50 ms faster a step
     assert not replanner.worth_several_steps(plan, steps_left=200)  # 10 s gained: less than the build
+    assert "keeping one step per graph: predicted 50 ms faster per step, the change would not repay its rebuild (20 s) within the 200 steps left" in capsys.readouterr().err
     assert replanner.worth_several_steps(plan, steps_left=1000)  # 50 s
     assert replanner.worth_several_steps(plan, steps_left=None)  # not said: as many steps per graph as asked
     slower = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.55)
     assert not replanner.worth_several_steps(slower, steps_left=10**6)
+    assert "keeping one step per graph: the change is predicted 50 ms slower per step" in capsys.readouterr().err
     replanner.assume_long_training = True  # as the benchmarks' few steps stand for a long training
     assert replanner.worth_several_steps(plan, steps_left=200)
 

@@ -324,12 +324,15 @@ class Replanner:
         where it does not."""
         if repays_retrace(gain_seconds, self.retrace_seconds, steps_left):
             return True
-        steps = f"the {steps_left} steps left" if steps_left is not None else f"{PAYBACK_STEPS} steps"
-        print(
-            f"caramel: keeping {kept}: predicted {gain_seconds * 1e3:.3g} ms faster per step, the change would not repay its "
-            f"rebuild ({self.retrace_seconds:.3g} s) within {steps}",
-            file=sys.stderr, flush=True,
-        )  # fmt: skip
+        if gain_seconds <= 0:
+            why = f"the change is predicted {-gain_seconds * 1e3:.3g} ms slower per step"
+        else:
+            steps = f"the {steps_left} steps left" if steps_left is not None else f"{PAYBACK_STEPS} steps"
+            why = (
+                f"predicted {gain_seconds * 1e3:.3g} ms faster per step, the change would not repay its "
+                f"rebuild ({self.retrace_seconds:.3g} s) within {steps}"
+            )
+        print(f"caramel: keeping {kept}: {why}", file=sys.stderr, flush=True)
         return False
 
     def _probe(self) -> None:
