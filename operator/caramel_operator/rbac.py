@@ -75,13 +75,13 @@ OPERATOR_RULES = (
     ),
     Rule("", ("events",), ("create",), "Events about CaramelJobs (kopf posts core/v1 ones)."),
 )
-# What kopf reads at cluster scope whatever it serves: the CRDs, so that it notices the CaramelJob
-# CRD being installed, upgraded or deleted while it runs.
+# What kopf and the operator read at cluster scope whatever it serves: the CRDs, so that kopf notices the CaramelJob
+# CRD being installed, upgraded or deleted while it runs, and the operator sees it gone (handlers.py).
 CRD_READ_RULE = Rule(
     "apiextensions.k8s.io",
     ("customresourcedefinitions",),
     ("list", "watch"),
-    "kopf: watches CRDs, so that it notices the CaramelJob CRD being installed or upgraded while it runs.",
+    "kopf: watches CRDs, so that it notices the CaramelJob CRD being installed or upgraded while it runs; the operator: lists the CRD while it is deleted, to release its jobs until it is gone.",
 )
 # Confined to namespaces, kopf also lists and watches namespaces, to learn which of the served ones exist.
 NAMESPACE_READ_RULE = Rule(
