@@ -7,7 +7,7 @@
 
 Issue 26, item 4, and issue 35, item 2: each of the four scripts in examples/horovod/ (in the shape
 of Horovod's TF2 examples) runs under Caramel on tf-keras at most 1.0x plain Horovod on the same
-script. Per script, the same arguments, five variants, each a `caramel run` of a generated
+script. Per script, the same arguments, six variants, each a `caramel run` of a generated
 CaramelJob on this machine (local processes; `--workers` workers of one slot, the job's memory
 allocator), so all start the same way (the worker entrypoint, the rendezvous, the environment
 contract):
@@ -22,6 +22,11 @@ contract):
     caramel-horovod-keras2, caramel-tensorflow-keras2
                         the same two on tf-keras, as Horovod's users run their scripts: the job's
                         environment sets TF_USE_LEGACY_KERAS=1 (docs/training-scripts.md)
+    horovod-sized-pools a control, not Caramel: plain Horovod as above, with TensorFlow's thread
+                        pools sized as Caramel's runtime sizes them (TF_NUM_INTRAOP_THREADS and
+                        TF_NUM_INTEROP_THREADS by `caramel.contract.cpus.pool_sizes` for the
+                        workers on this machine), so that what the pools give and what the rest of
+                        Caramel gives show apart
 Keras 3's own cost shows as the keras2 variants against the others; plain Horovod against
 caramel-*-keras2 is Caramel's, on the same Keras.
 Every variant's job has the same environment besides: PYTHONUNBUFFERED=1 (so that each printed line
@@ -41,12 +46,12 @@ Caramel's first plans: WARMUP_FRACTION) over their number, from rank 0's output:
                         read line by line as it comes, each line stamped on arrival)
     keras_mnist         the arrival of Keras's `Epoch k/N` lines (each epoch's start; the last
                         epoch has no such line at its end and is not timed, so it needs 3 epochs)
-The tables give per script and variant the median and min-max over the repeats, and each Caramel
+The tables give per script and variant the median and min-max over the repeats, and each other
 variant over plain Horovod: the ratio of the medians and, in brackets, the min-max of the
 per-repeat ratios (each run against the Horovod run of its own repeat). The summary lines give each
 script's ratios; `results.json` (rewritten after every run), every run's job file and output, and
-`ratios.png` (a bar group per script, a bar per Caramel variant: its step and its whole run over
-plain Horovod's, a line at 1.0) go to the output directory (runs/horovod-scripts-<time>/).
+`ratios.png` (a bar group per script, a bar per variant but plain Horovod: its step and its whole
+run over plain Horovod's, a line at 1.0) go to the output directory (runs/horovod-scripts-<time>/).
 """
 
 from __future__ import annotations
@@ -70,12 +75,15 @@ from pathlib import Path
 import yaml
 
 from caramel.contract.api import MemoryAllocator
+from caramel.contract.cpus import INTER_OP_VARIABLE, INTRA_OP_VARIABLE, machine_cpus, pool_sizes
 from testbed.ports import free_port_block
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 EXAMPLES = REPOSITORY / "examples" / "horovod"
 BASELINE = "horovod"
-VARIANTS = (BASELINE, "caramel-horovod", "caramel-tensorflow", "caramel-horovod-keras2", "caramel-tensorflow-keras2")
+SIZED_POOLS = "horovod-sized-pools"
+"""The control: plain Horovod with Caramel's thread pools."""
+VARIANTS = (BASELINE, SIZED_POOLS, "caramel-horovod", "caramel-tensorflow", "caramel-horovod-keras2", "caramel-tensorflow-keras2")
 BACKENDS = {
     "caramel-horovod": "horovod", "caramel-tensorflow": "tensorflow", "caramel-horovod-keras2": "horovod", "caramel-tensorflow-keras2": "tensorflow",
 }  # fmt: skip
@@ -238,8 +246,11 @@ def job_document(script: Script, variant: str, args: Sequence[str], workers: int
     }
     if memory_allocator:
         spec["workers"]["memoryAllocator"] = memory_allocator
-    if variant == BASELINE:
+    if variant in (BASELINE, SIZED_POOLS):
         spec["command"] = [python, "-m", "benchmarks.plain_horovod_runner", str(script.path)]
+        if variant == SIZED_POOLS:  # every worker runs on this machine, one rank each
+            pools = pool_sizes(machine_cpus(), workers)
+            spec["env"] += [{"name": INTRA_OP_VARIABLE, "value": str(pools.intra_op)}, {"name": INTER_OP_VARIABLE, "value": str(pools.inter_op)}]
     else:
         spec["script"] = str(script.path)
         spec["caramel"] = {"backend": BACKENDS[variant]}
@@ -384,7 +395,7 @@ class Spread:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A Caramel variant over plain Horovod: the ratio of the medians, and the min-max of the
+    """A variant over plain Horovod: the ratio of the medians, and the min-max of the
     per-repeat ratios (each run over the Horovod run of its own repeat)."""
 
     of_medians: float
@@ -498,7 +509,7 @@ def report_lines(document: dict) -> list[str]:
 
 
 def plot(document: dict, path: Path) -> None:
-    """A bar group per script, a bar per Caramel variant: its steady step (left) and whole run
+    """A bar group per script, a bar per variant but plain Horovod: its steady step (left) and whole run
     (right) over plain Horovod's, the per-repeat ratios' min-max as error bars, a line at 1.0."""
     import matplotlib
 

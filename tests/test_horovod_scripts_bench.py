@@ -23,6 +23,7 @@ import pytest
 
 import benchmarks.horovod_scripts_bench as bench
 import benchmarks.plain_horovod_runner as runner
+from caramel.contract.cpus import machine_cpus, pool_sizes
 from caramel.contract.jobfile import parse_job
 from caramel.launch.entrypoint import HOROVOD_API_DIR
 from conftest import REPO, job_manifest, run_caramel, write_manifest
@@ -239,9 +240,12 @@ def test_every_variant_runs_the_same_script_the_same_way_but_for_horovod_and_the
         assert job.spec.args == list(script.args) and job.spec.working_dir == str(tmp_path)
         assert job.spec.workers.replicas == 2 and job.spec.run_policy.backoff_limit == 0
         keras_2 = {("TF_USE_LEGACY_KERAS", "1")} if variant.endswith("-keras2") else set()
-        assert {(env.name, env.value) for env in job.spec.env} == {("PYTHONUNBUFFERED", "1"), ("PYTHONPATH", str(REPO))} | keras_2
-    assert jobs["horovod"]["spec"]["command"] == ["/venv/python", "-m", "benchmarks.plain_horovod_runner", str(script.path)]
-    assert "script" not in jobs["horovod"]["spec"] and "caramel" not in jobs["horovod"]["spec"]
+        pools = pool_sizes(machine_cpus(), 2)  # the control's: Caramel's sizes for 2 workers on this machine
+        sized = {("TF_NUM_INTRAOP_THREADS", str(pools.intra_op)), ("TF_NUM_INTEROP_THREADS", str(pools.inter_op))} if variant == "horovod-sized-pools" else set()
+        assert {(env.name, env.value) for env in job.spec.env} == {("PYTHONUNBUFFERED", "1"), ("PYTHONPATH", str(REPO))} | keras_2 | sized
+    for plain in ("horovod", "horovod-sized-pools"):
+        assert jobs[plain]["spec"]["command"] == ["/venv/python", "-m", "benchmarks.plain_horovod_runner", str(script.path)]
+        assert "script" not in jobs[plain]["spec"] and "caramel" not in jobs[plain]["spec"]
     for variant, backend in bench.BACKENDS.items():
         assert jobs[variant]["spec"]["script"] == str(script.path) and jobs[variant]["spec"]["caramel"] == {"backend": backend}
     assert script.path.is_file()
@@ -259,8 +263,8 @@ def test_every_scripts_arguments_parse_and_leave_steps_to_time():
 
 
 def test_variants_rotate_over_the_repeats_and_horovod_always_runs(capsys):
-    assert [bench.rotated(bench.VARIANTS, repeat)[0] for repeat in range(6)] == [
-        "horovod", "caramel-horovod", "caramel-tensorflow", "caramel-horovod-keras2", "caramel-tensorflow-keras2", "horovod",
+    assert [bench.rotated(bench.VARIANTS, repeat)[0] for repeat in range(7)] == [
+        "horovod", "horovod-sized-pools", "caramel-horovod", "caramel-tensorflow", "caramel-horovod-keras2", "caramel-tensorflow-keras2", "horovod",
     ]
     assert bench.parse_args(["--variants", "caramel-tensorflow"]).variants == ["horovod", "caramel-tensorflow"]
     assert bench.parse_args([]).scripts == list(bench.SCRIPTS)

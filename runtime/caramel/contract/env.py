@@ -195,6 +195,14 @@ class WorkerContract:
         return self.min_workers * self.slots_per_worker < self.full_world_size
 
     @property
+    def ranks_on_this_machine(self) -> int:
+        """The training processes that share this worker's machine: its slots, and those of every
+        worker at the same address (`caramel run`'s workers all share one)."""
+        if not self.peers:
+            return self.slots_per_worker
+        return self.peers.count(self.peers[self.worker_index]) * self.slots_per_worker
+
+    @property
     def required_rank(self) -> int:
         """This training process's rank (HOROVOD_RANK, which every training process has)."""
         if self.rank is None:

@@ -20,6 +20,7 @@ from caramel.metrics import WorkerMetrics
 from caramel.tensorflow import stopping
 from caramel.tensorflow.communicator import GradientCommunicator
 from caramel.tensorflow.keras_version import keras_2
+from caramel.tensorflow.thread_pools import size_thread_pools
 from caramel.tensorflow.unsupported import refuse
 
 
@@ -82,6 +83,8 @@ def init() -> Runtime:
     if _runtime is None:
         contract = WorkerContract.from_env()
         choice = chosen(contract)
+        # Before the backend, whose set-up starts TensorFlow: its pools are sized once, as it starts.
+        pools = size_thread_pools(contract)
         backend = set_up(choice, contract)
         # After the backend: TensorFlow's coordination service takes SIGTERM for itself as it starts.
         stopping.install()
@@ -91,6 +94,7 @@ def init() -> Runtime:
         _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend), metrics)
         keras = "Keras 2 (tf-keras, TF_USE_LEGACY_KERAS)" if keras_2() else "Keras 3"
         _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value}); tf.keras is {keras}")
+        _runtime.say(pools)
     return _runtime
 
 

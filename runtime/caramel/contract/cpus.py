@@ -1,0 +1,105 @@
+"""How many CPUs each training process may use, and so how many threads TensorFlow gives it.
+
+TensorFlow sizes its thread pools to every core the process can be scheduled on. Where several
+training processes share those cores (the slots of a worker, the workers of `caramel run` on one
+machine), or where a pod's CPU limit is far below its node's cores, each process then runs more
+threads than it has CPUs, and they take the CPU from each other and from the collectives' threads:
+2 ranks on 2 cores measured a third slower per step with TensorFlow's pools than with one
+intra-op thread each (benchmarks/results/, the thread-pools file). Caramel's runtime sizes the
+pools of every training process by `pool_sizes` (`caramel.tensorflow.thread_pools`), and the
+benchmarks' controls by the same rule.
+
+The CPUs of a worker are those it may be scheduled on (its affinity), capped by its cgroup's CPU
+quota (a pod's CPU limit; cgroup v2 or v1). No TensorFlow here: the benchmarks read the rule too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+INTRA_OP_VARIABLE = "TF_NUM_INTRAOP_THREADS"
+INTER_OP_VARIABLE = "TF_NUM_INTEROP_THREADS"
+"""TensorFlow's own variables for its pools: set in a job's spec.env, they win over Caramel's sizes."""
+MIN_INTER_OP_THREADS = 2
+"""Ops that may run at once: at least 2, as one inter-op thread runs independent ops one after
+another, which measured slower than 2 where each rank had a single CPU."""
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    """A training process's share of its machine's CPUs and the thread pools sized to it."""
+
+    cpus: float
+    """The CPUs the worker may use (its affinity, capped by its cgroup's quota)."""
+    ranks: int
+    """The training processes that share them."""
+    intra_op: int
+    """Threads that one op's kernel may split its work over."""
+    inter_op: int
+    """Ops that may run at once."""
+
+
+def pool_sizes(cpus: float, ranks: int) -> PoolSizes:
+    """The pools of each of `ranks` training processes sharing `cpus` CPUs: a thread per CPU of
+    its share (at least one), and at least MIN_INTER_OP_THREADS ops at once."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, not {ranks}")
+    share = max(1, math.floor(cpus / ranks))
+    return PoolSizes(cpus=cpus, ranks=ranks, intra_op=share, inter_op=max(MIN_INTER_OP_THREADS, share))
+
+
+def machine_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> float:
+    """The CPUs this process may use: those it may be scheduled on, capped by its cgroup's quota."""
+    cpus = float(len(os.sched_getaffinity(0)))
+    quota = cgroup_cpu_quota(root, proc_cgroup)
+    return min(cpus, quota) if quota is not None else cpus
+
+
+def cgroup_cpu_quota(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (a pod's CPU limit), None where it has none
+    or none can be read. Reads the process's own cgroup, or where that is not found, the mount's
+    root (a container in its own cgroup namespace sees its cgroup there)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        relative = path.lstrip("/")
+        if hierarchy == "0" and controllers == "":
+            places = [root / relative, root]
+            read = _v2_quota
+        elif "cpu" in controllers.split(","):
+            places = [mount / place for mount in (root / controllers, root / "cpu", root / "cpu,cpuacct") for place in (relative, "")]
+            read = _v1_quota
+        else:
+            continue
+        for directory in places:
+            quota = read(directory)
+            if quota is not None:
+                return None if math.isinf(quota) else quota
+    return None
+
+
+def _v2_quota(directory: Path) -> float | None:
+    """cpu.max: "QUOTA PERIOD", or "max PERIOD" (no quota: infinity); None where unreadable."""
+    try:
+        quota, period = (directory / "cpu.max").read_text().split()[:2]
+        return math.inf if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _v1_quota(directory: Path) -> float | None:
+    """cpu.cfs_quota_us over cpu.cfs_period_us; a quota of -1 is none (infinity); None where unreadable."""
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+        return math.inf if quota < 0 else quota / period
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
