@@ -113,7 +113,6 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
     joined = join(args.strategy, args.whole_job)
     hvd, strategy = joined.hvd, joined.mwms_strategy
     spec = REAL_MODELS[args.model]

@@ -3,11 +3,11 @@
 TensorFlow sizes its thread pools to every core the process can be scheduled on. Where several
 training processes share those cores (the slots of a worker, the workers of `caramel run` on one
 machine), or where a pod's CPU limit is far below its node's cores, each process then runs more
-threads than it has CPUs, and they take the CPU from each other and from the collectives' threads:
-2 ranks on 2 cores measured a third slower per step with TensorFlow's pools than with one
-intra-op thread each (benchmarks/results/, the thread-pools file). Caramel's runtime sizes the
+threads than it has CPUs, and they take the CPU from each other and from the collectives' threads
+(2 ranks on 2 cores, each with TensorFlow's pools against one intra-op thread each:
+benchmarks/results/2026-11-29-horovod-scripts-thread-pools.txt). Caramel's runtime sizes the
 pools of every training process by `pool_sizes` (`caramel.tensorflow.thread_pools`), and the
-benchmarks' controls by the same rule.
+benchmarks' control by the same rule.
 
 The CPUs of a worker are those it may be scheduled on (its affinity), capped by its cgroup's CPU
 quota (a pod's CPU limit; cgroup v2 or v1). No TensorFlow here: the benchmarks read the rule too.
