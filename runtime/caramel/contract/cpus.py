@@ -35,9 +35,9 @@ class PoolSizes:
     """A training process's share of its machine's CPUs and the thread pools sized to it."""
 
     cpus: float
-    """The CPUs the worker may use (its affinity, capped by its cgroup's quota)."""
+    """The CPUs the ranks on this machine share (`machine_cpus`)."""
     ranks: int
-    """The training processes that share them."""
+    """The training processes that share them (`WorkerContract.ranks_on_this_machine`)."""
     intra_op: int
     """Threads that one op's kernel may split its work over."""
     inter_op: int

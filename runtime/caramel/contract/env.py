@@ -197,7 +197,8 @@ class WorkerContract:
     @property
     def ranks_on_this_machine(self) -> int:
         """The training processes that share this worker's machine: its slots, and those of every
-        worker at the same address (`caramel run`'s workers all share one)."""
+        worker at the same address (`caramel run`'s workers all share one), as the ports'
+        `machine_offsets` counts them."""
         if not self.peers:
             return self.slots_per_worker
         return self.peers.count(self.peers[self.worker_index]) * self.slots_per_worker
