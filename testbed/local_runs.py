@@ -41,9 +41,9 @@ def digests(output: str) -> dict[int, str]:
 class BackgroundRun:
     """`caramel run` in the background, its output collected line by line."""
 
-    def __init__(self, job_file: Path) -> None:
+    def __init__(self, job_file: Path, topology: Path | None = None) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "caramel.launch.cli", "run", str(job_file)],
+            [sys.executable, "-m", "caramel.launch.cli", "run", str(job_file), *(["--topology", str(topology)] if topology else [])],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -12,8 +12,9 @@ from caramel.contract.jobfile import parse_job
 from caramel.contract.lab import Batching, Collective, LabScheduling, Ordering, lab_variables
 from caramel.contract.ports import PortMap
 from caramel.contract.restart import RestartPolicy
-from caramel.network.synthetic import racks
-from caramel.network.wire import job_topology, to_wire
+from caramel.launch.rendezvous import Host, Round
+from caramel.network.synthetic import racks, torus
+from caramel.network.wire import from_wire, job_topology, to_wire
 
 
 def job(replicas=3, slots=2, min_replicas=None, **spec):
@@ -31,9 +32,9 @@ def job(replicas=3, slots=2, min_replicas=None, **spec):
 CLUSTER_PEERS = [f"demo-worker-{i}.demo.default.svc" for i in range(3)]
 
 
-def process_envs(the_job, peers):
+def process_envs(the_job, peers, topology=None):
     for index in range(len(peers)):
-        worker = worker_env(the_job, index, peers)
+        worker = worker_env(the_job, index, peers, topology=topology)
         for slot in range(the_job.spec.workers.slots_per_worker):
             yield {**worker, **slot_env(worker, slot)}
 
@@ -177,6 +178,40 @@ def test_topology_must_have_one_host_per_rank():
     env = worker_env(job(), 0, CLUSTER_PEERS)
     with pytest.raises(RuntimeError, match="CARAMEL_TOPOLOGY: not a topology"):
         WorkerContract.from_env({**env, "CARAMEL_TOPOLOGY": '{"v": 2}'})
+
+
+def test_ranks_re_formed_without_a_worker_get_the_topology_and_addresses_of_the_workers_in_their_round():
+    """An elastic gang of 3 that lost worker 1: the round's ranks are workers 0 and 2 (issue 50:
+    CARAMEL_TOPOLOGY of the whole gang against a HOROVOD_SIZE of 4 failed every survivor)."""
+    the_job = job(replicas=3, min_replicas=2, caramel={"transportPort": 29600})
+    placed = racks(3, 2, 1e9, 2.5e8)  # a rack per worker, a host per rank
+    gang = [list(process_envs(the_job, peers, to_wire(placed))) for peers in (CLUSTER_PEERS, ["127.0.0.1"] * 3)]
+    round_of_two = Round(1, (Host("demo-worker-0", 2), Host("demo-worker-2", 2)))
+    for envs in gang:
+        whole = WorkerContract.from_env(envs[4])
+        survivor = WorkerContract.from_env({**envs[4], **round_of_two.rank_env("demo-worker-2", 0)})
+        assert (survivor.required_rank, survivor.world_size, survivor.round_workers) == (2, 4, (0, 2))
+        assert job_topology(survivor).hosts == tuple(placed.hosts[rank] for rank in (0, 1, 4, 5))
+        assert job_topology(survivor).groups == tuple(placed.groups[rank] for rank in (0, 1, 4, 5))
+        # Every worker keeps the ports it listens on: rank 2 is worker 2's first process.
+        for addresses in ("transport_addresses", "collective_addresses"):
+            started = getattr(whole, addresses)
+            assert getattr(survivor, addresses) == [started[rank] for rank in (0, 1, 4, 5)], addresses
+        assert survivor.transport_addresses[2][1] == int(envs[4]["CARAMEL_TRANSPORT_PORT"])
+    with pytest.raises(RuntimeError, match="CARAMEL_ROUND_WORKERS names demo-worker-7, which CARAMEL_HOSTS"):
+        WorkerContract.from_env({**gang[0][0], "CARAMEL_ROUND_WORKERS": "demo-worker-7"})
+    with pytest.raises(RuntimeError, match="CARAMEL_TOPOLOGY has 6 hosts; the gang of CARAMEL_HOSTS has 4 ranks"):
+        WorkerContract.from_env(worker_env(the_job, 0, CLUSTER_PEERS[:2]) | {"CARAMEL_TOPOLOGY": to_wire(placed).to_json()})
+
+
+def test_a_direct_network_keeps_the_hosts_of_workers_left_out_as_nodes_that_forward():
+    grid = to_wire(torus(2, 3, 1e9))
+    network = from_wire(grid.of_hosts([0, 2, 3, 5]))  # still connected: hosts 1 and 4 forward
+    assert network.hosts == tuple(grid.hosts[host] for host in (0, 2, 3, 5))
+    assert network.switches == (grid.hosts[1], grid.hosts[4])
+    assert len(network.links) == len(from_wire(grid).links)
+    with pytest.raises(ValueError, match="are not distinct hosts of 0..5"):
+        grid.of_hosts([0, 0])
 
 
 def test_every_worker_waits_for_the_others_as_long_as_the_contract_says():

@@ -84,7 +84,9 @@ def test_an_elastic_gangs_later_round_is_its_survivors_once_they_settle_and_take
     assert rounds.status(2) == Round(2, FOUR)
     assert Round(2, FOUR).rank_env("job-worker-2", 0) == {
         "HOROVOD_RANK": "2", "HOROVOD_SIZE": "4", "HOROVOD_CROSS_RANK": "2", "HOROVOD_CROSS_SIZE": "4", "CARAMEL_ROUND": "2",
+        "CARAMEL_ROUND_WORKERS": "job-worker-0,job-worker-1,job-worker-2,job-worker-3",
     }  # fmt: skip
+    assert Round(1, (FOUR[0], FOUR[2])).rank_env("job-worker-2", 1)["CARAMEL_ROUND_WORKERS"] == "job-worker-0,job-worker-2"
     assert rounds.join(FOUR[2], member="again", after=1) == 2  # a retried join, or another process of that worker
 
 
@@ -253,10 +255,15 @@ def test_horovods_scopes_are_sized_from_the_hosts():
     assert scope_sizes([("w0", 2), ("w1", 1)]) == {"global": 3, "local_w0": 2, "local_w1": 1, "cross_0": 2, "cross_1": 1}
 
 
+# How long the fixture's store holds a GET of a key that is not there (the contract's rendezvous
+# timeout in a gang): short, so that a test sees the 404 that follows.
+STORE_PATIENCE_SECONDS = 1.0
+
+
 @pytest.fixture
 def server():
     port = free_port()
-    serving = RendezvousServer(port, GANG)
+    serving = RendezvousServer(port, GANG, store_patience_seconds=STORE_PATIENCE_SECONDS)
     serving.start()
     yield port
     serving.stop()
@@ -294,17 +301,18 @@ def test_a_wait_ends_at_its_timeout_or_when_stopped():
     assert join_round("127.0.0.1", port, GANG[1], 30, stop) is None
 
 
-def request(port: int, method: str, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+def request(port: int, method: str, path: str, data: bytes | None = None, timeout: float = 5) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method), timeout=5) as answer:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method), timeout=timeout) as answer:
             return answer.status, answer.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
 
 
 def test_each_closed_round_serves_the_store_horovods_gloo_meets_at(server):
-    """Horovod's HTTPStore: PUT /<scope>/<rank>, GET it (404 until there), DELETE once connected;
-    the last of a scope's members to delete clears the scope, as Horovod's own server does."""
+    """Horovod's HTTPStore: PUT /<scope>/<rank>, GET it (404 once the store's patience is out),
+    DELETE once connected; the last of a scope's members to delete clears the scope, as Horovod's
+    own server does."""
     assert request(server, "GET", "/global/0")[0] == 409  # no round closed: Horovod asks again
     rounds_closed = {}
     stop = threading.Event()
@@ -319,7 +327,7 @@ def test_each_closed_round_serves_the_store_horovods_gloo_meets_at(server):
     assert request(server, "GET", "/global/1") == (200, b"\x00address of rank 1")  # rank 3 has not finished
     request(server, "DELETE", "/global/3")
     assert request(server, "GET", "/global/1")[0] == 404
-    # A scope the round does not size: DELETE removes that key alone.
+    # A scope the round does not size: DELETE removes that key alone, and a GET is not held.
     request(server, "PUT", "/adhoc/a", b"1")
     request(server, "PUT", "/adhoc/b", b"2")
     request(server, "DELETE", "/adhoc/a")
@@ -348,3 +356,35 @@ def test_horovods_collectives_meet_at_caramels_rendezvous_with_several_slots_per
     assert result.returncode == 0, result.stderr[-4000:]
     for rank in range(4):
         assert f"rank {rank} | ranks {rank}/4 local {rank % 2}/2 cross {rank // 2}/2 sum [6.0]" in result.stderr, result.stderr[-4000:]
+
+
+def test_a_get_of_a_key_not_there_is_held_until_it_comes_or_a_member_of_the_round_is_gone():
+    """Issue 50: an elastic gang's ranks re-form with Gloo's 5 s peer timeout, which Horovod's
+    HTTPStore also takes as its wait for the other ranks' keys; on a loaded node rank 0 gave up
+    ("Wait timeout after 5 seconds for key(s): 1"). Held, the wait is the gang's."""
+    for ending in ("put", "gone", "stop"):
+        port = free_port()
+        serving = RendezvousServer(port, GANG, fewest=1, store_patience_seconds=30)
+        serving.start()
+        try:
+            threads = [join_in_thread(port, host, {}, threading.Event(), []) for host in GANG]
+            for thread in threads:
+                thread.join(timeout=10)
+            beats = Beats("127.0.0.1", port, "job-worker-1", member="")
+            beats.start()
+            answers: list = []
+            held = threading.Thread(target=lambda: answers.append(request(port, "GET", "/global/1", timeout=60)))
+            held.start()
+            held.join(timeout=2 * LEASE_SECONDS)
+            assert held.is_alive() and not answers, ending  # rank 1 is late: its key is not there yet
+            if ending == "put":
+                assert request(port, "PUT", "/global/1", b"address of rank 1") == (200, b"")
+            elif ending == "gone":
+                beats.end()  # worker 1 says its training processes ended: nobody waits for its key
+            else:
+                serving.stop()  # answers a held GET at once, so that stopping does not wait for it
+            held.join(timeout=5)
+            assert answers == [(200, b"address of rank 1") if ending == "put" else (404, b"")], ending
+        finally:
+            beats.end()
+            serving.stop()

@@ -37,6 +37,9 @@ from caramel.contract.topology import WireTopology
 # late). Gloo also bounds each collective's wait for a peer by it; a peer that dies is seen sooner,
 # by `caramel run` or the operator, which stop the whole gang.
 RENDEZVOUS_TIMEOUT_SECONDS = 600
+ROUND_WORKERS_VARIABLE = "CARAMEL_ROUND_WORKERS"
+"""The workers of the rendezvous round a training process's ranks come from, by name, in rank
+order (`caramel.launch.rendezvous.Round.rank_env` sets it); unset, every worker of CARAMEL_HOSTS."""
 
 TENSORFLOW_ENV = {
     # Hide TensorFlow's start-up chatter (CUDA probing on CPU machines); spec.env can override.
@@ -172,10 +175,15 @@ class WorkerContract:
     metrics_port: int | None
     rank: int | None
     peers: tuple[str, ...]
-    """Every worker's address (CARAMEL_PEERS)."""
+    """Every worker's address (CARAMEL_PEERS), in the order of the gang as it started."""
+    round_workers: tuple[int, ...]
+    """The workers whose ranks make up the world, in rank order, as indices of the gang as it
+    started: every worker, or those of the rendezvous round the ranks re-formed in
+    (ROUND_WORKERS_VARIABLE, by name), where an elastic gang lost or took back some."""
     topology: WireTopology | None
-    """The network under the job, one host per rank (CARAMEL_TOPOLOGY), as sent; None when the job
-    has none. `caramel.network.wire.job_topology` gives the network itself (a flat one for None)."""
+    """The network under the ranks of the world, one host per rank, in rank order: CARAMEL_TOPOLOGY
+    (the gang as it started) cut down to the round's workers. None when the job has none.
+    `caramel.network.wire.job_topology` gives the network itself (a flat one for None)."""
 
     def share_of(self, global_batch: int) -> int:
         """This rank's examples of a step's `global_batch`, split over the ranks that run: a script
@@ -213,12 +221,19 @@ class WorkerContract:
     @property
     def transport_addresses(self) -> list[tuple[str, int]]:
         """Where each rank's multitree transport listens, in rank order."""
-        return rank_addresses(self._required_peers(), self.slots_per_worker, self.scheduling.transport_port)
+        return self._world_addresses(self.scheduling.transport_port)
 
     @property
     def collective_addresses(self) -> list[tuple[str, int]]:
         """Where each rank's TensorFlow server listens (the tensorflow backend), in rank order."""
-        return rank_addresses(self._required_peers(), self.slots_per_worker, collective_port(self.rendezvous_port))
+        return self._world_addresses(collective_port(self.rendezvous_port))
+
+    def _world_addresses(self, first_port: int) -> list[tuple[str, int]]:
+        """Where each rank of the world listens on a per-process port: each worker keeps the ports
+        it was given in the gang as it started, whichever ranks it has now."""
+        slots = self.slots_per_worker
+        started = rank_addresses(self._required_peers(), slots, first_port)
+        return [started[worker * slots + slot] for worker in self.round_workers for slot in range(slots)]
 
     @property
     def collective_timeout_seconds(self) -> float:
@@ -243,13 +258,15 @@ class WorkerContract:
         checkpoint = environ.get("CARAMEL_CHECKPOINT")
         tuning = environ.get("CARAMEL_TUNING")
         world_size = int(environ["HOROVOD_SIZE"])
+        slots = int(environ["HOROVOD_LOCAL_SIZE"])
+        round_workers = _round_workers(environ["CARAMEL_HOSTS"], environ.get(ROUND_WORKERS_VARIABLE), world_size, slots)
         return cls(
             job_name=environ["CARAMEL_JOB_NAME"],
             worker_index=int(environ["CARAMEL_WORKER_INDEX"]),
             hosts=environ["CARAMEL_HOSTS"],
             world_size=world_size,
             full_world_size=int(environ.get("CARAMEL_FULL_SIZE") or world_size),
-            slots_per_worker=int(environ["HOROVOD_LOCAL_SIZE"]),
+            slots_per_worker=slots,
             min_workers=int(environ.get("CARAMEL_MIN_WORKERS") or len(environ["CARAMEL_HOSTS"].split(","))),
             rendezvous_addr=environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
@@ -262,7 +279,8 @@ class WorkerContract:
             metrics_port=int(environ[METRICS_PORT]) if environ.get(METRICS_PORT) else None,
             rank=int(environ["HOROVOD_RANK"]) if "HOROVOD_RANK" in environ else None,
             peers=tuple(environ["CARAMEL_PEERS"].split(",")) if environ.get("CARAMEL_PEERS") else (),
-            topology=_topology(environ.get("CARAMEL_TOPOLOGY"), world_size),
+            round_workers=round_workers,
+            topology=_topology(environ.get("CARAMEL_TOPOLOGY"), environ["CARAMEL_HOSTS"], round_workers, slots),
         )
 
 
@@ -276,13 +294,31 @@ def _memory_allocator(text: str | None) -> MemoryAllocator:
         raise RuntimeError(f"CARAMEL_MEMORY_ALLOCATOR is {text!r}; it must be one of {choices}") from None
 
 
-def _topology(text: str | None, world_size: int) -> WireTopology | None:
+def _round_workers(hosts: str, round_hosts: str | None, world_size: int, slots: int) -> tuple[int, ...]:
+    """The world's workers in rank order, as indices of CARAMEL_HOSTS (see `WorkerContract.round_workers`)."""
+    names = [entry.rpartition(":")[0] for entry in hosts.split(",")]
+    if not round_hosts:
+        return tuple(range(len(names)))
+    unknown = [name for name in round_hosts.split(",") if name not in names]
+    if unknown:
+        raise RuntimeError(f"{ROUND_WORKERS_VARIABLE} names {', '.join(unknown)}, which CARAMEL_HOSTS ({hosts}) does not")
+    workers = tuple(names.index(name) for name in round_hosts.split(","))
+    if len(workers) * slots != world_size:
+        raise RuntimeError(f"{ROUND_WORKERS_VARIABLE} names {len(workers)} workers of {slots} slots; HOROVOD_SIZE is {world_size}")
+    return workers
+
+
+def _topology(text: str | None, hosts: str, round_workers: tuple[int, ...], slots: int) -> WireTopology | None:
+    """CARAMEL_TOPOLOGY, one host per rank of the gang as it started, cut down to the round's workers."""
     if not text:
         return None
     try:
         topology = WireTopology.parse(text)
     except ValueError as error:
         raise RuntimeError(f"CARAMEL_TOPOLOGY: {error}") from None
-    if topology.size != world_size:
-        raise RuntimeError(f"CARAMEL_TOPOLOGY has {topology.size} hosts; HOROVOD_SIZE is {world_size}")
-    return topology
+    started = len(hosts.split(",")) * slots
+    if topology.size != started:
+        raise RuntimeError(f"CARAMEL_TOPOLOGY has {topology.size} hosts; the gang of CARAMEL_HOSTS has {started} ranks")
+    if list(round_workers) == list(range(len(hosts.split(",")))):
+        return topology
+    return topology.of_hosts([worker * slots + slot for worker in round_workers for slot in range(slots)])

@@ -61,3 +61,24 @@ class WireTopology(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json()
+
+    def of_hosts(self, hosts: list[int]) -> WireTopology:
+        """The network under some of the hosts, numbered anew in the order given (the ranks of a
+        gang re-formed without some workers). In a switched network a host left out goes, with its
+        links; in a direct one (no switches: the hosts forward each other's traffic) it stays as a
+        node that only forwards, a switch, since the others' routes still cross it."""
+        if len(set(hosts)) != len(hosts) or not all(0 <= host < len(self.hosts) for host in hosts):
+            raise ValueError(f"hosts {hosts} are not distinct hosts of 0..{len(self.hosts) - 1}")
+        left_out = [host for host in range(len(self.hosts)) if host not in hosts] if not self.switches else []
+        switches = [self.hosts[host] for host in left_out] + self.switches
+        node = {old: new for new, old in enumerate([*hosts, *left_out])}
+        node.update({len(self.hosts) + number: len(hosts) + len(left_out) + number for number in range(len(self.switches))})
+        return WireTopology(
+            v=1,
+            hosts=[self.hosts[host] for host in hosts],
+            switches=switches,
+            groups=[self.groups[host] for host in hosts] if self.groups else [],
+            groupNames=self.groupNames,
+            speeds=self.speeds,
+            links=[(node[a], node[b], speed) for a, b, speed in self.links if a in node and b in node],
+        )

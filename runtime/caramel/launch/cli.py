@@ -68,12 +68,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.topology} has {topology.size} hosts; the job runs {job.world_size} ranks "
                 "(spec.workers.replicas x slotsPerWorker), and the topology needs one host per rank"
             )
-        if topology is not None and job.spec.workers.floor < job.spec.workers.replicas:
-            raise TopologySpecError(
-                f"{args.topology} has a host for each rank of the whole gang, and this gang may run with fewer "
-                f"(spec.workers.minReplicas {job.spec.workers.floor} of replicas {job.spec.workers.replicas}), "
-                "for which it has none: leave out one or the other"
-            )
     except JobFileError as error:
         console.print(f"[red]error:[/] {escape(str(error))}")
         return EXIT_BAD_INPUT

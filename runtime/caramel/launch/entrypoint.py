@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         address = contract.rendezvous_addr
         try:
             if contract.worker_index == 0:
-                server = RendezvousServer(contract.rendezvous_port, gang, contract.min_workers)
+                server = RendezvousServer(contract.rendezvous_port, gang, contract.min_workers, contract.rendezvous_timeout_seconds)
                 server.start()
                 say(f"rendezvous serving on port {contract.rendezvous_port} for {contract.world_size} ranks")
                 address = LOOPBACK  # its own server: no name to resolve, no network in between

@@ -13,13 +13,25 @@ scope whose every member has deleted its key is cleared, so that a second rendez
 ranks (`hvd.shutdown()`, then `hvd.init()`) finds none of the first one's keys. (Horovod's server
 clears every scope's record of who finished at that point; this store keeps each scope's own.)
 A DELETE in a scope the round does not size removes that one key.
+
+One difference: a GET of a key of the round's scopes that is not there yet is held until it is
+(`wait_for`), where Horovod's server answers 404 at once. Horovod's `HTTPStore::wait` gives up
+once HOROVOD_GLOO_TIMEOUT_SECONDS have passed since it began asking, and that timeout is also
+every collective's wait for a peer, which an elastic gang keeps short (5 s) to see a lost peer
+soon. Held, the ranks of a round wait for each other to connect as long as the gang's workers
+wait for each other, however long a loaded machine takes to bring them there, while Gloo's
+collectives keep the short timeout.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+CHECK_SECONDS = 0.25
+"""How often a held GET looks whether to give up."""
 
 
 def scope_sizes(hosts: Sequence[tuple[str, int]]) -> dict[str, int]:
@@ -37,7 +49,7 @@ class GlooStore:
 
     def __init__(self, hosts: Sequence[tuple[str, int]]) -> None:
         self._sizes = scope_sizes(hosts)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._values: dict[str, dict[str, bytes]] = defaultdict(dict)
         self._finished: dict[str, set[str]] = defaultdict(set)
 
@@ -45,9 +57,22 @@ class GlooStore:
         with self._lock:
             return self._values.get(scope, {}).get(key)
 
+    def wait_for(self, scope: str, key: str, seconds: float, given_up: Callable[[], bool]) -> bytes | None:
+        """The value of `key`, waiting for it up to `seconds` where `scope` is one of the round's,
+        unless `given_up()` (the round broke, or the server stops); None where it did not come."""
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            while (value := self._values.get(scope, {}).get(key)) is None and scope in self._sizes:
+                left = deadline - time.monotonic()
+                if left <= 0 or given_up():
+                    break
+                self._lock.wait(min(left, CHECK_SECONDS))
+            return value
+
     def put(self, scope: str, key: str, value: bytes) -> None:
         with self._lock:
             self._values[scope][key] = value
+            self._lock.notify_all()
 
     def delete(self, scope: str, key: str) -> None:
         """Horovod's DELETE: rank `key` is done with `scope`; the last of its members clears it."""

@@ -168,7 +168,9 @@ class LocalRun:
         """One gang of `replicas` workers: every worker started, run until all finish or one fails
         (one that an elastic gang can lose is started again instead, `restarts` counting those before)."""
         peers = [LOCALHOST] * replicas
-        topology = to_wire(self.topology) if self.topology is not None else None
+        # The topology file has a host per rank of the whole gang; a gang short of workers runs on
+        # the hosts of its first ones.
+        topology = to_wire(self.topology).of_hosts(list(range(replicas * self.job.spec.workers.slots_per_worker))) if self.topology else None
         last_lines: list[collections.deque[str]] = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
         outcome = RunOutcome(False, "", 0.0, workers=replicas)
 

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, ROUND_WORKERS_VARIABLE
 from caramel.launch.gloo_store import GlooStore
 
 CARAMEL_PATH = "/caramel/"
@@ -106,8 +107,8 @@ class Round:
         return sum(host.slots for host in self.hosts)
 
     def rank_env(self, host_name: str, slot: int) -> dict[str, str]:
-        """The ranks of training process `slot` of `host_name` in this round, as Horovod reads them
-        (and the round, for its next join)."""
+        """The ranks of training process `slot` of `host_name` in this round, as Horovod reads them,
+        and the round and its workers, for the contract and the next join."""
         names = [host.name for host in self.hosts]
         if host_name not in names:
             raise RuntimeError(f"{host_name} is not in round {self.number} ({', '.join(names)})")
@@ -119,6 +120,8 @@ class Round:
             "HOROVOD_CROSS_RANK": str(index),
             "HOROVOD_CROSS_SIZE": str(len(self.hosts)),
             ROUND_VARIABLE: str(self.number),
+            # Which workers the ranks are: the contract's topology and addresses follow them.
+            ROUND_WORKERS_VARIABLE: ",".join(names),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -170,6 +173,8 @@ class Rounds:
         """When the first member of the last closed round joined the open one (its ranks broke then)."""
         self._heard: dict[tuple[str, str], float] = {}
         """When each worker process (name, member) last said it is alive; gone ones are dropped."""
+        self._gone: set[tuple[str, str]] = set()
+        """The worker processes that said their training processes ended."""
         self._closed: list[Round] = []
         self._members: list[dict[str, str]] = []
         """Each closed round's member ids, by worker."""
@@ -211,7 +216,20 @@ class Rounds:
         """Worker process `member` of `host_name` says its training processes have ended."""
         with self._lock:
             self._heard.pop((host_name, member), None)
+            self._gone.add((host_name, member))
             self._close_if_due()
+
+    def broken(self, store: GlooStore) -> bool:
+        """Whether the ranks of `store`'s round will never all connect there: a later round has
+        closed, or a member of it is gone (it said so, or its lease ran out)."""
+        with self._lock:
+            if store is not self.store:
+                return True
+            now = self._clock()
+            return any(
+                (name, member) in self._gone or now - self._heard.get((name, member), now) >= LEASE_SECONDS
+                for name, member in self._members[-1].items()
+            )
 
     def status(self, number: int) -> Round | OpenRound:
         """Round `number` once closed; while it is open, who joined it and whom it waits for."""
@@ -341,11 +359,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         scope_key = self._scope_key()
         if scope_key:
             store = self._store()
-            value = store.get(*scope_key) if store else None
-            if store and value is None:
-                self._answer(404, None)
-            elif value is not None:
-                self._answer(200, value)
+            if store is None:
+                return
+            rounds, server = self.server.rounds, self.server
+            value = store.wait_for(*scope_key, server.store_patience_seconds, lambda: server.stopping.is_set() or rounds.broken(store))
+            self._answer(404, None) if value is None else self._answer(200, value)
 
     def do_DELETE(self) -> None:  # noqa: N802
         scope_key = self._scope_key()
@@ -386,17 +404,23 @@ class _Server(http.server.ThreadingHTTPServer):
     # keep a restarted gang's worker 0 from binding the port.
     allow_reuse_address = True
 
-    def __init__(self, port: int, rounds: Rounds) -> None:
+    def __init__(self, port: int, rounds: Rounds, store_patience_seconds: float) -> None:
         super().__init__(("", port), _Handler)
         self.rounds = rounds
+        self.store_patience_seconds = store_patience_seconds
+        self.stopping = threading.Event()
 
 
 class RendezvousServer:
-    """The rendezvous of one gang, listening on every interface of worker 0."""
+    """The rendezvous of one gang, listening on every interface of worker 0. Horovod's ranks wait
+    for each other at a round's store up to `store_patience_seconds` (`gloo_store`): the contract's
+    rendezvous timeout, as the workers wait for each other."""
 
-    def __init__(self, port: int, gang: Sequence[Host], fewest: int | None = None) -> None:
+    def __init__(
+        self, port: int, gang: Sequence[Host], fewest: int | None = None, store_patience_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS
+    ) -> None:
         self.rounds = Rounds(gang, fewest)
-        self._httpd = _Server(port, self.rounds)
+        self._httpd = _Server(port, self.rounds, store_patience_seconds)
         # The server looks for `stop()` this often (http.server's default, 0.5 s, was up to half of
         # the 2 s a stopped worker 0 has to exit in).
         serving = functools.partial(self._httpd.serve_forever, poll_interval=STOP_POLL_SECONDS)
@@ -406,6 +430,7 @@ class RendezvousServer:
         self._thread.start()
 
     def stop(self) -> None:
+        self._httpd.stopping.set()  # held GETs answer at once: closing the server waits for them
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join()

@@ -238,23 +238,30 @@ class GradientCommunicator:
 
     def _choose_algorithm(self, gradients: Sequence[tf.Tensor]) -> None:
         """Ring, or MULTITREE where asked for, or where `auto` predicts it clearly faster on the
-        job's topology for this model's gradients (never on a flat topology)."""
+        job's topology for this model's gradients (never on a flat topology). Never MULTITREE
+        where the ranks may re-form in their processes (an elastic gang on a backend that
+        re-forms so): its trees, and the graphs traced with them, are of one set of ranks."""
         wanted = self.scheduling.allreduce
         nbytes = sum(g.shape.num_elements() * g.dtype.size for g in gradients)
         movable = all(np.dtype(g.dtype.as_numpy_dtype).name in SUPPORTED_DTYPES for g in gradients)
+        reforming = self.contract.may_run_short and self.backend.reforms
         if wanted is Allreduce.MULTITREE and not movable:
             raise ValueError(
                 f"spec.caramel.allreduce: multitree moves gradients of {', '.join(SUPPORTED_DTYPES)} only, and this "
                 f"model has {sorted({g.dtype.name for g in gradients})}; use ring or auto"
             )
-        if wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(job_topology(self.contract), nbytes) == "multitree"):
+        why = ""
+        if reforming and wanted is not Allreduce.RING:
+            self.algorithm = "ring"
+            why = ": this gang may run short (spec.workers.minReplicas) and its ranks then re-form in their processes, which MULTITREE's trees cannot follow"
+        elif wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(job_topology(self.contract), nbytes) == "multitree"):
             self.algorithm = "multitree"
             self._trees = MultitreeReduce(self.contract, self.backend.rank)
         else:
             self.algorithm = "ring"
         self.control.use_algorithm(self.algorithm, self._trees.allreduce_now if self._trees else None)  # the plans are for the trees' link
         if self.backend.rank == 0:
-            print(f"caramel: gradients all-reduced by {self.algorithm} (spec.caramel.allreduce: {wanted.value})", file=sys.stderr, flush=True)
+            print(f"caramel: gradients all-reduced by {self.algorithm} (spec.caramel.allreduce: {wanted.value}){why}", file=sys.stderr, flush=True)
 
     def measure(self, steps: int) -> list[StepTimes]:
         """The timings of the steps of the execution just run (`steps` of them), if they ran the
