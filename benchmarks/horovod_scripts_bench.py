@@ -23,7 +23,7 @@ contract):
                         the same two on tf-keras, as Horovod's users run their scripts: the job's
                         environment sets TF_USE_LEGACY_KERAS=1 (docs/training-scripts.md)
     horovod-sized-pools a control, not Caramel: plain Horovod as above, with TensorFlow's thread
-                        pools sized as Caramel's runtime sizes them (TF_NUM_INTRAOP_THREADS and
+                        pools sized as Caramel's workers size them (TF_NUM_INTRAOP_THREADS and
                         TF_NUM_INTEROP_THREADS by `caramel.contract.cpus.pool_sizes` for the
                         workers on this machine), so that what the pools give and what the rest of
                         Caramel gives show apart
@@ -76,6 +76,7 @@ import yaml
 
 from caramel.contract.api import MemoryAllocator
 from caramel.contract.cpus import INTER_OP_VARIABLE, INTRA_OP_VARIABLE, machine_cpus, pool_sizes
+from benchmarks.plain_horovod_runner import TENSORFLOWS_OWN_POOLS
 from testbed.ports import free_port_block
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -251,6 +252,8 @@ def job_document(script: Script, variant: str, args: Sequence[str], workers: int
         if variant == SIZED_POOLS:  # every worker runs on this machine, one rank each
             pools = pool_sizes(machine_cpus(), workers)
             spec["env"] += [{"name": INTRA_OP_VARIABLE, "value": str(pools.intra_op)}, {"name": INTER_OP_VARIABLE, "value": str(pools.inter_op)}]
+        else:
+            spec["env"] += TENSORFLOWS_OWN_POOLS
     else:
         spec["script"] = str(script.path)
         spec["caramel"] = {"backend": BACKENDS[variant]}

@@ -41,7 +41,7 @@ def join(strategy: str, whole_job: bool) -> Joined:
     """Join the job's ranks the strategy's way (see the module's table), every strategy on the
     same thread pools."""
     # One thread per op and two ops at once, whatever the machine, for every strategy alike:
-    # Caramel's runtime sizes the pools a script leaves to TensorFlow (caramel.contract.cpus),
+    # Caramel's workers size the pools a script leaves to TensorFlow (caramel.contract.cpus),
     # plain Horovod and MWMS leave TensorFlow's own, and the zoo compares strategies, not pools.
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)

@@ -21,6 +21,11 @@ runner changes, in this process only, before the script runs:
 
 Then the script runs as `__main__` with its own argv, with its directory first on `sys.path`, as
 `python SCRIPT ARGS...` would. The runner imports nothing of TensorFlow or Caramel itself.
+
+The worker entrypoint sizes TensorFlow's thread pools of every training process it starts
+(`caramel.contract.cpus`), where the job's env leaves them unset. Plain Horovod, as its users
+start it, has TensorFlow's own pools: a baseline's job sets TENSORFLOWS_OWN_POOLS in its spec.env
+(`0` is TensorFlow's own size).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ USAGE = "usage: python -m benchmarks.plain_horovod_runner SCRIPT [ARGS...]"
 # A directory holding Caramel's `horovod` package has this file in it (Horovod has no such module).
 CARAMEL_MARKER = os.path.join("horovod", "_caramel_support.py")
 KERAS_2 = "tf_keras"
+TENSORFLOWS_OWN_POOLS = [{"name": "TF_NUM_INTRAOP_THREADS", "value": "0"}, {"name": "TF_NUM_INTEROP_THREADS", "value": "0"}]
 
 
 def caramel_compat_dir() -> str | None:

@@ -35,6 +35,7 @@ import yaml
 from caramel.contract.api import MemoryAllocator
 from caramel.contract.jobfile import parse_job
 from caramel.contract.progress import parse_report
+from benchmarks.plain_horovod_runner import TENSORFLOWS_OWN_POOLS
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 QUICKSTART = REPOSITORY / "examples" / "quickstart.yaml"
@@ -44,7 +45,8 @@ BASELINE = "horovod"
 def horovod(job: dict) -> dict:
     """The job with plain Horovod's script instead of the example's, the same arguments."""
     spec = {key: value for key, value in job["spec"].items() if key != "script"}
-    return {**job, "spec": {**spec, "command": [sys.executable, "-m", "benchmarks.quickstart_horovod"]}}
+    env = [*spec.get("env", []), *TENSORFLOWS_OWN_POOLS]  # as plain Horovod's users have them
+    return {**job, "spec": {**spec, "env": env, "command": [sys.executable, "-m", "benchmarks.quickstart_horovod"]}}
 
 
 def on_backend(backend: str) -> Callable[[dict], dict]:

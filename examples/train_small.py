@@ -15,9 +15,8 @@ from caramel.tensorflow.training import TrainingRun
 FEATURES = 32
 CLASSES = 10
 SEED = 1234  # rank 0's initial weights are broadcast to every rank anyway
+TEACHER_SEED = [7, 7]
 DEFAULT_LEARNING_RATE = 0.05
-# The teacher whose classes the model learns: the same on every rank and in every run.
-TEACHER = tf.random.stateless_normal([FEATURES, CLASSES], seed=[7, 7])
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
@@ -33,9 +32,14 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def batch(step: int, rank: int, size: int) -> tuple[tf.Tensor, tf.Tensor]:
+def make_teacher() -> tf.Tensor:
+    """The weights whose classes the model learns: the same on every rank and in every run."""
+    return tf.random.stateless_normal([FEATURES, CLASSES], seed=TEACHER_SEED)
+
+
+def batch(teacher: tf.Tensor, step: int, rank: int, size: int) -> tuple[tf.Tensor, tf.Tensor]:
     features = tf.random.stateless_normal([size, FEATURES], seed=[step, rank])
-    labels = tf.argmax(features @ TEACHER, axis=1)
+    labels = tf.argmax(features @ teacher, axis=1)
     return features, labels
 
 
@@ -57,8 +61,11 @@ def build_optimizer(learning_rate: float) -> tf.keras.optimizers.Optimizer:
 
 def main() -> None:
     args = parse_args()
+    # First, before any TensorFlow op: on the tensorflow backend, init starts TensorFlow in the
+    # job's cluster, and a variable made before it cannot be used after.
     ctf.init()
     tf.keras.utils.set_random_seed(SEED)
+    teacher = make_teacher()
     model = build_model(args.hidden)
     optimizer = build_optimizer(args.learning_rate)
     def train_step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -70,7 +77,7 @@ def main() -> None:
         return loss
 
     run = TrainingRun(model, optimizer, total_steps=args.steps, batch_size=args.batch_size)
-    run.fit(train_step, lambda step: batch(step, ctf.rank(), args.batch_size), steps_per_execution=args.steps_per_execution)
+    run.fit(train_step, lambda step: batch(teacher, step, ctf.rank(), args.batch_size), steps_per_execution=args.steps_per_execution)
 
 
 if __name__ == "__main__":

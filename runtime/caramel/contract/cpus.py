@@ -5,9 +5,12 @@ training processes share those cores (the slots of a worker, the workers of `car
 machine), or where a pod's CPU limit is far below its node's cores, each process then runs more
 threads than it has CPUs, and they take the CPU from each other and from the collectives' threads
 (2 ranks on 2 cores, each with TensorFlow's pools against one intra-op thread each:
-benchmarks/results/2026-11-29-horovod-scripts-thread-pools.txt). Caramel's runtime sizes the
-pools of every training process by `pool_sizes` (`caramel.tensorflow.thread_pools`), and the
-benchmarks' control by the same rule.
+benchmarks/results/2026-11-29-horovod-scripts-thread-pools.txt). The worker entrypoint sizes the
+pools of every training process it starts by `pool_sizes`, through TensorFlow's own variables
+(`pool_variables`), and the benchmarks' control by the same rule. TensorFlow reads them as it
+starts, whenever that is: a script that runs an op before it joins the ranks gets them too (an
+earlier way, sizing them in the runtime's `init`, missed every such script, the quickstart's
+among them). A size the script gives itself (`tf.config.threading`) wins over the variables.
 
 The CPUs of a worker are those it may be scheduled on (its affinity), capped by its cgroup's CPU
 quota (a pod's CPU limit; cgroup v2 or v1). No TensorFlow here: the benchmarks read the rule too.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +55,20 @@ def pool_sizes(cpus: float, ranks: int) -> PoolSizes:
         raise ValueError(f"ranks must be at least 1, not {ranks}")
     share = max(1, math.floor(cpus / ranks))
     return PoolSizes(cpus=cpus, ranks=ranks, intra_op=share, inter_op=max(MIN_INTER_OP_THREADS, share))
+
+
+def pool_variables(environ: Mapping[str, str], sizes: PoolSizes) -> tuple[dict[str, str], str]:
+    """The variables that give a training process the pools `sizes` where the worker's environment
+    (the job's spec.env: `0` is TensorFlow's own default) leaves them unset; and what they are, for
+    the log."""
+    pools = ((INTRA_OP_VARIABLE, "intra-op", sizes.intra_op), (INTER_OP_VARIABLE, "inter-op", sizes.inter_op))
+    variables = {variable: str(threads) for variable, _, threads in pools if not environ.get(variable)}
+    sized = " and ".join(f"{variables[variable]} {name}" for variable, name, _ in pools if variable in variables)
+    kept = ", ".join(f"{variable}={environ[variable]}" for variable, _, _ in pools if variable not in variables)
+    if not sized:
+        return variables, f"TensorFlow's thread pools as the job sized them ({kept})"
+    share = f"its share of the CPUs ({sizes.cpus:g} CPU(s), {sizes.ranks} rank(s) on this machine)"
+    return variables, f"TensorFlow's thread pools of each rank sized to {share}: {sized} thread(s)" + (f"; {kept} as the job sized it" if kept else "")
 
 
 def machine_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> float:

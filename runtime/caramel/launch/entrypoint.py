@@ -3,7 +3,8 @@
 It reads the environment contract and meets the gang's other workers at the rendezvous, which
 worker 0 serves (`caramel.launch.rendezvous`: Caramel's own, which imports no Horovod); once
 every worker has joined it runs one training process per slot with that slot's ranks (from the
-round joined) and the job's memory allocator. A worker that comes back to an elastic gang which
+round joined), the job's memory allocator and TensorFlow's thread pools sized to the process's
+share of the worker's CPUs (`caramel.contract.cpus`). A worker that comes back to an elastic gang which
 trains (its first round closed long ago) joins no round itself: its training processes join the
 open one once ready (`hvd.init`), and the others take them in at their next commit.
 Every output line is prefixed with its rank. If any training process fails, the others are
@@ -34,6 +35,7 @@ import uuid
 from collections.abc import Callable
 
 import caramel
+from caramel.contract.cpus import machine_cpus, pool_sizes, pool_variables
 from caramel.contract.env import WorkerContract, slot_env
 from caramel.contract.progress import ProgressReport, parse_report
 from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, failure_message, is_error_line, success_message
@@ -177,9 +179,11 @@ def _run_slots(
 
     allocator = allocator_setup(contract.memory_allocator, os.environ)
     say(f"training processes: {allocator.description}")
+    pools, pools_said = pool_variables(os.environ, pool_sizes(machine_cpus(), contract.ranks_on_this_machine))
+    say(pools_said)
     envs = []
     for slot in range(contract.slots_per_worker):
-        env = {**os.environ, **slot_env(os.environ, slot), **slot_ranks[min(slot, len(slot_ranks) - 1)], **allocator.env}
+        env = {**os.environ, **slot_env(os.environ, slot), **slot_ranks[min(slot, len(slot_ranks) - 1)], **allocator.env, **pools}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, env.get("PYTHONPATH")]))
         envs.append(env)
     ranks = [int(env["HOROVOD_RANK"]) for env in envs]

@@ -20,7 +20,6 @@ from caramel.metrics import WorkerMetrics
 from caramel.tensorflow import stopping
 from caramel.tensorflow.communicator import GradientCommunicator
 from caramel.tensorflow.keras_version import keras_2
-from caramel.tensorflow.thread_pools import size_thread_pools
 from caramel.tensorflow.unsupported import refuse
 
 
@@ -61,7 +60,9 @@ class Runtime:
         variables in the environment, and the backend joins them; the gradient communicator is
         made anew, since its plans, measurements, arm selection and graph choice were of the old
         world. Functions traced before keep their graphs: their collectives are the backend's ops,
-        which take the world's size when they run. Only for a backend whose `reforms` is true."""
+        which take the world's size when they run (never MULTITREE's trees, built for one set of
+        ranks: `GradientCommunicator` takes the ring where the ranks may re-form). The new contract's
+        topology is that of the round's workers. Only for a backend whose `reforms` is true."""
         self.backend.leave()
         meet()
         self.contract = WorkerContract.from_env()
@@ -82,10 +83,7 @@ def init() -> Runtime:
     global _runtime
     if _runtime is None:
         contract = WorkerContract.from_env()
-        choice = chosen(contract)
-        # Before the backend, whose set-up starts TensorFlow: its pools are sized once, as it starts.
-        pools = size_thread_pools(contract)
-        backend = set_up(choice, contract)
+        backend = set_up(chosen(contract), contract)
         # After the backend: TensorFlow's coordination service takes SIGTERM for itself as it starts.
         stopping.install()
         metrics = WorkerMetrics(backend.rank)
@@ -94,7 +92,6 @@ def init() -> Runtime:
         _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend), metrics)
         keras = "Keras 2 (tf-keras, TF_USE_LEGACY_KERAS)" if keras_2() else "Keras 3"
         _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value}); tf.keras is {keras}")
-        _runtime.say(pools)
     return _runtime
 
 
