@@ -73,7 +73,7 @@ def test_every_field_is_documented():
         ({"caramel": {"minBucketBytes": 10, "maxBucketBytes": 5}}, "spec.caramel: minBucketBytes (10) must not exceed maxBucketBytes (5)"),
         ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy"),
         ({"workers": {"resources": {"limits": {"memory": "lots"}}}}, "spec.workers.resources.limits.memory"),
-        ({"command": ["python", "x.py"]}, "spec: give exactly one of script or command"),
+        ({"command": ["python", "x.py"]}, "spec: both script and command are set: give one of them"),
         ({"checkpoint": {"intervalSteps": 5}}, "spec.checkpoint.path: Field required"),
         ({"env": [{"name": "1BAD", "value": "x"}]}, "spec.env[0].name: must be letters, digits and '_', not starting with a digit (got '1BAD')"),
         ({"workers": {"resources": {"requests": {"cpu": "lots"}}}}, "spec.workers.resources.requests.cpu: must be a Kubernetes quantity such as 2, 500m or 4Gi, not negative (got 'lots')"),

@@ -380,13 +380,18 @@ class EnvVar(ApiModel):
     """Variable value."""
 
 
+NEITHER_ENTRYPOINT = "neither script nor command is set: give one (script, a Python file every rank runs; or command, an argv list)"
+BOTH_ENTRYPOINTS = "both script and command are set: give one of them"
+
+
 class CaramelJobSpec(ApiModel):
     """What to train and how to run it."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "has(self.script) != has(self.command)", "message": "give exactly one of script or command"}
+                {"rule": "has(self.script) || has(self.command)", "message": NEITHER_ENTRYPOINT},
+                {"rule": "!(has(self.script) && has(self.command))", "message": BOTH_ENTRYPOINTS},
             ]
         }
     )
@@ -435,8 +440,10 @@ class CaramelJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _one_entrypoint(self) -> CaramelJobSpec:
-        if (self.script is None) == (self.command is None):
-            raise ValueError("give exactly one of script or command")
+        if self.script is None and self.command is None:
+            raise ValueError(NEITHER_ENTRYPOINT)
+        if self.script is not None and self.command is not None:
+            raise ValueError(BOTH_ENTRYPOINTS)
         return self
 
 
