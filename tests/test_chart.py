@@ -117,9 +117,11 @@ VARIANTS: dict[str, tuple[list[str], Counter[str]]] = {
         BASE_KINDS + Counter(PodMonitor=1, ServiceMonitor=1),
     ),
     "no-crds": (["--set", "crds.install=false"], BASE_KINDS - Counter(CustomResourceDefinition=1)),
+    # The CRD goes with the release: the uninstall hook deletes the jobs first.
+    "crd-not-kept": (["--set", "crds.keep=false"], BASE_KINDS + Counter(Job=1)),
     "no-dashboard": (["--set", "grafana.dashboard.enabled=false"], BASE_KINDS - Counter(ConfigMap=1)),
     "no-user-roles": (["--set", "rbac.userRoles=false"], BASE_KINDS - Counter(ClusterRole=2)),
-    "full": (FULL_VALUES_ARGS, BASE_KINDS + Counter(Role=2, RoleBinding=2, PodMonitor=1, ServiceMonitor=1)),
+    "full": (FULL_VALUES_ARGS, BASE_KINDS + Counter(Role=2, RoleBinding=2, PodMonitor=1, ServiceMonitor=1, Job=1)),
 }
 
 
@@ -574,6 +576,26 @@ def test_chart_installs_the_generated_crd_and_keeps_it() -> None:
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     crd = only(render("--set", "crds.keep=false"), "CustomResourceDefinition")
     assert "annotations" not in crd["metadata"]
+
+
+def test_a_release_whose_crd_goes_with_it_deletes_the_jobs_first_as_the_operator_hardened() -> None:
+    """Issue 50: `helm uninstall --wait` with crds.keep=false left the CRD Terminating, its jobs
+    holding the operator's finalizer once the operator had gone."""
+    assert [o for o in render() if o["kind"] == "Job"] == []  # the CRD is kept, and its jobs with it
+    objects = render("--set", "crds.keep=false", "--set", "rbac.scope=namespaced", "--set-json", 'rbac.watchNamespaces=["team-a","team-b"]')
+    hook = only(objects, "Job")
+    assert hook["metadata"]["annotations"] == {"helm.sh/hook": "pre-delete", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
+    pod = hook["spec"]["template"]["spec"]
+    operator = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == operator["serviceAccountName"]  # the operator's rights on CaramelJobs
+    assert pod["securityContext"] == operator["securityContext"] and pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    (operator_container,) = operator["containers"]
+    assert container["command"] == ["python", "-m", "caramel_operator.uninstall"]
+    assert (container["image"], container["securityContext"]) == (operator_container["image"], operator_container["securityContext"])
+    assert env_of(hook)["CARAMEL_WATCH_NAMESPACES"] == env_of(only(objects, "Deployment"))["CARAMEL_WATCH_NAMESPACES"] == "team-a,team-b"
+    # Its labels leave it out of the operator's selectors.
+    assert hook["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "uninstall"
 
 
 def dashboard_expressions(dashboard: dict[str, Any]) -> list[str]:

@@ -97,3 +97,23 @@ Call with (list . "role").
 {{- $root := index . 0 }}
 {{- index ($root.Files.Get "files/rbac-rules.yaml" | fromYaml) (index . 1) | toYaml }}
 {{- end }}
+
+{{/*
+The hardening of the operator's pods (its Deployment's and the uninstall hook's), which Pod
+Security's "restricted" profile admits: the image runs as UID 10001 and writes only to /tmp.
+*/}}
+{{- define "caramel.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "caramel.containerSecurityContext" -}}
+{{ include "caramel.podSecurityContext" . }}
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop: [ALL]
+{{- end }}
