@@ -323,7 +323,9 @@ class Scheduling(ApiModel):
     """All-reduce algorithm: ring is Horovod's; multitree runs MULTITREE's trees over the job's
     topology (the placed nodes in a cluster, `caramel run --topology` locally), one tree per
     rank, so that fewer bytes cross slow uplinks; auto takes multitree only where it is
-    predicted clearly faster on that topology, which a flat one never is."""
+    predicted clearly faster on that topology, which a flat one never is. A gang that may run
+    short (workers.minReplicas below replicas) takes the ring: its ranks re-form, which the
+    trees cannot follow."""
 
     transport_port: int = Field(29500, ge=1024, le=65535)
     """TCP port of the multitree transport of each worker's first training process; processes

@@ -239,21 +239,21 @@ class GradientCommunicator:
     def _choose_algorithm(self, gradients: Sequence[tf.Tensor]) -> None:
         """Ring, or MULTITREE where asked for, or where `auto` predicts it clearly faster on the
         job's topology for this model's gradients (never on a flat topology). Never MULTITREE
-        where the ranks may re-form in their processes (an elastic gang on a backend that
-        re-forms so): its trees, and the graphs traced with them, are of one set of ranks."""
+        for a gang that may run short (an elastic script's ranks re-form without a lost worker):
+        its trees, and the graphs traced with them, are of one set of ranks, and a peer lost on
+        them fails a step as any error does, not as a lost peer the ranks re-form without."""
         wanted = self.scheduling.allreduce
         nbytes = sum(g.shape.num_elements() * g.dtype.size for g in gradients)
         movable = all(np.dtype(g.dtype.as_numpy_dtype).name in SUPPORTED_DTYPES for g in gradients)
-        reforming = self.contract.may_run_short and self.backend.reforms
         if wanted is Allreduce.MULTITREE and not movable:
             raise ValueError(
                 f"spec.caramel.allreduce: multitree moves gradients of {', '.join(SUPPORTED_DTYPES)} only, and this "
                 f"model has {sorted({g.dtype.name for g in gradients})}; use ring or auto"
             )
         why = ""
-        if reforming and wanted is not Allreduce.RING:
+        if self.contract.may_run_short and wanted is not Allreduce.RING:
             self.algorithm = "ring"
-            why = ": this gang may run short (spec.workers.minReplicas) and its ranks then re-form in their processes, which MULTITREE's trees cannot follow"
+            why = ": this gang may run short (spec.workers.minReplicas), and its ranks then re-form, which MULTITREE's trees cannot follow"
         elif wanted is Allreduce.MULTITREE or (wanted is Allreduce.AUTO and movable and choose_allreduce(job_topology(self.contract), nbytes) == "multitree"):
             self.algorithm = "multitree"
             self._trees = MultitreeReduce(self.contract, self.backend.rank)
