@@ -609,7 +609,7 @@ LOSSES = {
     "pod-deleted": lambda namespace: kubectl("delete", "pod", "-n", namespace.name, "elastic-worker-2", "--wait=false"),
     "killed": lambda namespace: kubectl(
         "exec", "-n", namespace.name, "elastic-worker-1", "--",
-        "sh", "-c", "for p in /proc/[0-9]*; do grep -qs HOROVOD_RANK= $p/environ && kill -9 ${p#/proc/}; done",
+        "sh", "-c", "for p in /proc/[0-9]*; do grep -qs HOROVOD_RANK= $p/environ && kill -9 ${p#/proc/}; done; true",
     ),  # fmt: skip
 }
 
@@ -621,9 +621,10 @@ def test_an_elastic_gang_loses_a_worker_and_goes_on_without_a_restart(namespace,
     topology). A worker is lost mid-run (worker 2's pod deleted, or worker 1's training process
     killed): its peers roll back to their last commit and go on in their processes on the
     topology of the workers left, the operator creates the lost worker again, it rejoins at a
-    commit, and the job ends whole with no restart. Target: the survivors' first step at the new
-    size within 15 s of the loss (the node's clock against this one's: the same machine under a
-    single-node cluster)."""
+    commit, and the job ends whole with no restart. Target: the first step of the re-formed ranks
+    within 15 s of the loss (the node's clock against this one's: the same machine under a
+    single-node cluster), at 2 ranks, or at 3 where the worker created again joined the survivors'
+    round before it closed."""
     example = yaml.safe_load((REPO / "examples" / "horovod" / "mnist_elastic.yaml").read_text())
     commit_every = 5
     spec = {**example["spec"], "image": RUNTIME_IMAGE, "runPolicy": {"backoffLimit": 2},
@@ -641,14 +642,18 @@ def test_an_elastic_gang_loses_a_worker_and_goes_on_without_a_restart(namespace,
     assert status["lastFailure"]["reason"] == ("PodDeleted" if loss == "pod-deleted" else "Error"), status
     assert status["lastFailure"]["worker"] == ("elastic-worker-2" if loss == "pod-deleted" else "elastic-worker-1"), status
     assert len(namespace.events("elastic", "WorkerReplaced")) == 1 and namespace.events("elastic", "WorkersReplaced")
-    steps = steps_logged(namespace)
-    before = [step for step, _, at in steps if at < lost]
-    first_step, first_ranks, first_at = next((step, ranks, at) for step, ranks, at in steps if at >= lost and ranks == 2)
-    print(f"\n{loss} -> first step at 2 ranks: {first_at - lost:.1f} s (step {first_step}; {max(before)} logged before)")
-    assert first_at - lost < 15, first_at - lost
+    log = namespace.logs("elastic-worker-0")
+    before = [step for step, _, at in steps_logged(namespace) if at < lost]
+    reformed = log.split("ranks re-formed in round", 1)
+    assert len(reformed) == 2, log[-4000:]
+    first_step, first_ranks, first_at = next(ELASTIC_STEP.finditer(reformed[1])).groups()
+    first_step, first_ranks, waited = int(first_step), int(first_ranks), float(first_at) - lost
+    rounds = re.findall(r"ranks re-formed in round (\d+) of the rendezvous: (\d+) ranks", log)
+    print(f"\n{loss} -> first step of the re-formed ranks: {waited:.1f} s, at {first_ranks} ranks (step {first_step}; "
+          f"{max(before)} logged before); rounds {rounds}")
+    assert waited < 15 and first_ranks in (2, 3), (waited, first_ranks)
     assert max(before) - (first_step - 1) <= commit_every  # nothing lost beyond the last commit
-    assert steps[-1][:2] == (600, 3), steps[-1]  # the worker created again rejoined
-    assert "ranks re-formed in round" in namespace.logs("elastic-worker-0")
+    assert steps_logged(namespace)[-1][:2] == (600, 3), steps_logged(namespace)[-1]  # the worker created again rejoined
     final: dict[int, str] = {}
     for index in range(3):
         final |= digests(namespace.logs(f"elastic-worker-{index}"))
