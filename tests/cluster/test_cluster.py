@@ -67,6 +67,9 @@ def operator_release() -> Iterator[str]:
     repository, tag = repository_and_tag(OPERATOR_IMAGE)
     runtime_repository, runtime_tag = repository_and_tag(RUNTIME_IMAGE)
     extra_env = [{"name": "CARAMEL_API_REQUEST_TIMEOUT_SECONDS", "value": str(API_REQUEST_TIMEOUT_SECONDS)}]
+    # An earlier run's namespace may still be terminating (its teardown does not wait): helm
+    # cannot install into it until it is gone.
+    kubectl("wait", "--for=delete", f"namespace/{namespace}", "--timeout=180s", check=False, timeout=200)
     run(tool("helm"), "install", RELEASE, str(REPO / "helm" / "caramel"), "--namespace", namespace, "--create-namespace",
         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
         "--set", f"runtimeImage.repository={runtime_repository}", "--set", f"runtimeImage.tag={runtime_tag}",
