@@ -6,6 +6,7 @@ would have seen, and its weights continue exactly.
 """
 
 import argparse
+import functools
 
 import tensorflow as tf
 
@@ -32,14 +33,17 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def make_teacher() -> tf.Tensor:
-    """The weights whose classes the model learns: the same on every rank and in every run."""
-    return tf.random.stateless_normal([FEATURES, CLASSES], seed=TEACHER_SEED)
+@functools.cache
+def teacher() -> tf.Tensor:
+    """The weights whose classes the model learns: the same on every rank and in every run. Made
+    at its first use, after init (no TensorFlow op runs before it), eagerly even from a trace."""
+    with tf.init_scope():
+        return tf.random.stateless_normal([FEATURES, CLASSES], seed=TEACHER_SEED)
 
 
-def batch(teacher: tf.Tensor, step: int, rank: int, size: int) -> tuple[tf.Tensor, tf.Tensor]:
+def batch(step: int, rank: int, size: int) -> tuple[tf.Tensor, tf.Tensor]:
     features = tf.random.stateless_normal([size, FEATURES], seed=[step, rank])
-    labels = tf.argmax(features @ teacher, axis=1)
+    labels = tf.argmax(features @ teacher(), axis=1)
     return features, labels
 
 
@@ -65,7 +69,6 @@ def main() -> None:
     # job's cluster, and a variable made before it cannot be used after.
     ctf.init()
     tf.keras.utils.set_random_seed(SEED)
-    teacher = make_teacher()
     model = build_model(args.hidden)
     optimizer = build_optimizer(args.learning_rate)
     def train_step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -77,7 +80,7 @@ def main() -> None:
         return loss
 
     run = TrainingRun(model, optimizer, total_steps=args.steps, batch_size=args.batch_size)
-    run.fit(train_step, lambda step: batch(teacher, step, ctf.rank(), args.batch_size), steps_per_execution=args.steps_per_execution)
+    run.fit(train_step, lambda step: batch(step, ctf.rank(), args.batch_size), steps_per_execution=args.steps_per_execution)
 
 
 if __name__ == "__main__":
