@@ -363,7 +363,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
             rounds, server = self.server.rounds, self.server
             value = store.wait_for(*scope_key, server.store_patience_seconds, lambda: server.stopping.is_set() or rounds.broken(store))
-            self._answer(404, None) if value is None else self._answer(200, value)
+            if value is None:
+                self._answer(404, None)
+            else:
+                self._answer(200, value)
 
     def do_DELETE(self) -> None:  # noqa: N802
         scope_key = self._scope_key()
