@@ -319,6 +319,4 @@ def _topology(text: str | None, hosts: str, round_workers: tuple[int, ...], slot
     started = len(hosts.split(",")) * slots
     if topology.size != started:
         raise RuntimeError(f"CARAMEL_TOPOLOGY has {topology.size} hosts; the gang of CARAMEL_HOSTS has {started} ranks")
-    if list(round_workers) == list(range(len(hosts.split(",")))):
-        return topology
     return topology.of_hosts([worker * slots + slot for worker in round_workers for slot in range(slots)])

@@ -53,10 +53,6 @@ class GlooStore:
         self._values: dict[str, dict[str, bytes]] = defaultdict(dict)
         self._finished: dict[str, set[str]] = defaultdict(set)
 
-    def get(self, scope: str, key: str) -> bytes | None:
-        with self._lock:
-            return self._values.get(scope, {}).get(key)
-
     def wait_for(self, scope: str, key: str, seconds: float, given_up: Callable[[], bool]) -> bytes | None:
         """The value of `key`, waiting for it up to `seconds` where `scope` is one of the round's,
         unless `given_up()` (the round broke, or the server stops); None where it did not come."""
