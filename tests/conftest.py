@@ -18,6 +18,8 @@ from testbed.ports import free_port, free_port_block  # noqa: F401  (tests impor
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_EXAMPLE = REPO / "examples" / "train_small.py"
+# A topology file of two racks of two hosts, their uplinks a quarter of their links.
+RACKS_TOPOLOGY = "kind: racks\nracks: 2\nhostsPerRack: 2\nlink: {gbps: 1}\nuplink: {gbps: 0.25}\n"
 
 # Every process a test starts (ranks above all) sees the runtime image's packages, in which there is
 # no matplotlib: testbed/without_matplotlib says why. This process keeps its sys.path.

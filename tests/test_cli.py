@@ -8,7 +8,7 @@ import pytest
 
 import caramel.launch.launcher
 from caramel.launch.cli import main
-from conftest import job_manifest, write_manifest
+from conftest import RACKS_TOPOLOGY, job_manifest, write_manifest
 
 
 @pytest.fixture
@@ -81,7 +81,6 @@ def test_workers_flag_below_min_replicas_is_named_and_nothing_starts(tmp_path, c
     assert "with --workers 2 is not a valid CaramelJob" in err and "spec.workers.minReplicas: must not exceed replicas (2) (got 3)" in err
 
 
-RACKS_TOPOLOGY = "kind: racks\nracks: 2\nhostsPerRack: 2\nlink: {gbps: 1}\nuplink: {gbps: 0.25}\n"
 
 
 def test_topology_flag_hands_the_file_s_topology_to_the_run(tmp_path, capsys, recorded_run):

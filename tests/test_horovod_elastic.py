@@ -22,7 +22,7 @@ import yaml
 from caramel.contract.env import slot_env, worker_env
 from caramel.contract.jobfile import parse_job
 from caramel.launch.entrypoint import HOROVOD_API_DIR
-from conftest import REPO, free_port, job_manifest, keras_env, needs_horovod, write_manifest
+from conftest import RACKS_TOPOLOGY, REPO, free_port, job_manifest, keras_env, needs_horovod, write_manifest
 from testbed.local_runs import BackgroundRun, digests
 
 EXAMPLES = REPO / "examples" / "horovod"
@@ -351,7 +351,7 @@ def test_an_elastic_run_that_shrinks_and_grows_back_ends_as_sgd_at_the_same_per_
     script = tmp_path / "elastic_sgd.py"
     script.write_text(ELASTIC_SGD)
     topology = tmp_path / "racks.yaml"
-    topology.write_text("kind: racks\nracks: 2\nhostsPerRack: 2\nlink: {gbps: 1}\nuplink: {gbps: 0.25}\n")
+    topology.write_text(RACKS_TOPOLOGY)
     manifest = job_manifest(
         name="elastic-sgd", script=str(script), args=[str(steps)], caramel={"backend": backend},
         workers={"replicas": 4, "minReplicas": 3}, runPolicy={"backoffLimit": 2},
