@@ -1,6 +1,6 @@
 """A training process that reports what each collective of its step's optimized graph waits for.
 
-    python -m testbed.overlap_graph_worker --api per-step|hvd-script|function --output report.json
+    python -m testbed.overlap_graph_worker --api per-step|hvd-script|function [--unshaped 2 ...] --output report.json
 
 The model is a chain of layers whose weight gradients each come out of one op named
 `released_<layer>`, so that in the graph TensorFlow runs (after its optimizations and the
@@ -16,7 +16,9 @@ before it through the parameters it reads, as every step does.
     function    the same step through `ctf.function`, several steps per graph: the backend's own
                 way and the plan in force, the two branches of each step's switch
 
-Rank 0 writes, per graph that holds collectives, each collective's name, op, carried and waits.
+With `--unshaped`, the gradients of those layers have no static shape (as a `tf.py_function`'s
+without `set_shape`). Rank 0 writes, per graph that holds collectives, each collective's name, op,
+carried and waits.
 """
 
 from __future__ import annotations
@@ -44,7 +46,12 @@ STEP_COPY = re.compile(r"^(caramel_step_\d+/)")
 
 class ReleasingLayer(tf.keras.layers.Layer):
     """x @ w, whose gradient of w is made by one op named `released_<layer>`: a Python function, which
-    grappler neither folds into its neighbours nor renames (a named `tf.identity` it removes)."""
+    grappler neither folds into its neighbours nor renames (a named `tf.identity` it removes).
+    That gradient's static shape is w's, or, `unshaped`, unknown."""
+
+    def __init__(self, unshaped: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.unshaped = unshaped
 
     def build(self, input_shape: Any) -> None:
         self.kernel = self.add_weight(name="kernel", shape=(WIDTH, WIDTH), initializer="glorot_uniform")
@@ -54,7 +61,8 @@ class ReleasingLayer(tf.keras.layers.Layer):
         def matmul(x: tf.Tensor, w: tf.Tensor) -> Any:
             def gradient(upstream: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
                 released = tf.numpy_function(lambda value: value, [tf.transpose(x) @ upstream], tf.float32, stateful=False, name=f"released_{self.name}")
-                released.set_shape(w.shape)
+                if not self.unshaped:
+                    released.set_shape(w.shape)
                 return upstream @ tf.transpose(w), released
 
             return tf.nn.relu(x @ w) + x, gradient
@@ -102,6 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--api", required=True, choices=("per-step", "hvd-script", "function"))
     parser.add_argument("--steps", type=int, default=24, help="steps of the per-step paths")
+    parser.add_argument("--unshaped", type=int, nargs="*", default=[], help="layers whose gradients have no static shape")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
     if args.api == "hvd-script":
@@ -116,7 +125,7 @@ def main() -> None:
     # A run this short would keep one step per graph; the graphs of several steps are the ones to see.
     runtime.communicator.control.assume_long_training()
     context.context().enable_graph_collection()  # graphs are collected as functions are instantiated
-    model = tf.keras.Sequential([ReleasingLayer(name=f"layer_{index}") for index in range(LAYERS)])
+    model = tf.keras.Sequential([ReleasingLayer(index in args.unshaped, name=f"layer_{index}") for index in range(LAYERS)])
     model.build((None, WIDTH))
     broadcast(model.variables, root_rank=0)
     optimizer = tf.keras.optimizers.SGD(1e-3)

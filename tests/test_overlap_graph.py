@@ -34,9 +34,11 @@ PLANS = {
 TRANSFER = re.compile(r"caramel_transfer_(\d+)")
 
 
-def report(tmp_path, api: str, backend: str, caramel: dict | None = None, lab: dict | None = None) -> list[list[dict]]:
+def report(tmp_path, api: str, backend: str, caramel: dict | None = None, lab: dict | None = None, unshaped: tuple[int, ...] = ()) -> list[list[dict]]:
     output = tmp_path / "collectives.json"
     command = [sys.executable, "-m", "testbed.overlap_graph_worker", "--api", api, "--output", str(output)]
+    if unshaped:
+        command += ["--unshaped", *map(str, unshaped)]
     env = [{"name": name, "value": value} for name, value in lab_variables(**lab).items()] if lab else []
     manifest = job_manifest(script=None, command=command, args=[], caramel={"backend": backend, **(caramel or {})}, env=env)
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
@@ -92,3 +94,19 @@ def test_caramels_collectives_wait_for_no_gradient_released_after_their_own_and_
     assert transfers_seen
     if plan == "a-transfer-per-layer":
         assert any(len(c["carried"]) == 1 for c in gradient_collectives(several) if TRANSFER.search(c["name"]))
+
+
+@pytest.mark.parametrize(("api", "backend"), [("per-step", "horovod"), ("per-step", "tensorflow"), ("function", "horovod"), ("function", "tensorflow")])
+def test_a_gradient_of_no_static_shape_travels_on_its_own_and_holds_back_no_other(tmp_path, api, backend):
+    """Layer 2's gradient has no static shape (a py_function's without set_shape): it goes in a
+    collective of its own, and no collective of another gradient waits for it."""
+    graphs = report(tmp_path, api, backend, unshaped=(2,))
+    if api == "function":
+        assert any(c["name"].startswith("caramel_step_3/") for graph in graphs for c in graph), "the run reached Caramel's graph of several steps"
+    collectives = gradient_collectives(graphs)
+    apart = [collective for collective in collectives if 2 in collective["carried"]]
+    assert apart and all(collective["carried"] == [2] for collective in apart), apart
+    others = [collective for collective in collectives if 2 not in collective["carried"]]
+    assert sorted({layer for collective in others for layer in collective["carried"]}) == [0, 1, 3, 4, 5]
+    for collective in others:
+        assert 2 not in collective["waits"], collective

@@ -25,6 +25,9 @@ Where a step is traced decides how its gradients travel:
   (benchmarks/README.md). The step is then exactly the backend's own.
 - eagerly, the gradients go to the backend as one fused all-reduce.
 
+A gradient whose static shape is not fully defined has no size to plan by: it goes on its own,
+the backend's way, and every other gradient of the step as above (`_apart`).
+
 The branches move bytes and do nothing else: the outputs of a branch, and of a function, wait
 for all of its side effects, so a stamp of the last transfer inside one would hold every averaged
 gradient back until that transfer ended, and with them the next step's forward pass. The
@@ -113,9 +116,11 @@ class GradientCommunicator:
         """Every (dense) gradient reduced over all ranks: averaged, or summed (op SUM)."""
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
             raise ValueError(f"gradients are averaged or summed over the ranks, not reduced by {op.value}")
-        if tf.executing_eagerly() or not all(g.shape.is_fully_defined() for g in gradients):
-            # Eagerly there is no graph to plan; shapes known only at run time cannot be planned.
-            return self.backend.all_reduce(list(gradients), op, "caramel_gradients")
+        if tf.executing_eagerly():
+            return self.backend.all_reduce(list(gradients), op, "caramel_gradients")  # no graph to plan
+        unshaped = [index for index, gradient in enumerate(gradients) if not gradient.shape.is_fully_defined()]
+        if unshaped:
+            return self._apart(gradients, unshaped, op)
         if self.algorithm is None:
             self._choose_algorithm(gradients)
         if self._releases is None and self.algorithm == "ring":
@@ -156,6 +161,20 @@ class GradientCommunicator:
         with tf.control_dependencies(gradients):
             self.control.selector.tick(tf.identity(gradients[0]))
         return list(averaged)
+
+    def _apart(self, gradients: Sequence[tf.Tensor], unshaped: Sequence[int], op: ReduceOp) -> list[tf.Tensor]:
+        """The gradients, those at `unshaped` each sent on its own, the backend's way, and the
+        others as they would go without them. A gradient whose shape is known only at run time
+        (a `tf.py_function`'s without `set_shape`, a custom op's without a shape function) has no
+        size to plan or to bucket by; sent with the others it would hold every one of them until
+        it exists. Its collective is traced after theirs: TensorFlow's collectives run in the order
+        traced, so it waits for theirs, and none of theirs for it."""
+        apart = set(unshaped)
+        shaped = [index for index in range(len(gradients)) if index not in apart]
+        averaged = dict(zip(shaped, self.allreduce([gradients[index] for index in shaped], op))) if shaped else {}
+        for index in unshaped:
+            averaged[index] = self.backend.all_reduce([gradients[index]], op, f"caramel_unshaped_gradient_{index}")[0]
+        return [averaged[index] for index in range(len(gradients))]
 
     @property
     def runs_plan(self) -> bool:
