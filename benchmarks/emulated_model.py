@@ -32,9 +32,15 @@ The compute runs in one of two ways (`KERNELS`), reported side by side by the be
 
 Either way, the forward kernel reads a slice of each of its weights, so it runs only once that
 weight's last update is applied, as a real layer would; the loss depends on every layer's output;
-and a gradient is a real tensor of its weight's shape (the weight's own value: nothing to fold,
-no copy), which exists only once its layer's backward kernel has run (a control dependency). The
-backward kernel is a stateful op: grappler may drop a control dependency on a stateless op, and
+and a gradient is a real tensor of its weight's shape, which exists only once its layer's backward
+kernel has run, made as `GRADIENTS` say:
+    computed      computed from the backward kernel's output and the weight (the weight scaled by
+                  a value of that output), a new tensor of the weight's size in every step, as a
+                  real gradient is: what making, holding and copying it costs the CPU shows
+    weights       the weight's own value (nothing to compute, no copy; the zoo's gradients before
+                  2026-12-02), after a control dependency on the kernel
+    unshaped      computed, and of no static shape (as a `tf.py_function`'s without `set_shape`)
+The backward kernel is a stateful op: grappler may drop a control dependency on a stateless op, and
 then prunes the kernel whose output nothing else reads (a stateless backward kernel, or one
 whose gradients were reshaped from a shape it output, was gone from the optimized graph). A
 stateful op without a resource input runs in program order with the others of its function: the
@@ -53,6 +59,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record  # tf.custom_gradient's own recording, without its leak
 
 from benchmarks.profiles import Profile, TensorProfile, layer_groups
+from benchmarks.workloads import COMPUTED, GRADIENTS, UNSHAPED, WEIGHTS
 
 # A wake-up later than this after the device became free counts as the device idling (it waited
 # for a parameter); an earlier one is scheduling noise, which a device's queue would hide.
@@ -87,10 +94,13 @@ class DeviceClock:
 class Kernels:
     """The emulated layers' kernels: ops of the step's graph that take the profile's times."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, gradients: str = COMPUTED) -> None:
         if kind not in KERNELS:
             raise ValueError(f"emulated kernels run as {' or '.join(KERNELS)}, not {kind!r}")
+        if gradients not in GRADIENTS:
+            raise ValueError(f"emulated gradients are {', '.join(GRADIENTS)}, not {gradients!r}")
         self.kind = kind
+        self.gradients = gradients
         self._clock = DeviceClock() if kind == DEVICE_CLOCK else None
 
     def _sleep(self, seconds: float) -> None:
@@ -121,8 +131,15 @@ class Kernels:
 
         dx = tf.numpy_function(run, [upstream], upstream.dtype, stateful=True, name=f"{name}_backward")
         dx.set_shape(upstream.shape)
-        with tf.control_dependencies([dx]):
-            return [dx, *(tf.identity(weight) for weight in weights)]
+        if self.gradients == WEIGHTS:
+            with tf.control_dependencies([dx]):
+                return [dx, *(tf.identity(weight) for weight in weights)]
+        # A value only the kernel's output knows (the upstream gradient's first element, over itself: 1).
+        scale = tf.math.divide_no_nan(dx[0, 0], dx[0, 0])
+        gradients = [weight * scale for weight in weights]
+        if self.gradients == UNSHAPED:
+            gradients = [tf.raw_ops.PlaceholderWithDefault(input=gradient, shape=tf.TensorShape(None)) for gradient in gradients]
+        return [dx, *gradients]
 
 
 class EmulatedLayer(tf.keras.layers.Layer):
@@ -154,10 +171,10 @@ class EmulatedLayer(tf.keras.layers.Layer):
         return outputs
 
 
-def build_model(profile: Profile, kernels: str = GRAPH_OPS) -> tf.keras.Model:
+def build_model(profile: Profile, kernels: str = GRAPH_OPS, gradients: str = COMPUTED) -> tf.keras.Model:
     """The profile's layers in forward order, taking inputs of shape [batch, 1], their compute
-    run as `kernels` (KERNELS) say."""
-    emulated = Kernels(kernels)
+    run as `kernels` (KERNELS) say, their gradients made as `gradients` (GRADIENTS) say."""
+    emulated = Kernels(kernels, gradients)
     layers = [EmulatedLayer(emulated, group, name=f"layer_{i}") for i, group in enumerate(layer_groups(profile))]
     model = tf.keras.Sequential(layers)
     model.build((None, 1))

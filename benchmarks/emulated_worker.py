@@ -29,6 +29,7 @@ sizes, averaged over the shaped links by the strategy's real collectives.
 
     --kernels graph-ops     the layers' compute as ops of the step's graph that sleep where they run
     --kernels device-clock  the layers' compute on one emulated device's clock (emulated_model.py)
+    --gradients computed|weights|unshaped  how the gradients are made (emulated_model.py; default computed)
     --api function  the tape step through ctf.function, --steps-per-execution steps per graph
                     (caramel only)
 
@@ -59,7 +60,7 @@ from benchmarks.worker_events import (
     caramel_details,
     print_summary,
 )
-from benchmarks.workloads import APIS, CARAMEL_WORKERS, GRAPH_OPS, KERNELS, WORKER_APIS, WORKER_STRATEGIES
+from benchmarks.workloads import APIS, CARAMEL_WORKERS, COMPUTED, GRADIENTS, GRAPH_OPS, KERNELS, WORKER_APIS, WORKER_STRATEGIES
 from caramel.tensorflow.keras import TrainingCallback
 
 # Updates that leave the weights (and so the gradients) practically unchanged; they still cost
@@ -75,6 +76,7 @@ def parse_args() -> argparse.Namespace:
     add_run_arguments(parser, measured_steps=32)
     parser.add_argument("--device-tflops", type=float, help="emulated device rate; default: the profile's")
     parser.add_argument("--kernels", choices=KERNELS, default=GRAPH_OPS, help=f"how the emulated compute runs (default {GRAPH_OPS})")
+    parser.add_argument("--gradients", choices=GRADIENTS, default=COMPUTED, help=f"how the emulated gradients are made (default {COMPUTED})")
     return parse_run_arguments(parser, "emulated", WORKER_APIS)
 
 
@@ -86,7 +88,7 @@ def main() -> None:
     if args.device_tflops:
         profile = scaled(profile, args.device_tflops)
     with joined.scope():
-        model = emulated_model.build_model(profile, args.kernels)
+        model = emulated_model.build_model(profile, args.kernels, args.gradients)
     times = StepLog(args.warmup, f"{args.strategy}-{args.api}")
     total = args.warmup + args.steps
     details: dict = {}

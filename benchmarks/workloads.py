@@ -29,6 +29,10 @@ GRAPH_OPS, DEVICE_CLOCK = "graph-ops", "device-clock"
 KERNELS = (GRAPH_OPS, DEVICE_CLOCK)
 """How the emulated kernels run (emulated_model.py): ops of the step's graph that sleep where they
 run, or ops that share one emulated device's clock."""
+COMPUTED, WEIGHTS, UNSHAPED = "computed", "weights", "unshaped"
+GRADIENTS = (COMPUTED, WEIGHTS, UNSHAPED)
+"""How the emulated gradients are made (emulated_model.py): computed in the backward pass, the
+weights' own values, or computed with no static shape."""
 REAL_WORKER = "benchmarks.real_worker"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -132,11 +136,13 @@ class Workload:
     """The emulated accelerator's profile; None for real compute, which cannot be device-scaled."""
     kernels: str | None = None
     """How the emulated kernels run (KERNELS); None for real compute."""
+    gradients: str | None = None
+    """How the emulated gradients are made (GRADIENTS); None for real compute."""
 
     @classmethod
-    def emulated(cls, profile: Profile, worker: str = EMULATED_WORKER, kernels: str = GRAPH_OPS) -> Workload:
-        args = ("--profile", profile.name, "--device-tflops", repr(profile.device_tflops), "--kernels", kernels)
-        return cls(profile.name, worker, args, profile.parameters, profile.batch_size, profile.compute_seconds, "", profile, kernels)
+    def emulated(cls, profile: Profile, worker: str = EMULATED_WORKER, kernels: str = GRAPH_OPS, gradients: str = COMPUTED) -> Workload:
+        args = ("--profile", profile.name, "--device-tflops", repr(profile.device_tflops), "--kernels", kernels, "--gradients", gradients)
+        return cls(profile.name, worker, args, profile.parameters, profile.batch_size, profile.compute_seconds, "", profile, kernels, gradients)
 
     @classmethod
     def real(cls, model: RealModel, worker: str = REAL_WORKER) -> Workload:
@@ -174,7 +180,7 @@ class Workload:
     def scaled(self, device_tflops: float) -> Workload:
         if self.profile is None:
             raise ValueError(f"{self.name}: real compute has no device rate to scale")
-        return Workload.emulated(scaled(self.profile, device_tflops), self.worker, self.kernels or GRAPH_OPS)
+        return Workload.emulated(scaled(self.profile, device_tflops), self.worker, self.kernels or GRAPH_OPS, self.gradients or COMPUTED)
 
     def command(self, strategy: str, api: str, steps: int, warmup: int, steps_per_execution: int, whole_job: bool = False) -> list[str]:
         return [
@@ -184,7 +190,12 @@ class Workload:
 
 
 def make_workloads(
-    compute: str, names: list[str], device_tflops: float | None = None, worker: str | None = None, kernels: str = GRAPH_OPS
+    compute: str,
+    names: list[str],
+    device_tflops: float | None = None,
+    worker: str | None = None,
+    kernels: str = GRAPH_OPS,
+    gradients: str = COMPUTED,
 ) -> list[Workload]:
     """The workloads of names (COMPUTE_MODES[compute]); device_tflops overrides the profiles' (emulated only)."""
     if compute == "real":
@@ -192,4 +203,4 @@ def make_workloads(
     profiles = [load_profile(name) for name in names]
     if device_tflops:
         profiles = [scaled(profile, device_tflops) for profile in profiles]
-    return [Workload.emulated(profile, worker or EMULATED_WORKER, kernels) for profile in profiles]
+    return [Workload.emulated(profile, worker or EMULATED_WORKER, kernels, gradients) for profile in profiles]

@@ -103,7 +103,7 @@ from benchmarks.scheduling_bench import (
     parse_worker_env,
 )
 from benchmarks.step_bounds import ordered_bounds
-from benchmarks.workloads import DEVICE_CLOCK, GRAPH_OPS, Workload, make_workloads, warmup_steps
+from benchmarks.workloads import COMPUTED, DEVICE_CLOCK, GRADIENTS, GRAPH_OPS, Workload, make_workloads, warmup_steps
 
 ZOO_POINTS = Path(__file__).resolve().parent / "zoo_points.json"
 DEFAULT_RATES = (1000.0, 4000.0)
@@ -515,6 +515,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"the h200 mode's k: every time of a timeline multiplied by k, for links k times slower than the ones they stand for "
         f"(default {DEFAULT_TIME_SCALE:g})",
     )  # fmt: skip
+    parser.add_argument(
+        "--gradients", choices=GRADIENTS, default=COMPUTED,
+        help=f"how the emulated gradients are made: {', '.join(GRADIENTS)} (default {COMPUTED}; emulated_model.py)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="runs per strategy and point (default 3)")
     parser.add_argument(
         "--steps", type=int, default=16,
@@ -584,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         results = load_results(args.report)
         if not args.strategies_given:
             args.strategy_names = strategies_run(results)
-        workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]], kernels=args.kernels)[0] for key in results}
+        workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]], kernels=args.kernels, gradients=args.gradients)[0] for key in results}
         print_table(results, workloads, args.strategy_names)
         print_summary(results, workloads, args.strategy_names)
         plot(results, args.strategy_names, args.report.with_name("zoo.png"))
@@ -603,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     output.mkdir(parents=True, exist_ok=True)
     names = hostnames(bench_job(JOB_NAME, ["true"], args.workers, None))
     results: dict[str, Point] = {}
-    workloads = {name: make_workloads("emulated", [name], kernels=args.kernels)[0] for name in args.profile_names}
+    workloads = {name: make_workloads("emulated", [name], kernels=args.kernels, gradients=args.gradients)[0] for name in args.profile_names}
     try:
         with EmulatedCluster(args.workers, args.rate_list[0], DEFAULT_PREFIX, DEFAULT_SUBNET, names) as cluster:
             bench = Bench(args, cluster, output)

@@ -278,11 +278,13 @@ def test_workloads_of_each_mode() -> None:
     assert emulated.scalable and emulated.device_tflops == 2.5 and emulated.device == "2.5 TFLOP/s"
     assert emulated.command("horovod", "fit", 10, 3, 4)[1:] == [
         "-m", emulated.worker, "--profile", "resnet50", "--device-tflops", "2.5", "--kernels", "graph-ops",
-        "--strategy", "horovod", "--api", "fit", "--steps", "10", "--warmup", "3", "--steps-per-execution", "4",
+        "--gradients", "computed", "--strategy", "horovod", "--api", "fit", "--steps", "10", "--warmup", "3", "--steps-per-execution", "4",
     ]  # fmt: skip
+    unshaped = make_workloads("emulated", ["resnet50"], gradients="unshaped")[0]
+    assert unshaped.worker_args[-2:] == ("--gradients", "unshaped") and unshaped.scaled(1.0).gradients == "unshaped"
     slower = emulated.scaled(1.25)
     assert slower.device_tflops == 1.25 and slower.compute_seconds == pytest.approx(2 * emulated.compute_seconds)
-    assert make_workloads("emulated", ["resnet50"], kernels="device-clock")[0].worker_args[-2:] == ("--kernels", "device-clock")
+    assert make_workloads("emulated", ["resnet50"], kernels="device-clock")[0].worker_args[-4:-2] == ("--kernels", "device-clock")
     # A measured timeline, ten times slower than the H200 it was measured on.
     timeline, = make_workloads("emulated", ["h200_resnet50"], device_tflops=0.1)
     assert timeline.timeline and timeline.device == "H200 x10" and timeline.device_tag == "x10"
@@ -423,7 +425,7 @@ def test_table_gives_the_ordered_bounds_and_caramels_link_time_for_emulated_comp
     line = next(line for line in capsys.readouterr().out.splitlines() if "release and read order" in line)
     assert "(the baselines'); caramel@hvd" in line and "horovod-tape" not in line
     # Real compute has no per-layer times to bound with.
-    assert make_workloads("emulated", ["resnet50"], kernels="device-clock")[0].worker_args[-2:] == ("--kernels", "device-clock")
+    assert make_workloads("emulated", ["resnet50"], kernels="device-clock")[0].worker_args[-4:-2] == ("--kernels", "device-clock")
     # A measured timeline, ten times slower than the H200 it was measured on.
     timeline, = make_workloads("emulated", ["h200_resnet50"], device_tflops=0.1)
     assert timeline.timeline and timeline.device == "H200 x10" and timeline.device_tag == "x10"
