@@ -26,6 +26,11 @@ PYTHON_TRACEBACK = [
     "rank 1 |     raise ValueError(shard)",
     "rank 1 | ValueError: bad shard 7",
 ]
+NOT_SERVED = [
+    "rank 0 | Traceback (most recent call last):",
+    'rank 0 |   File "/app/train.py", line 9, in <module>',
+    "rank 0 | caramel.tensorflow.unsupported.NotSupportedByCaramel: hvd.join() is not supported by Caramel: let every rank run the same steps",
+]
 GLOO_ABORT = [
     "rank 0 | terminate called after throwing an instance of 'gloo::IoException'",
     "rank 0 |   what():  [horovod/common/gloo/http_store.cc:54] Wait timeout after 30 seconds for key(s): 1.",
@@ -38,12 +43,13 @@ GLOO_ABORT = [
     [
         (PYTHON_TRACEBACK, "rank 1 | ValueError: bad shard 7"),
         (GLOO_ABORT, f"{GLOO_ABORT[0]} {GLOO_ABORT[1].strip()}"),
+        (NOT_SERVED, NOT_SERVED[-1]),
         (["step 3", "worker 1 | rank 1 killed by SIGKILL; stopping the other ranks"], "worker 1 | rank 1 killed by SIGKILL; stopping the other ranks"),
         (["RuntimeError: first", "OSError: second"], "RuntimeError: first"),
         (["step 1", "step 2"], ""),
         ([], ""),
     ],
-    ids=["traceback", "gloo-abort", "killed", "first-of-two", "none", "empty"],
+    ids=["traceback", "gloo-abort", "not-served", "killed", "first-of-two", "none", "empty"],
 )
 def test_the_first_error_line_is_the_cause(lines, cause):
     assert first_error_line(lines) == cause
@@ -77,7 +83,7 @@ def test_fit_cuts_a_head_larger_than_the_limit():
     ("returncode", "traceback_seen", "first_error", "raised"),
     [
         (1, True, "rank 1 | ValueError: bad learning rate", True),
-        (1, True, "rank 1 | caramel.tensorflow.unsupported.NotSupportedByCaramel: hvd.join() is not served", True),
+        (1, True, NOT_SERVED[-1], True),
         (1, False, "rank 1 | ValueError: bad learning rate", False),  # sys.exit(1) after printing it: the script's choice
         (-9, True, "rank 1 | ValueError: bad learning rate", False),  # killed
         (3, True, "rank 1 | ValueError: bad learning rate", False),

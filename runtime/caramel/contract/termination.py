@@ -45,9 +45,11 @@ TERMINATION_MESSAGE_BYTES = 4096
 """The most of a termination message the kubelet keeps."""
 
 # What an error line says: an exception or error with its message ("ValueError: ...", not the
-# source line "raise ValueError(x)"), a C++ abort, a timeout, a kill.
+# source line "raise ValueError(x)"), Caramel's refusal of what it does not serve (whose name says
+# neither), a C++ abort, a timeout, a kill.
 _ERROR = re.compile(
-    r"\w*(error|exception)(:|$)|what\(\):|terminate called|\babort|\bfatal\b|\btimed? ?out\b|\bkilled\b", re.IGNORECASE
+    r"\w*(error|exception)(:|$)|NotSupportedByCaramel:|what\(\):|terminate called|\babort|\bfatal\b|\btimed? ?out\b|\bkilled\b",
+    re.IGNORECASE,
 )
 # A traceback's source lines name files such as errors.py: they are where, not why.
 _TRACEBACK_SOURCE = re.compile(r'^\s*File "')
