@@ -94,9 +94,11 @@ def test_fit_cuts_a_head_larger_than_the_limit():
         (1, True, "rank 0 | caramel.collectives.tree_transport.TransportError: all-reduce 3 on rank 0 failed: EOF", False),
         (1, True, "rank 0 | tensorflow.python.framework.errors_impl.UnavailableError: Collective ops is aborted by: ...", False),
         (1, True, "rank 0 | TimeoutError: the rendezvous at 10.0.0.1:29400 did not answer", False),
+        (1, True, "rank 0 | tensorflow.python.framework.errors_impl.AbortedError: [_Derived_]Collective ops is aborted", False),
+        (1, True, "rank 0 | tensorflow.python.framework.errors_impl.CancelledError: [_Derived_]Cancelled", False),
     ],
     ids=["value-error", "not-served", "no-traceback", "killed", "other-status", "no-error-line", "reset", "gloo-closed",
-         "horovod-internal", "transport", "unavailable", "timeout"],
+         "horovod-internal", "transport", "unavailable", "timeout", "aborted", "cancelled"],
 )  # fmt: skip
 def test_a_script_raised_where_python_ended_on_its_own_exception_not_on_a_peers_failure(returncode, traceback_seen, first_error, raised):
     assert raised_by_the_script(returncode, traceback_seen, first_error) is raised

@@ -27,9 +27,8 @@ still runs (`awaits_rank_0`): when every rank raises the same error, they do wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from caramel.contract.api import CaramelJob
 from caramel.contract.termination import ScriptRaised

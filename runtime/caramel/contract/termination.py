@@ -55,7 +55,7 @@ _ERROR = re.compile(
 _TRACEBACK_SOURCE = re.compile(r'^\s*File "')
 # What a rank raises when a peer died or could not be reached: not its own script's bug.
 _PEER_ERROR = re.compile(
-    r"connection|\bpeer\b|broken pipe|\btimed? ?out\b|timeout|\baborted\b|\bclosed\b|unavailable|rendezvous|EOFError"
+    r"connection|\bpeer\b|broken pipe|\btimed? ?out\b|timeout|deadline|\babort|\bcancel|\bclosed\b|unavailable|rendezvous|EOFError"
     r"|HorovodInternalError|HostsUpdatedInterrupt|TransportError",
     re.IGNORECASE,
 )
