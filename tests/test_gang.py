@@ -159,11 +159,26 @@ SCRIPT_BUG = "raise ValueError('learning_rate must be positive, got -0.1')"
 PROGRESS = "caramel-progress step=1 total=9 loss=1 step_seconds=0.1 examples_per_second=10 final=0"
 
 
-def test_caramel_run_fails_at_once_where_every_rank_raised_before_the_first_step(tmp_path):
-    outcome, _, notices = local_run(local_job(meeting(tmp_path) + SCRIPT_BUG))
+# Caramel's refusal of a feature it does not serve, as caramel.tensorflow.unsupported raises it.
+NOT_SERVED = (
+    "class NotSupportedByCaramel(NotImplementedError): pass\n"
+    "raise NotSupportedByCaramel('hvd.join() is not supported by Caramel: let every rank run the same steps')"
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (SCRIPT_BUG, "ValueError: learning_rate must be positive, got -0.1"),
+        (NOT_SERVED, "NotSupportedByCaramel: hvd.join() is not supported by Caramel: let every rank run the same steps"),
+    ],
+    ids=["value-error", "not-served"],
+)
+def test_caramel_run_fails_at_once_where_every_rank_raised_before_the_first_step(tmp_path, code, error):
+    outcome, _, notices = local_run(local_job(meeting(tmp_path) + code))
     assert not outcome.succeeded and outcome.script_error and outcome.restarts == 0 and not notices
     # Either worker may be the first to fail: each quotes its own rank's error.
-    assert re.fullmatch(rf"worker (\d) exited with code 1: rank \1 \| ValueError: learning_rate must be positive, got -0.1; {re.escape(NOT_RESTARTED)}", outcome.reason), outcome.reason
+    assert re.fullmatch(rf"worker (\d) exited with code 1: rank \1 \| {re.escape(error)}; {re.escape(NOT_RESTARTED)}", outcome.reason), outcome.reason
 
 
 @pytest.mark.parametrize(
