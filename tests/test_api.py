@@ -27,6 +27,7 @@ def test_minimal_job_gets_automatic_defaults():
     assert job.spec.caramel.allreduce is Allreduce.AUTO
     assert job.spec.run_policy.clean_pod_policy is CleanPodPolicy.RUNNING
     assert job.spec.run_policy.backoff_limit == 3
+    assert job.spec.run_policy.restart_on_script_error is False
     assert job.spec.checkpoint is None
     assert job.world_size == 2
 
@@ -72,6 +73,7 @@ def test_every_field_is_documented():
         ({"caramel": {"collective": "split"}}, "spec.caramel.collective: no longer a CaramelJob field (remove it: Caramel chooses;"),
         ({"caramel": {"minBucketBytes": 10, "maxBucketBytes": 5}}, "spec.caramel: minBucketBytes (10) must not exceed maxBucketBytes (5)"),
         ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy"),
+        ({"runPolicy": {"restartOnScriptError": "sometimes"}}, "spec.runPolicy.restartOnScriptError: Input should be a valid boolean"),
         ({"workers": {"resources": {"limits": {"memory": "lots"}}}}, "spec.workers.resources.limits.memory"),
         ({"command": ["python", "x.py"]}, "spec: both script and command are set: give one of them"),
         ({"checkpoint": {"intervalSteps": 5}}, "spec.checkpoint.path: Field required"),

@@ -11,7 +11,8 @@ from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract, slo
 from caramel.contract.jobfile import parse_job
 from caramel.contract.lab import Batching, Collective, LabScheduling, Ordering, lab_variables
 from caramel.contract.ports import PortMap
-from caramel.contract.restart import RestartPolicy
+from caramel.contract.restart import SCRIPT_ERROR_WAIT_SECONDS, RestartPolicy
+from caramel.contract.termination import ScriptRaised
 from caramel.launch.rendezvous import Host, Round
 from caramel.network.synthetic import racks, torus
 from caramel.network.wire import from_wire, job_topology, to_wire
@@ -282,3 +283,34 @@ def test_the_restart_policy_doubles_its_backoff_up_to_its_longest_and_stops_at_t
     assert not policy.deadline_passed(59.9) and policy.deadline_passed(60)
     operator = RestartPolicy.of(job(), first_backoff_seconds=10, max_backoff_seconds=60)
     assert [operator.backoff(restarts) for restarts in range(4)] == [10, 20, 40, 60] and not operator.deadline_passed(1e9)
+
+
+BEFORE = ScriptRaised(before_first_step=True)
+UNKNOWN = ScriptRaised(before_first_step=False)
+
+
+@pytest.mark.parametrize(
+    ("raised", "no_step_seen", "fails"),
+    [
+        ([UNKNOWN, BEFORE], False, True),  # every failed worker raised; rank 0's says it did no step
+        ([BEFORE], False, True),
+        ([UNKNOWN], True, True),  # the judge saw rank 0 report no step itself (caramel run)
+        ([UNKNOWN, UNKNOWN], False, False),  # no word that no step was done: it may have been bad data at step 500
+        ([UNKNOWN, None], False, False),  # a worker failed otherwise: lost, killed, a peer's failure
+        ([None, BEFORE], True, False),
+        ([], True, False),
+    ],
+)
+def test_a_gang_whose_every_failed_worker_raised_before_the_first_step_fails_at_once(raised, no_step_seen, fails):
+    assert RestartPolicy.of(job()).fails_at_once(raised, no_step_seen) is fails
+    restarting = RestartPolicy.of(job(runPolicy={"restartOnScriptError": True}))
+    assert not restarting.fails_at_once(raised, no_step_seen)
+
+
+def test_the_operator_waits_a_moment_for_rank_0s_word_only_where_it_could_fail_the_job():
+    policy = RestartPolicy.of(job())
+    assert policy.awaits_rank_0([UNKNOWN], rank_0_runs=True, seconds_since_failure=0.5)
+    assert not policy.awaits_rank_0([UNKNOWN], rank_0_runs=True, seconds_since_failure=SCRIPT_ERROR_WAIT_SECONDS)
+    assert not policy.awaits_rank_0([UNKNOWN], rank_0_runs=False, seconds_since_failure=0.5)  # its worker ended or never ran
+    assert not policy.awaits_rank_0([UNKNOWN, None], rank_0_runs=True, seconds_since_failure=0.5)
+    assert not RestartPolicy.of(job(runPolicy={"restartOnScriptError": True})).awaits_rank_0([UNKNOWN], True, 0.5)

@@ -1,6 +1,6 @@
 """The worker entrypoint's termination message: rank 0's last progress report when the worker
 succeeds (the operator records the final step from it), a failure summary when a rank fails (its
-first error line and last lines). Its wait for the rendezvous: as long as the contract says, and
+first error line and last lines, and whether its script raised). Its wait for the rendezvous: as long as the contract says, and
 cut short by SIGTERM. And the memory allocator it gives the training processes."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from caramel.contract.env import worker_command, worker_env
 from caramel.contract.jobfile import parse_job
 from caramel.contract.progress import parse_report
-from caramel.contract.termination import TERMINATION_MESSAGE_BYTES, failure_time
+from caramel.contract.termination import TERMINATION_MESSAGE_BYTES, ScriptRaised, failure_cause, failure_time, script_raised
 from conftest import REPO, free_port
 
 REPORT = "caramel-progress step=7 total=7 loss=0.5 step_seconds=0.01 examples_per_second=100 final=1"
@@ -62,6 +62,23 @@ def test_a_failed_worker_leaves_its_first_error_and_last_lines(tmp_path):
     assert abs((failure_time(message) - datetime.now(UTC)).total_seconds()) < 60, lines[1]
     assert lines[-1].startswith("rank 0 | follow-on noise 299 ")
     assert TERMINATION_MESSAGE_BYTES - 100 < len(message.encode()) <= TERMINATION_MESSAGE_BYTES
+
+
+@pytest.mark.parametrize(
+    ("training", "said"),
+    [
+        ("raise ValueError('learning_rate must be positive')", ScriptRaised(before_first_step=True)),
+        (f"print({REPORT!r}, flush=True); raise ValueError('learning_rate must be positive')", ScriptRaised(before_first_step=False)),
+        ("raise ConnectionResetError(104, 'Connection reset by peer')", None),  # a peer's failure, not the script's bug
+        ("import sys; print('ValueError: learning_rate must be positive'); sys.exit(1)", None),  # no exception: the script chose to exit
+    ],
+    ids=["before-the-first-step", "after-a-step", "a-peers-failure", "sys-exit"],
+)
+def test_a_failed_worker_says_whether_its_script_raised_and_whether_before_rank_0s_first_step(tmp_path, training, said):
+    code, message, _ = run_worker(tmp_path, training)
+    assert code == 1
+    assert script_raised(message) == said, message
+    assert "ValueError" not in training or failure_cause(message) == "rank 0 | ValueError: learning_rate must be positive"
 
 
 def test_a_worker_whose_termination_log_cannot_be_written_still_succeeds(tmp_path):

@@ -5,6 +5,7 @@ training command that needs no TensorFlow."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 from caramel.contract.jobfile import parse_job
+from caramel.contract.restart import NOT_RESTARTED
 from caramel.launch.gang import CannotStart, GangEnd, run_gang
 from caramel.launch.launcher import LocalRun
 from caramel.launch.processes import spawn, stop_groups
@@ -151,6 +153,48 @@ def test_caramel_run_restarts_a_failed_gang_up_to_the_backoff_limit_and_keeps_th
     assert "rank 1 | rank 1 fails" in outcome.last_lines
     [notice] = notices
     assert notice.startswith("worker 1 exited with code 5; restarting the whole gang (1 of 1, spec.runPolicy.backoffLimit) in 1 s")
+
+
+SCRIPT_BUG = "raise ValueError('learning_rate must be positive, got -0.1')"
+PROGRESS = "caramel-progress step=1 total=9 loss=1 step_seconds=0.1 examples_per_second=10 final=0"
+
+
+# Caramel's refusal of a feature it does not serve, as caramel.tensorflow.unsupported raises it.
+NOT_SERVED = (
+    "class NotSupportedByCaramel(NotImplementedError): pass\n"
+    "raise NotSupportedByCaramel('hvd.join() is not supported by Caramel: let every rank run the same steps')"
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (SCRIPT_BUG, "ValueError: learning_rate must be positive, got -0.1"),
+        (NOT_SERVED, "NotSupportedByCaramel: hvd.join() is not supported by Caramel: let every rank run the same steps"),
+    ],
+    ids=["value-error", "not-served"],
+)
+def test_caramel_run_fails_at_once_where_every_rank_raised_before_the_first_step(tmp_path, code, error):
+    outcome, _, notices = local_run(local_job(meeting(tmp_path) + code))
+    assert not outcome.succeeded and outcome.script_error and outcome.restarts == 0 and not notices
+    # Either worker may be the first to fail: each quotes its own rank's error.
+    assert re.fullmatch(rf"worker (\d) exited with code 1: rank \1 \| {re.escape(error)}; {re.escape(NOT_RESTARTED)}", outcome.reason), outcome.reason
+
+
+@pytest.mark.parametrize(
+    ("code", "spec"),
+    [
+        # After rank 0's first step: the step may be what went wrong (bad data), and a checkpoint resumes past it.
+        (f"import os\nif os.environ['HOROVOD_RANK'] == '0': print({PROGRESS!r}, flush=True)\n{{meeting}}time.sleep(0.5); {SCRIPT_BUG}", {}),
+        ("{meeting}" + SCRIPT_BUG, {"restartOnScriptError": True}),
+        ("{meeting}raise ConnectionResetError(104, 'Connection reset by peer')", {}),  # a peer's failure, not the script's bug
+    ],
+    ids=["after-the-first-step", "restart-on-script-error", "a-peers-failure"],
+)
+def test_caramel_run_restarts_a_gang_whose_script_raised_after_its_first_step_or_where_the_job_asks(tmp_path, code, spec):
+    outcome, _, notices = local_run(local_job(code.format(meeting=meeting(tmp_path)), runPolicy={"backoffLimit": 1, **spec}))
+    assert not outcome.succeeded and not outcome.script_error and outcome.restarts == 1 and len(notices) == 1, outcome
+    assert outcome.reason.endswith("(after 1 restarts: spec.runPolicy.backoffLimit reached)")
 
 
 def test_caramel_run_stops_a_gang_past_its_deadline_without_a_restart():

@@ -11,6 +11,8 @@ from caramel.contract.api import CaramelJobStatus, Phase, Tuning, WorkerFailure,
 from caramel.contract.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
 from caramel.contract.progress import ProgressReport
+from caramel.contract.restart import SCRIPT_ERROR_WAIT_SECONDS
+from caramel.contract.termination import ScriptRaised, failure_cause, failure_message
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract
 from caramel.network.wire import job_topology, to_json
 from caramel_operator.gang_placement import NoRoom, Placed, Unreadable, placed_topology
@@ -920,3 +922,70 @@ def test_a_gang_that_never_said_it_trains_elastic_restarts_whole():
     crashed = worker(3, WorkerState.FAILED, failure_reason="Error", exit_code=1)
     decision = decide(job(workers=ELASTIC), running, [*workers[:3], crashed], ALL, NOW, SETTINGS)
     assert decision.status.phase is Phase.RESTARTING
+
+
+# -- a script's own error (caramel.contract.restart's fails_at_once) -----------------------------
+
+SCRIPT_BUG = "ValueError: learning_rate must be positive, got -0.1"
+
+
+def raised(index, before_first_step=False, ago=1.0, error=SCRIPT_BUG):
+    """Worker `index` failed as its summary says a script that raised does (`before_first_step`:
+    the word of rank 0's worker that rank 0 had reported no step)."""
+    at = NOW - timedelta(seconds=ago)
+    message = failure_message(f"rank {index} exited with code 1", at, [f"rank {index} | {error}"], [], ScriptRaised(before_first_step))
+    return worker(index, WorkerState.FAILED, failure_reason="Error", exit_code=1, failure_cause=failure_cause(message),
+                  failure_message=message, failed_at=at)  # fmt: skip
+
+
+def test_a_script_that_raised_on_every_rank_before_the_first_step_fails_the_job_at_once_quoting_the_error():
+    """An unchanged Horovod Keras script raised a ValueError on every rank before its first step,
+    and was restarted three times, waiting 10 s, 20 s and 40 s, to raise it again."""
+    decision = decide(job(), status(phase=Phase.RUNNING), [raised(0, before_first_step=True, ago=0.9), raised(1)], ALL, NOW, SETTINGS)
+    assert decision.status.phase is Phase.FAILED and decision.status.restarts == 0
+    [failed] = [c for c in decision.status.conditions if c.type == "Failed"]
+    assert failed.reason == "ScriptError"
+    assert decision.status.message == (
+        f"worker demo-worker-1 failed: Error, exit code 1: rank 1 | {SCRIPT_BUG}; demo-worker-0 (Error, exit code 1) failed after it; "
+        "the script raised before rank 0's first step, as it would at every restart: the job fails without restarting "
+        "(spec.runPolicy.restartOnScriptError: true restarts it)"
+    )
+    assert decision.status.last_failure.worker == "demo-worker-1" and decision.status.last_failure.cause == f"rank 1 | {SCRIPT_BUG}"
+    assert [event.reason for event in decision.events] == ["ScriptError"]
+    assert not actions_of(decision, CreatePods)
+
+
+def test_restart_on_script_error_restarts_it_as_any_failure():
+    decision = decide(job(runPolicy={"restartOnScriptError": True}), status(phase=Phase.RUNNING),
+                      [raised(0, before_first_step=True), raised(1)], ALL, NOW, SETTINGS)  # fmt: skip
+    assert decision.status.phase is Phase.RESTARTING and decision.status.restarts == 1
+
+
+def test_a_script_error_waits_a_moment_for_worker_0_to_say_whether_rank_0_did_a_step():
+    """Only rank 0 reports its steps: a raise on worker 1 fails the job only on worker 0's word."""
+    waiting = decide(job(), status(phase=Phase.RUNNING), [worker(0), raised(1, ago=1)], ALL, NOW, SETTINGS)
+    assert waiting.status.phase is Phase.RUNNING and not waiting.actions and not waiting.events
+    said = decide(job(), waiting.status, [raised(0, before_first_step=True, ago=0.5), raised(1, ago=1)], ALL, NOW, SETTINGS)
+    assert said.status.phase is Phase.FAILED
+    silent = decide(job(), waiting.status, [worker(0), raised(1, ago=SCRIPT_ERROR_WAIT_SECONDS)], ALL, NOW, SETTINGS)
+    assert silent.status.phase is Phase.RESTARTING  # worker 0 runs on: rank 0 may well have trained
+
+
+def test_a_failure_other_than_the_scripts_own_raise_before_the_first_step_restarts():
+    after_steps = decide(job(), status(phase=Phase.RUNNING), [raised(0, before_first_step=False), raised(1)], ALL, NOW, SETTINGS)
+    peer = worker(0, WorkerState.FAILED, failure_reason="Error", exit_code=1, failure_message="rank 0 exited with code 1\n"
+                  "rank 0 | RuntimeError: Connection reset by peer", failed_at=NOW)  # fmt: skip
+    followed_by_a_peer = decide(job(), status(phase=Phase.RUNNING), [peer, raised(1)], ALL, NOW, SETTINGS)
+    lost = worker(1, WorkerState.FAILED, failure_reason="NodeLost")
+    with_a_lost_worker = decide(job(workers={"replicas": 3}), status(phase=Phase.RUNNING),
+                                [raised(0, before_first_step=True), lost, worker(2)], ALL, NOW, SETTINGS)  # fmt: skip
+    for decision in (after_steps, followed_by_a_peer, with_a_lost_worker):
+        assert decision.status.phase is Phase.RESTARTING, decision.status.message
+
+
+def test_an_elastic_gang_waits_for_worker_0_then_replaces_a_worker_whose_script_raised():
+    running, workers = elastic_gang()
+    waiting = decide(job(workers=ELASTIC), running, [*workers[:3], raised(3, ago=1)], ALL, NOW, SETTINGS)
+    assert waiting.status.phase is Phase.RUNNING and not waiting.actions
+    later = decide(job(workers=ELASTIC), running, [*workers[:3], raised(3, ago=SCRIPT_ERROR_WAIT_SECONDS)], ALL, NOW, SETTINGS)
+    assert later.status.phase is Phase.RUNNING and later.status.replacing == ["demo-worker-3"]

@@ -206,10 +206,28 @@ def test_a_command_that_cannot_start_is_reported(tmp_path):
     assert "cannot start 'no-such-trainer': No such file or directory (check spec.script or spec.command)" in result.stderr
 
 
+def test_a_script_that_raises_on_every_rank_before_its_first_step_fails_once_quoting_the_error(tmp_path):
+    """An unchanged Horovod Keras script raised a ValueError on every rank before its first step,
+    and `caramel run` restarted its 2 workers 3 times (1 s, 2 s, 4 s) to raise it again."""
+    crash = tmp_path / "crash.py"
+    crash.write_text("print('loading data')\nraise ValueError('learning_rate must be positive, got -0.1')\n")
+    manifest = job_manifest(script=str(crash), args=[])
+    result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=60)
+    assert result.returncode == 1
+    assert "restarting the whole gang" not in result.stderr
+    assert re.search(
+        r"Failed test-job: worker \d exited with code 1: rank \d \| ValueError: learning_rate must be positive, got -0.1; the "
+        r"script raised before rank 0's first step, as it would at every restart: the job fails without restarting "
+        r"\(spec.runPolicy.restartOnScriptError: true restarts it\) after \d+\.\d s",
+        " ".join(result.stderr.split()),  # as rich wrapped it
+    ), result.stderr
+    assert "loading data" in result.stderr.split("last lines of worker")[1]
+
+
 def test_a_crashing_script_shows_its_traceback(tmp_path):
     crash = tmp_path / "crash.py"
     crash.write_text("import sys\nprint('loading data')\nraise ValueError('bad shard 7')\n")
-    manifest = job_manifest(script=str(crash), args=[], runPolicy={"backoffLimit": 1})
+    manifest = job_manifest(script=str(crash), args=[], runPolicy={"backoffLimit": 1, "restartOnScriptError": True})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)), timeout=60)
     assert result.returncode == 1
     # As the operator does: the whole gang restarts up to backoffLimit, showing why each time.

@@ -11,9 +11,14 @@ The cluster suite measures the whole of it (tests/cluster).
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
 import pytest
 
-from testbed.operator_harness import PODS, Operator, eventually
+from caramel.contract.restart import SCRIPT_ERROR_WAIT_SECONDS
+from caramel.contract.termination import ScriptRaised, failure_message
+from testbed.operator_harness import PODS, Operator, eventually, terminated
 from testbed.restart_timing import DEFAULT_TIMINGS, RestartClock
 
 SPEC = {"script": "examples/train_small.py", "args": ["--steps", "10"], "workers": {"replicas": 2}}
@@ -70,5 +75,32 @@ def test_a_pod_change_is_acted_on_at_once_not_at_the_next_reconcile(emulator, tm
             timeout=2,
             what="the new gang after the deletion",
         )
+    finally:
+        operator.stop()
+
+
+def test_a_script_that_raised_on_every_rank_before_its_first_step_fails_the_job_at_once(emulator, tmp_path):
+    """Worker 1's raise alone cannot tell whether rank 0 did a step: the operator waits for worker
+    0, whose word that it did none fails the job at once, ScriptError, quoting the error. No
+    restart, no backoff, no new gang."""
+    operator = Operator(emulator, tmp_path, **DEFAULT_TIMINGS)
+    api = emulator.api
+    try:
+        api.running_job("demo", SPEC)
+        error = "ValueError: learning_rate must be positive, got -0.1"
+        for index, before_first_step in ((1, False), (0, True)):
+            summary = failure_message(
+                f"rank {index} exited with code 1", datetime.now(UTC), [f"rank {index} | {error}"], [], ScriptRaised(before_first_step)
+            )
+            api.set_pod_status(f"demo-worker-{index}", terminated(1, message=summary))
+            time.sleep(0.5)  # worker 0 fails a moment after worker 1, as the kubelets report them
+        eventually(lambda: api.status("demo").get("phase") == "Failed", timeout=SCRIPT_ERROR_WAIT_SECONDS, what="Failed at once")
+        status = api.status("demo")
+        [failed] = [c for c in status["conditions"] if c["type"] == "Failed"]
+        assert failed["reason"] == "ScriptError" and status.get("restarts", 0) == 0
+        assert failed["message"].startswith(f"worker demo-worker-1 failed: Error, exit code 1: rank 1 | {error}; ")
+        assert "spec.runPolicy.restartOnScriptError: true" in failed["message"]
+        assert [p["metadata"]["labels"]["caramel.dev/gang"] for p in api.pods("demo")] == ["0", "0"]
+        assert eventually(lambda: api.events("ScriptError"), what="the failure's Event")
     finally:
         operator.stop()

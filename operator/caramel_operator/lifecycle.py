@@ -20,6 +20,9 @@ A restart after a worker failed of itself waits a backoff that doubles at each s
 after a worker was lost (observe.LOST_REASONS: its pod deleted or evicted, its node gone) starts
 the new gang at once, as soon as the old pods are gone. Both count against backoffLimit. `due`
 says when the status next asks for a pass (a backoff's end), so that the handler comes back then.
+A gang whose every failed worker says its script raised before rank 0's first step is not
+restarted: the job fails at once with reason ScriptError, quoting the error (the restart policy's
+`fails_at_once`), unless spec.runPolicy.restartOnScriptError.
 
 A gang may run with fewer workers than spec.workers.replicas, never fewer than minReplicas
 (status.size). Each gang starts with at least `least` workers, set when the gang before it
@@ -35,6 +38,7 @@ the gang restarts with the larger size after rank 0's next checkpoint (another r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -55,8 +59,8 @@ from caramel.contract.api import (
     WorkerFailure,
 )
 from caramel.contract.env import worker_name
-from caramel.contract.restart import RestartPolicy
-from caramel.contract.termination import fit
+from caramel.contract.restart import NOT_RESTARTED, SCRIPT_ERROR, RestartPolicy
+from caramel.contract.termination import fit, script_raised
 from caramel_operator.builders import build_network_policy, build_service, build_worker_pod, worker_pod_problems
 from caramel_operator.config import OperatorSettings
 from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable, placed_by, placed_topology, placement_problems
@@ -548,7 +552,11 @@ class _Reconciliation:
     def worker_failed(self, current: dict[int, WorkerObservation]) -> bool:
         failures = self.failures(current)
         self.note_rejoined(current, failures)
-        if not failures or self.elastic_goes_on(current, failures):
+        if not failures:
+            return False
+        if self.script_error(current, failures):
+            return True
+        if self.elastic_goes_on(current, failures):
             return False
         what = self.what_failed(failures)
         failure = failures[0]
@@ -565,6 +573,22 @@ class _Reconciliation:
         placed_by_rstorm = placement is not None and placement.gang == self.status.gang and placement.by is PlacedBy.RSTORM
         self.restart(what, "WorkerFailed", failure=failure, least=self.expected if placed_by_rstorm else self.replicas)
         return True
+
+    def script_error(self, current: dict[int, WorkerObservation], failures: list[WorkerFailure]) -> bool:
+        """Whether the gang's script raised before rank 0's first step, as every failed worker
+        says: the job fails at once. Or whether that may be so, and worker 0, which alone can tell
+        whether rank 0 did a step, still runs: no restart for a while yet (the pass that its pod's
+        change calls, or the reconcile interval's, looks again). A lost worker is no script's error."""
+        raised = [None if failure.reason in LOST_REASONS else script_raised(failure.message) for failure in failures]
+        if self.policy.fails_at_once(raised):
+            self.update(last_failure=failures[0])
+            self.fail(SCRIPT_ERROR, f"{self.what_failed(failures)}; {NOT_RESTARTED}")
+            return True
+        worker_0 = current.get(0)
+        worker_0_runs = worker_0 is not None and worker_0.state is WorkerState.RUNNING and not worker_0.terminating
+        first_failed = min((w.failed_at for w in current.values() if w.state is WorkerState.FAILED and w.failed_at), default=None)
+        since = math.inf if first_failed is None else (self.now - first_failed).total_seconds()
+        return self.policy.awaits_rank_0(raised, worker_0_runs, since)
 
     @staticmethod
     def what_failed(failures: list[WorkerFailure]) -> str:

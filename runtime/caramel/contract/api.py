@@ -219,6 +219,12 @@ class RunPolicy(ApiModel):
     backoff_limit: int = Field(3, ge=0, le=100)
     """Whole-gang restarts allowed after a worker fails before the job is marked Failed."""
 
+    restart_on_script_error: bool = False
+    """Whether a gang whose every failed worker's script raised an exception of its own (not a
+    kill, not a lost worker, not a peer's connection error) before rank 0's first step restarts,
+    as after other failures, up to backoffLimit. False (the default) fails the job at once, with
+    reason ScriptError and the error in status.message: the same script would raise again."""
+
     active_deadline_seconds: int | None = Field(None, ge=1)
     """Seconds the job may run, counted from its start, before it is stopped and marked Failed."""
 

@@ -4,8 +4,9 @@ The worker entrypoint writes it to the file CARAMEL_TERMINATION_MESSAGE_PATH nam
 keeps at most TERMINATION_MESSAGE_BYTES of it):
 - a worker that succeeded leaves rank 0's last progress report (`caramel.contract.progress`),
   from which the operator records the step the job ended at (`final_report`);
-- a worker whose rank failed leaves a failure summary: which rank, when it failed, the first line
-  of its output that reads as an error, and its last lines (`failure_message`).
+- a worker whose rank failed leaves a failure summary: which rank, when it failed, whether the
+  script raised (`ScriptRaised`), the first line of its output that reads as an error, and its
+  last lines (`failure_message`).
 
 Why a summary: the last lines alone rarely say why. Gloo's abort ends with "See exception
 message above", a failed rank's peers end with their own follow-on errors, and a Python
@@ -19,12 +20,21 @@ Why the moment: when one worker fails its peers follow within milliseconds (a co
 a collective aborted), and the operator blames the one that failed first. The kubelet's
 `finishedAt` is to the second, and comes after the worker stopped its other ranks; the worker's
 own record of when its rank ended (`failure_time`) is to the microsecond.
+
+Why whether the script raised: a script's own bug (a ValueError on a wrong argument, a feature
+Caramel does not serve) raises again at every restart, and the restart policy fails such a job at
+once (`caramel.contract.restart`). Only the worker can tell: its rank's process ended as Python
+ends on an exception (status 1 after a traceback), not killed, not stopped, and with a first error
+that is no peer's failure (a rank whose peer died raises too, of a connection reset or a collective
+aborted: that is not its script's bug). And only rank 0's worker can tell whether a step was done:
+rank 0 alone reports progress, and a step is done by all ranks together.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from caramel.contract.progress import ProgressReport, format_report, parse_report
@@ -35,12 +45,27 @@ TERMINATION_MESSAGE_BYTES = 4096
 """The most of a termination message the kubelet keeps."""
 
 # What an error line says: an exception or error with its message ("ValueError: ...", not the
-# source line "raise ValueError(x)"), a C++ abort, a timeout, a kill.
+# source line "raise ValueError(x)"), Caramel's refusal of what it does not serve (whose name says
+# neither), a C++ abort, a timeout, a kill.
 _ERROR = re.compile(
-    r"\w*(error|exception)(:|$)|what\(\):|terminate called|\babort|\bfatal\b|\btimed? ?out\b|\bkilled\b", re.IGNORECASE
+    r"\w*(error|exception)(:|$)|NotSupportedByCaramel:|what\(\):|terminate called|\babort|\bfatal\b|\btimed? ?out\b|\bkilled\b",
+    re.IGNORECASE,
 )
 # A traceback's source lines name files such as errors.py: they are where, not why.
 _TRACEBACK_SOURCE = re.compile(r'^\s*File "')
+# What a rank raises when a peer died or could not be reached: not its own script's bug.
+_PEER_ERROR = re.compile(
+    r"connection|\bpeer\b|broken pipe|\btimed? ?out\b|timeout|deadline|\babort|\bcancel|\bclosed\b|unavailable|rendezvous|EOFError"
+    r"|HorovodInternalError|HostsUpdatedInterrupt|TransportError",
+    re.IGNORECASE,
+)
+# The line Python writes before an uncaught exception, and the status it then exits with.
+TRACEBACK = "Traceback (most recent call last):"
+PYTHON_EXCEPTION_STATUS = 1
+# The line of a failure summary that says the script raised, and that rank 0 had done no step.
+# Worded so as not to read as an error line: the cause is the script's own line.
+SCRIPT_RAISED = "raised by the script"
+BEFORE_FIRST_STEP = ", before rank 0's first step"
 # Marks the lines left out between the head and the last lines.
 GAP = "..."
 # The line of a failure summary that says when the rank failed, before its time in UTC.
@@ -51,6 +76,30 @@ FAILED_AT_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 def is_error_line(line: str) -> bool:
     text = line.split(" | ", 1)[-1]  # after a worker's "rank N | " prefix
     return bool(_ERROR.search(text)) and not _TRACEBACK_SOURCE.match(text)
+
+
+def is_peer_error(line: str) -> bool:
+    """Whether an error line says a peer failed or could not be reached (a connection reset, a
+    collective aborted, a timeout), rather than what the rank's own script did wrong."""
+    return bool(_PEER_ERROR.search(line.split(" | ", 1)[-1]))
+
+
+def raised_by_the_script(returncode: int, traceback_seen: bool, first_error: str) -> bool:
+    """Whether a rank's training process ended as Python ends on an exception of its script's own:
+    status 1 after a traceback (not a signal, not sys.exit), its first error no peer's failure."""
+    return returncode == PYTHON_EXCEPTION_STATUS and traceback_seen and bool(first_error) and not is_peer_error(first_error)
+
+
+@dataclass(frozen=True)
+class ScriptRaised:
+    """What a failure summary says of a rank whose script raised (`raised_by_the_script`)."""
+
+    before_first_step: bool
+    """Rank 0 had reported no step: said only by rank 0's worker, the one that knows."""
+
+    @property
+    def line(self) -> str:
+        return SCRIPT_RAISED + (BEFORE_FIRST_STEP if self.before_first_step else "")
 
 
 def first_error_line(lines: Sequence[str]) -> str:
@@ -93,12 +142,15 @@ def success_message(report: ProgressReport) -> str:
     return format_report(report)
 
 
-def failure_message(headline: str, failed_at: datetime, output_head: Sequence[str], last_lines: Sequence[str]) -> str:
+def failure_message(
+    headline: str, failed_at: datetime, output_head: Sequence[str], last_lines: Sequence[str], raised: ScriptRaised | None = None
+) -> str:
     """The termination message of a worker whose rank failed: `headline` (which rank, how it
-    ended), when (`failed_at`, UTC), the first error line of the rank's output (`output_head`: its
-    first lines that read as an error, with the line after), and as many of its last lines as fit."""
+    ended), when (`failed_at`, UTC), whether its script raised (`raised`, where it did), the first
+    error line of the rank's output (`output_head`: its first lines that read as an error, with the
+    line after), and as many of its last lines as fit."""
     when = FAILED_AT + failed_at.astimezone(UTC).strftime(FAILED_AT_FORMAT)
-    return fit([headline, when, first_error_line(output_head)], last_lines, TERMINATION_MESSAGE_BYTES)
+    return fit([headline, when, raised.line if raised else "", first_error_line(output_head)], last_lines, TERMINATION_MESSAGE_BYTES)
 
 
 def failure_time(message: str) -> datetime | None:
@@ -109,6 +161,15 @@ def failure_time(message: str) -> datetime | None:
                 return datetime.strptime(line.removeprefix(FAILED_AT), FAILED_AT_FORMAT).replace(tzinfo=UTC)
             except ValueError:
                 return None
+    return None
+
+
+def script_raised(message: str) -> ScriptRaised | None:
+    """What a failed worker's summary says of its script having raised; None where it says not
+    (the worker's rank failed otherwise, or the message is no summary: the kubelet's tail of a log)."""
+    for line in message.splitlines()[:3]:
+        if line == SCRIPT_RAISED or line == SCRIPT_RAISED + BEFORE_FIRST_STEP:
+            return ScriptRaised(before_first_step=line.endswith(BEFORE_FIRST_STEP))
     return None
 
 

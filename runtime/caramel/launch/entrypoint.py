@@ -17,8 +17,10 @@ of them after the grace period gets SIGKILL.
 
 Its last words go to CARAMEL_TERMINATION_MESSAGE_PATH (a pod's termination message): when the
 job succeeds, worker 0 writes rank 0's last progress report, from which the operator records the
-step the job ended at; when a rank fails, the worker writes which rank, when, the first line of
-its output that reads as an error, and its last lines (`caramel.contract.termination`). Where
+step the job ended at; when a rank fails, the worker writes which rank, when, whether its script
+raised (an exception of its own, not a kill nor a peer's failure, and, on rank 0's worker, before
+rank 0 reported a step: the restart policy fails such a job at once), the first line of its
+output that reads as an error, and its last lines (`caramel.contract.termination`). Where
 several ranks fail, it is the first to fail (the others follow it).
 """
 
@@ -38,7 +40,16 @@ import caramel
 from caramel.contract.cpus import machine_cpus, pool_sizes, pool_variables
 from caramel.contract.env import WorkerContract, slot_env
 from caramel.contract.progress import ProgressReport, parse_report
-from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, failure_message, is_error_line, success_message
+from caramel.contract.termination import (
+    TERMINATION_MESSAGE_PATH_VARIABLE,
+    TRACEBACK,
+    ScriptRaised,
+    failure_message,
+    first_error_line,
+    is_error_line,
+    raised_by_the_script,
+    success_message,
+)
 from caramel.launch.allocator import allocator_setup
 from caramel.launch.gang import CannotStart, run_gang
 from caramel.launch.processes import describe_exit, exit_code, signal_group, spawn
@@ -176,6 +187,8 @@ def _run_slots(
     # exception's what()), and its last lines.
     first_errors: dict[int, list[str]] = {}
     last_lines: dict[int, collections.deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=LAST_LINES_KEPT))
+    # The ranks that wrote a Python traceback: whether one that failed raised.
+    tracebacks: set[int] = set()
 
     allocator = allocator_setup(contract.memory_allocator, os.environ)
     say(f"training processes: {allocator.description}")
@@ -195,6 +208,8 @@ def _run_slots(
         report = parse_report(line) if rank == 0 else None
         if report:
             reports[:] = [report]
+        elif TRACEBACK in line:
+            tracebacks.add(rank)
         elif rank not in first_errors and is_error_line(line):
             first_errors[rank] = [prefixed]
         elif len(first_errors.get(rank, ())) == 1:
@@ -228,7 +243,12 @@ def _run_slots(
             beats.end()
     if end.failed is not None and end.returncode is not None and end.failed_at is not None:
         rank = ranks[end.failed]
-        message = failure_message(headline(end.failed, end.returncode), end.failed_at, first_errors.get(rank, []), last_lines[rank])
+        head = first_errors.get(rank, [])
+        raised = None
+        # A rank stopped with its worker may end as it will: that is no raise of its script's.
+        if not stop.event.is_set() and raised_by_the_script(end.returncode, rank in tracebacks, first_error_line(head)):
+            raised = ScriptRaised(before_first_step=0 in ranks and not reports)
+        message = failure_message(headline(end.failed, end.returncode), end.failed_at, head, last_lines[rank], raised)
         _leave_message(message, say)
         return exit_code(end.returncode)
     if end.stopped:

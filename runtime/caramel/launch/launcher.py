@@ -5,7 +5,9 @@ with 127.0.0.1 as every peer's address. The launcher relays their output, stops 
 as soon as one worker fails, and never leaves a process behind. Like the operator, it then
 restarts the whole gang, up to spec.runPolicy.backoffLimit times, after a backoff (shorter than
 the operator's: 1 s, doubling up to 30 s; `caramel.contract.restart`); a job with spec.checkpoint
-resumes from its latest checkpoint.
+resumes from its latest checkpoint. Not where the worker that failed first says its script raised
+(its termination message, in a file of the run's as a pod's is) and rank 0 had reported no step:
+the same script would raise again, and the run fails at once, quoting the error.
 
 This machine is the run's only node, and what it can take away from a gang is a worker: one it
 kills (SIGKILL, what the kernel's out-of-memory killer sends) is lost, as a worker whose node
@@ -29,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +41,8 @@ from caramel.contract.api import CaramelJob
 from caramel.contract.elastic import says_elastic
 from caramel.contract.env import worker_command, worker_env
 from caramel.contract.ports import PortMap
-from caramel.contract.restart import RestartPolicy
+from caramel.contract.restart import NOT_RESTARTED, RestartPolicy
+from caramel.contract.termination import TERMINATION_MESSAGE_PATH_VARIABLE, failure_cause, script_raised
 from caramel.launch.gang import run_gang
 from caramel.launch.processes import describe_exit, killed_by_the_machine, spawn
 from caramel.contract.progress import ProgressReport, parse_report
@@ -73,6 +77,8 @@ class RunOutcome:
     replaced: int = 0
     """Workers of an elastic gang lost and started again while it ran (they count against
     backoffLimit with the restarts)."""
+    script_error: bool = False
+    """The failed worker's script raised before rank 0's first step: no restart can help."""
 
 
 # Why a signal stops a gang, by signal: the handlers only note it, and the gang's loop acts on it
@@ -128,7 +134,7 @@ class LocalRun:
             outcome = self._run_gang(started, size, policy, restarts + replaced)
             replaced += outcome.replaced
             outcome.restarts, outcome.replaced = restarts, replaced
-            if outcome.succeeded or outcome.failed_worker is None or not policy.may_restart(restarts + replaced):
+            if outcome.succeeded or outcome.failed_worker is None or outcome.script_error or not policy.may_restart(restarts + replaced):
                 break
             backoff = policy.backoff(restarts + replaced)
             restarts += 1
@@ -144,7 +150,7 @@ class LocalRun:
                 outcome.reason = "interrupted"
                 outcome.failed_worker = None
                 break
-        if outcome.failed_worker is not None and restarts:
+        if outcome.failed_worker is not None and restarts and not outcome.script_error:
             outcome.reason += f" (after {restarts} restarts: spec.runPolicy.backoffLimit reached)"
         outcome.wall_seconds = time.monotonic() - started
         return outcome
@@ -173,9 +179,16 @@ class LocalRun:
         topology = to_wire(self.topology).of_hosts(list(range(replicas * self.job.spec.workers.slots_per_worker))) if self.topology else None
         last_lines: list[collections.deque[str]] = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
         outcome = RunOutcome(False, "", 0.0, workers=replicas)
+        # Each worker's last words, as a pod's termination message.
+        messages = tempfile.TemporaryDirectory(prefix="caramel-run-")
+        message_paths = [Path(messages.name, f"worker-{index}") for index in range(replicas)]
 
         def start_worker(index: int) -> subprocess.Popen[bytes]:
-            env = {**os.environ, **worker_env(self.job, index, peers, topology=topology)}
+            env = {
+                **os.environ,
+                **worker_env(self.job, index, peers, topology=topology),
+                TERMINATION_MESSAGE_PATH_VARIABLE: str(message_paths[index]),
+            }
             return spawn(worker_command(self.job, python=sys.executable), env, cwd=str(self.cwd))
 
         elastic: list[bool] = []
@@ -220,7 +233,9 @@ class LocalRun:
             return True
 
         try:
-            end = run_gang(replicas, start_worker, relay, stop_reason=stop_reason, replace=replace)
+            with messages:
+                end = run_gang(replicas, start_worker, relay, stop_reason=stop_reason, replace=replace)
+                failed_message = _termination_message(message_paths[end.failed]) if end.failed is not None else ""
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
@@ -231,9 +246,21 @@ class LocalRun:
             outcome.reason = f"worker {end.failed} {describe_exit(end.returncode)}"
             outcome.lost = killed_by_the_machine(end.returncode)
             outcome.last_lines = list(last_lines[end.failed])
+            # The worker that failed first is the cause; its peers were stopped, or failed after it.
+            if policy.fails_at_once([script_raised(failed_message)], no_step_seen=outcome.first_report is None):
+                outcome.script_error = True
+                outcome.reason += f": {failure_cause(failed_message)}; {NOT_RESTARTED}"
         elif end.stopped:
             outcome.reason = end.stopped
         else:
             outcome.succeeded = True
             outcome.reason = "all workers finished"
         return outcome
+
+
+def _termination_message(path: Path) -> str:
+    """What a worker left in its termination message file; empty where it wrote none (killed)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
