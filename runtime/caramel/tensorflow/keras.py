@@ -7,6 +7,10 @@
               callbacks=[caramel], verbose=0)
 
 The callback reads the steps and epochs from what `fit` tells every callback (`self.params`) and
+- runs before the other callbacks of the fit, whatever its place in the list, so that no callback
+  reads weights before every rank has rank 0's; and where `compile` left one step per execution
+  and no other callback of the fit acts on single batches, the fit runs several steps per graph
+  (`caramel.tensorflow.fit_steps`, which says why, once, either way);
 - restores the latest checkpoint on rank 0 (when the job has `spec.checkpoint`) and broadcasts
   every weight and optimizer variable from rank 0, so all ranks start identical (Horovod's
   BroadcastGlobalVariablesCallback); `initial_epoch` is the epoch to resume at, which the
@@ -26,6 +30,8 @@ TF_USE_LEGACY_KERAS=1: `caramel.tensorflow.keras_version`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -33,13 +39,15 @@ from typing import Any
 import tensorflow as tf
 
 from caramel.planner.timing import StepTimes
-from caramel.tensorflow.keras_version import steps_per_execution
+from caramel.tensorflow.fit_steps import steps_for_fit
+from caramel.tensorflow.keras_version import running_steps_per_execution, steps_per_execution
 from caramel.tensorflow.ledger import Ledger
 from caramel.tensorflow.runtime import Runtime, current
 from caramel.tensorflow.steps import StepFunction
 
 BATCH_SIZE = "caramel_batch_size"
 """The output by which Caramel's step tells the callback its batch's size (taken out of the logs)."""
+_FIT_HOOKED = "_caramel_fit"
 
 
 class TrainingCallback(tf.keras.callbacks.Callback):
@@ -50,6 +58,7 @@ class TrainingCallback(tf.keras.callbacks.Callback):
 
     def __init__(self, model: tf.keras.Model | None = None, *, checkpoints: bool = True) -> None:
         super().__init__()
+        _hook_fit()
         self._runtime: Runtime = current()
         self._checkpoints = checkpoints
         self._ledger: Ledger | None = None
@@ -133,3 +142,34 @@ class TrainingCallback(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._training[0].finish()
+
+
+def _hook_fit() -> None:
+    """From the first TrainingCallback made on, every `fit` given one runs it (or them) before its
+    other callbacks, and as many steps per graph as `steps_for_fit` decides for those others,
+    saying why once per reason; `compile`'s steps per execution are the model's again after."""
+    original = tf.keras.Model.fit
+    if getattr(original, _FIT_HOOKED, False):
+        return
+    signature = inspect.signature(original)
+    said: set[str] = set()
+
+    @functools.wraps(original)
+    def fit(self: tf.keras.Model, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        given = bound.arguments.get("callbacks")
+        listed = list(given) if isinstance(given, list | tuple) else []
+        caramel = [callback for callback in listed if isinstance(callback, TrainingCallback)]
+        if not caramel:
+            return original(*bound.args, **bound.kwargs)
+        others = [callback for callback in listed if not isinstance(callback, TrainingCallback)]
+        bound.arguments["callbacks"] = [*caramel, *others]
+        chosen = steps_for_fit(steps_per_execution(self), others)
+        if chosen.why and chosen.why not in said:
+            said.add(chosen.why)
+            current().say(chosen.why)
+        with running_steps_per_execution(self, chosen.steps_per_execution):
+            return original(*bound.args, **bound.kwargs)
+
+    setattr(fit, _FIT_HOOKED, True)
+    tf.keras.Model.fit = fit

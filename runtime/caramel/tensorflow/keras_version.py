@@ -12,7 +12,8 @@ way (TensorFlow's own rule), so Caramel's code reaches Keras through `tf.keras` 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import tensorflow as tf
@@ -82,6 +83,18 @@ def updating_through(base: type[Any], transform: Transform, **attributes: Any) -
         update = {"apply": apply}
     # Named as the class it derives from, so that a model saved with it loads with that one.
     return type(base.__name__, (base,), {**update, "__module__": base.__module__, **attributes})
+
+
+@contextmanager
+def running_steps_per_execution(model: Any, steps: int) -> Iterator[None]:
+    """The model's steps per execution set to `steps` for a while (a fit's), then as compiled
+    again (both Kerases take them through the same property)."""
+    compiled = steps_per_execution(model)
+    model.steps_per_execution = steps
+    try:
+        yield
+    finally:
+        model.steps_per_execution = compiled
 
 
 def steps_per_execution(model: Any) -> int:

@@ -4,7 +4,9 @@
   checkpoints (a Horovod script makes its own): root_rank's variables on every rank when training
   begins, Keras' step in Caramel's graphs, metrics, progress, and the weights check at the end.
   Caramel's callbacks run before the others of a `fit` (whatever their place in the list), so
-  that no callback reads weights before every rank has the root's.
+  that no callback reads weights before every rank has the root's, and a fit compiled at one step
+  per execution runs several per graph where no other callback acts on single batches
+  (`caramel.tensorflow.fit_steps`).
 - `MetricAverageCallback()` averages the epoch's logs over the ranks at the end of every epoch
   (put it before the callbacks that read them, as with Horovod).
 - `LearningRateScheduleCallback` and `LearningRateWarmupCallback` set the learning rate as
@@ -21,8 +23,6 @@ TF_USE_LEGACY_KERAS=1), as are the models they serve.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -34,9 +34,6 @@ from caramel.tensorflow.keras import TrainingCallback
 from horovod._caramel_support import refuse
 from horovod.tensorflow import _caramel_final_check
 from horovod.tensorflow._caramel_collectives import backend, check_root
-
-_CARAMEL_FIRST = "_caramel_callbacks_first"
-
 
 class BroadcastGlobalVariablesCallback(TrainingCallback):
     """Rank root_rank's variables on every rank when training begins, and Caramel's scheduling,
@@ -52,7 +49,6 @@ class BroadcastGlobalVariablesCallback(TrainingCallback):
         check_root(root_rank, "BroadcastGlobalVariablesCallback")
         super().__init__(checkpoints=False)
         self.root_rank = root_rank
-        _run_caramel_callbacks_first()
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.root_rank != 0:
@@ -118,6 +114,12 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
                 raise ValueError(f"{type(self).__name__} needs the steps per epoch: pass steps_per_epoch to fit or to the callback")
         if self.momentum_correction:
             _momentum_slots(self.model.optimizer, type(self).__name__)  # refuses what it cannot correct, before any step
+
+    @property
+    def observes_single_batches(self) -> bool:
+        """Whether it acts on single batches (caramel.tensorflow.fit_steps): a staircase acts at an
+        epoch's first batch only, which Keras calls whatever the steps per execution."""
+        return not self.staircase
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.current_epoch = epoch
@@ -230,44 +232,6 @@ class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if hvd.rank() == 0:
             super().on_epoch_end(epoch, logs)
-
-
-def _run_caramel_callbacks_first() -> None:
-    """`fit` runs Caramel's callbacks before the others of its list, and builds a model not built
-    yet from its data's shape before any callback runs (Keras 3 builds it only in the first step,
-    after callbacks start: a Sequential model of Horovod's examples has no input shape), once
-    installed, for every fit with a Caramel callback."""
-    original = tf.keras.Model.fit
-    if getattr(original, _CARAMEL_FIRST, False):
-        return
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def fit(self: tf.keras.Model, *args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(self, *args, **kwargs)
-        given = bound.arguments.get("callbacks")
-        if isinstance(given, list | tuple):
-            caramel = [callback for callback in given if isinstance(callback, TrainingCallback)]
-            bound.arguments["callbacks"] = [*caramel, *(callback for callback in given if not isinstance(callback, TrainingCallback))]
-            if caramel and not self.built:
-                _build_from_data(self, bound.arguments.get("x"))
-        return original(*bound.args, **bound.kwargs)
-
-    setattr(fit, _CARAMEL_FIRST, True)
-    tf.keras.Model.fit = fit
-
-
-def _build_from_data(model: tf.keras.Model, x: Any) -> None:
-    """Build `model` for the features of `x` (a tf.data.Dataset of (features, labels...) or of
-    features, or an array), where they are one tensor; otherwise leave it to fit."""
-    spec = getattr(x, "element_spec", None)
-    if spec is not None:
-        features = spec[0] if isinstance(spec, tuple) else spec
-        shape = features.shape if isinstance(features, tf.TensorSpec) else None
-    else:
-        shape = (None, *x.shape[1:]) if getattr(x, "shape", None) is not None else None
-    if shape is not None:
-        model.build(tuple(shape))
 
 
 __all__ = [
