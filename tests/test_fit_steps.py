@@ -3,10 +3,11 @@ not act on single batches, by the hooks each overrides and how it was made (fit_
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
-from caramel.tensorflow.fit_steps import SEVERAL_STEPS, observes_single_batches, steps_for_fit
+from caramel.tensorflow.fit_steps import SEVERAL_STEPS, epoch_steps, observes_single_batches, steps_for_fit
 
 
 class EpochLogger(tf.keras.callbacks.Callback):
@@ -24,7 +25,7 @@ class SaysSo(BatchCounter):
 
 
 def test_a_fit_compiled_with_its_steps_per_execution_runs_them() -> None:
-    assert steps_for_fit(8, [BatchCounter()]).steps_per_execution == 8
+    assert steps_for_fit(8, [BatchCounter()], 10).steps_per_execution == 8
 
 
 def test_a_fit_compiled_at_one_step_runs_several_where_no_callback_acts_on_single_batches() -> None:
@@ -33,7 +34,7 @@ def test_a_fit_compiled_at_one_step_runs_several_where_no_callback_acts_on_singl
         tf.keras.callbacks.ModelCheckpoint("model.keras"), tf.keras.callbacks.TensorBoard("logs"),
         tf.keras.callbacks.LearningRateScheduler(lambda epoch: 0.1), tf.keras.callbacks.LambdaCallback(on_epoch_end=print), SaysSo(),
     ]  # fmt: skip
-    chosen = steps_for_fit(1, callbacks)
+    chosen = steps_for_fit(1, callbacks, 100)
     assert chosen.steps_per_execution == SEVERAL_STEPS and "no callback of this fit acts on single batches" in chosen.why
 
 
@@ -50,6 +51,19 @@ def test_a_fit_compiled_at_one_step_runs_several_where_no_callback_acts_on_singl
 )
 def test_one_callback_that_acts_on_single_batches_keeps_one_step_per_graph_naming_it(callback) -> None:
     assert observes_single_batches(callback)
-    chosen = steps_for_fit(1, [EpochLogger(), callback])
+    chosen = steps_for_fit(1, [EpochLogger(), callback], 100)
     assert chosen.steps_per_execution == 1
     assert f"{type(callback).__name__}'s " in chosen.why and "act on single batches" in chosen.why
+
+
+@pytest.mark.parametrize(("steps_per_epoch", "steps"), [(100, 4), (6, 3), (10, 2), (7, 1), (None, 1)])
+def test_the_steps_per_graph_divide_an_epoch(steps_per_epoch, steps) -> None:
+    chosen = steps_for_fit(1, [EpochLogger()], steps_per_epoch)
+    assert chosen.steps_per_execution == steps and chosen.why
+
+
+def test_an_epochs_steps_are_fits_or_its_datas() -> None:
+    assert epoch_steps(5, None, None) == 5
+    assert epoch_steps(None, tf.data.Dataset.range(12).batch(4), None) == 3
+    assert epoch_steps(None, tf.data.Dataset.range(12).repeat(), None) is None
+    assert epoch_steps(None, np.zeros((100, 3)), 32) == 4 and epoch_steps(None, np.zeros((64, 3)), None) == 2

@@ -19,12 +19,15 @@ KERAS_EXAMPLE = REPO / "examples" / "train_keras.py"
 HIDDEN = 64
 
 
-def keras_job(tmp_path, directory: str, epochs: int):
+def keras_job(tmp_path, directory: str, epochs: int, steps_per_execution: int = 3):
     manifest = job_manifest(
         script=str(KERAS_EXAMPLE),
-        args=["--epochs", str(epochs), "--steps-per-epoch", "6", "--steps-per-execution", "3", "--batch-size", "32", "--hidden", str(HIDDEN)],
+        args=[
+            "--epochs", str(epochs), "--steps-per-epoch", "6", "--steps-per-execution", str(steps_per_execution), "--batch-size", "32",
+            "--hidden", str(HIDDEN),
+        ],
         checkpoint={"path": str(tmp_path / directory), "intervalSteps": 6},
-    )
+    )  # fmt: skip
     return write_manifest(tmp_path, manifest, filename=f"{directory}-{epochs}.yaml")
 
 
@@ -49,3 +52,19 @@ def test_fit_resumes_at_the_checkpointed_epoch_with_the_weights_of_an_uninterrup
     assert again.returncode == 0, again.stderr
     reports = [report for report in map(parse_report, again.stderr.splitlines()) if report]
     assert [(r.step, r.total, r.final) for r in reports] == [(24, 24, True)], again.stderr
+
+
+def test_a_fit_compiled_at_one_step_runs_several_per_graph_with_the_weights_of_one_step_per_graph(tmp_path):
+    """No callback of the example's fit but Caramel's acts on single batches: compiled at one step
+    per execution, it runs as many per graph as divide its epoch of 6 (3), and ends with the
+    weights of the same fit compiled at 3 (the same steps, in graphs of Caramel's)."""
+    compiled = run_caramel("run", str(keras_job(tmp_path, "compiled", 2)))
+    assert compiled.returncode == 0, compiled.stderr
+    one = run_caramel("run", str(keras_job(tmp_path, "one", 2, steps_per_execution=1)))
+    assert one.returncode == 0, one.stderr
+    assert one.stderr.count("caramel: 3 steps per graph (compile gave steps_per_execution 1") == 1, one.stderr
+    assert "step=12 total=12" in one.stderr
+    expected, got = checkpoint_weights(tmp_path / "compiled"), checkpoint_weights(tmp_path / "one")
+    assert expected.keys() == got.keys() and expected
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)

@@ -5,8 +5,10 @@ for N, and most scripts, Horovod's examples among them, compile without it (1). 
 graph change nothing a fit's user can observe (its losses, metrics, checkpoints and weights are
 those of one step per graph) but for the callbacks that act on single batches: Keras calls their
 batch hooks once per execution, not once per step. So where `compile` left 1, a fit runs
-SEVERAL_STEPS per graph if no callback of it observes single batches, and keeps one step per
-graph otherwise, naming the callback (`steps_for_fit`).
+up to SEVERAL_STEPS per graph if no callback of it observes single batches, and keeps one step per
+graph otherwise, naming the callback (`steps_for_fit`). The steps per graph divide the steps per
+epoch: Keras 3 counts an epoch's executions as whole ones, and would end a finite dataset's last
+epoch early after a shorter one.
 
 A callback observes single batches where its class or the instance overrides a batch hook of
 Keras' Callback (`on_batch_begin`, `on_train_batch_end`, ...), unless what it does there is kept
@@ -19,6 +21,7 @@ call). Caramel's own callbacks run the steps (keras.TrainingCallback) and are no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,9 +45,10 @@ class FitSteps:
     """For people: why so many (empty where `compile` asked for them)."""
 
 
-def steps_for_fit(compiled: int, callbacks: Sequence[Any]) -> FitSteps:
+def steps_for_fit(compiled: int, callbacks: Sequence[Any], steps_per_epoch: int | None) -> FitSteps:
     """The steps per graph of a fit that `compile` gave `compiled` steps per execution, with
-    `callbacks` (Caramel's own left out): those asked for, or SEVERAL_STEPS where 1 was asked for
+    `callbacks` (Caramel's own left out) and `steps_per_epoch` (None where not known before it):
+    those asked for, or the most up to SEVERAL_STEPS that divide an epoch where 1 was asked for
     and no callback observes single batches."""
     if compiled != 1:
         return FitSteps(compiled, "")
@@ -52,11 +56,30 @@ def steps_for_fit(compiled: int, callbacks: Sequence[Any]) -> FitSteps:
     if observing:
         hooks = ", ".join(f"{type(callback).__name__}'s {'/'.join(overridden_hooks(callback))}" for callback in observing)
         return FitSteps(1, f"keeping one step per graph, as compiled: {hooks} act on single batches")
+    if not steps_per_epoch:
+        return FitSteps(1, "keeping one step per graph, as compiled: the steps per epoch are not known before fit")
+    steps = max(count for count in range(1, SEVERAL_STEPS + 1) if steps_per_epoch % count == 0)
+    if steps == 1:
+        return FitSteps(1, f"keeping one step per graph, as compiled: no steps per graph from 2 to {SEVERAL_STEPS} divide an epoch's {steps_per_epoch}")
     return FitSteps(
-        SEVERAL_STEPS,
-        f"{SEVERAL_STEPS} steps per graph (compile gave steps_per_execution 1, and no callback of this fit acts on single "
+        steps,
+        f"{steps} steps per graph (compile gave steps_per_execution 1, and no callback of this fit acts on single "
         "batches): losses, metrics, checkpoints and weights are those of one step per graph",
     )
+
+
+def epoch_steps(steps_per_epoch: int | None, x: Any, batch_size: int | None) -> int | None:
+    """The steps of an epoch of a fit, as Keras counts them, where known before it: `fit`'s
+    steps_per_epoch, or a finite tf.data.Dataset's length, or an array's batches."""
+    if steps_per_epoch:
+        return int(steps_per_epoch)
+    if isinstance(x, tf.data.Dataset):
+        length = int(x.cardinality().numpy())
+        return length if length > 0 else None
+    rows = getattr(x, "shape", None)
+    if rows is not None and len(rows) > 0 and rows[0] is not None:
+        return math.ceil(int(rows[0]) / (batch_size or 32))  # Keras' default batch size
+    return None
 
 
 def observes_single_batches(callback: Any) -> bool:

@@ -39,7 +39,7 @@ from typing import Any
 import tensorflow as tf
 
 from caramel.planner.timing import StepTimes
-from caramel.tensorflow.fit_steps import steps_for_fit
+from caramel.tensorflow.fit_steps import epoch_steps, steps_for_fit
 from caramel.tensorflow.keras_version import running_steps_per_execution, steps_per_execution
 from caramel.tensorflow.ledger import Ledger
 from caramel.tensorflow.runtime import Runtime, current
@@ -164,7 +164,9 @@ def _hook_fit() -> None:
             return original(*bound.args, **bound.kwargs)
         others = [callback for callback in listed if not isinstance(callback, TrainingCallback)]
         bound.arguments["callbacks"] = [*caramel, *others]
-        chosen = steps_for_fit(steps_per_execution(self), others)
+        arguments = bound.arguments
+        steps = epoch_steps(arguments.get("steps_per_epoch"), arguments.get("x"), arguments.get("batch_size"))
+        chosen = steps_for_fit(steps_per_execution(self), others, steps)
         if chosen.why and chosen.why not in said:
             said.add(chosen.why)
             current().say(chosen.why)
