@@ -96,6 +96,8 @@ class TrainingCallback(tf.keras.callbacks.Callback):
 
     def _start(self, model: tf.keras.Model) -> Ledger:
         """Restore (rank 0) and broadcast: the model is built and compiled."""
+        if model.optimizer is None:
+            raise ValueError("compile the model (with ctf.DistributedOptimizer) before TrainingCallback(model)")
         # Keras counts the steps done in the optimizer's iterations, which checkpoints keep.
         self._ledger = Ledger(
             self._runtime, model, model.optimizer, model.optimizer.iterations, total_steps=0, batch_size=None,
