@@ -23,11 +23,13 @@ def batch(step: int, rank: int, size: int) -> tuple[tf.Tensor, tf.Tensor]:
     return features, tf.argmax(features @ TEACHER, axis=1)
 
 
-def build_model(hidden: int) -> tf.keras.Model:
-    """Two hidden ReLU layers of `hidden` units and a layer of the classes' logits: 6 variables."""
+def build_model(hidden: int, built: bool = True) -> tf.keras.Model:
+    """Two hidden ReLU layers of `hidden` units and a layer of the classes' logits: 6 variables.
+    Not `built`, it has no input shape: Keras builds it in its first step."""
     layers = [tf.keras.layers.Dense(hidden, activation="relu") for _ in range(2)] + [tf.keras.layers.Dense(CLASSES)]
     model = tf.keras.Sequential(layers)
-    model.build((None, FEATURES))
+    if built:
+        model.build((None, FEATURES))
     return model
 
 

@@ -20,12 +20,13 @@ Caramel serves `horovod.tensorflow` itself (`caramel.compat`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from caramel.collectives.backend import ReduceOp
+from caramel.tensorflow.accumulation import Accumulation, accumulation
 from caramel.tensorflow.autograph_exemption import exempt_caramel_from_autograph
 from caramel.tensorflow.compression import Compression, Compressor
 from caramel.tensorflow.keras_version import check_optimizer, updating_through
@@ -128,18 +129,28 @@ class _HorovodOptions:
     ) -> None:
         # device_*: where Horovod places its collectives' inputs on GPUs; the backend places them.
         # num_groups/groups: Horovod's fusion hints; Caramel plans the grouping of the transfers
-        # itself. sparse_as_dense: Caramel reduces every gradient as a dense tensor anyway.
-        # average_aggregated_gradients matters only with the accumulation refused below.
-        del device_dense, device_sparse, num_groups, groups, sparse_as_dense, average_aggregated_gradients, name
+        # itself. sparse_as_dense: Caramel reduces (and accumulates) every gradient as a dense tensor anyway.
+        del device_dense, device_sparse, num_groups, groups, sparse_as_dense, name
         self.op = _reduce_op(op, kind)
         self.compression = compression
         self.scale_local_gradients = scale_local_gradients
         self.local_sources: dict[int, Any] = {}
         """Horovod's local sources, by id: variables whose gradients each rank keeps to itself."""
+        self.passes = backward_passes_per_step
+        """Backward passes per update (Horovod's local gradient accumulation: accumulation.py)."""
+        self.average_aggregated_gradients = average_aggregated_gradients
+        self._prepared: list[Any] = []
+        """The gradients Keras 2's compute_gradients returned last, reduced already: the update
+        that applies them next does not reduce them again."""
         if gradient_predivide_factor != 1.0:
             refuse(f"{kind}(gradient_predivide_factor={gradient_predivide_factor})", "use 1.0")
-        if backward_passes_per_step != 1:
-            refuse(f"{kind}(backward_passes_per_step={backward_passes_per_step}) (local gradient accumulation)", "use 1")
+        if backward_passes_per_step != 1 and kind == "DistributedGradientTape":
+            refuse(
+                f"DistributedGradientTape(backward_passes_per_step={backward_passes_per_step})",
+                "Horovod's tape has no local gradient accumulation; give backward_passes_per_step to DistributedOptimizer",
+            )
+        if backward_passes_per_step < 1:
+            raise ValueError(f"{kind}(backward_passes_per_step={backward_passes_per_step}): it must be at least 1")
         if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
             refuse(f"{kind}(process_set=...)", "gradients are averaged over all ranks")
 
@@ -163,6 +174,41 @@ class _HorovodOptions:
                 if id(source) in self.local_sources and gradients[index] is not None:
                     result[index] = _divided(gradients[index], current().size)
         return result
+
+    def prepared(self, optimizer: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:
+        """What an optimizer's update applies: the gradients reduced over the ranks; with local
+        accumulation, the sums of the passes, reduced on the pass that completes them (see
+        accumulation.py)."""
+        if self.passes == 1:
+            self._prepared = self.reduced(gradients, variables)
+        else:
+            self._prepared = self._accumulation(optimizer).communicated(gradients, variables, self._reduced_now_and_then)
+        return self._prepared
+
+    def _reduced_now_and_then(self, gradients: Sequence[Any], sources: Sequence[Any]) -> list[Any]:
+        with current().communicator.now_and_then():
+            return self.reduced(gradients, sources)
+
+    def update(self, optimizer: Any, gradients: list[Any], variables: Sequence[Any], apply: Callable[[list[Any]], Any]) -> Any:
+        """An optimizer's update: the gradients prepared (unless they are those compute_gradients
+        returned, prepared already) and applied; with local accumulation, applied only on the pass
+        that communicated."""
+        fresh = not self._prepared or len(gradients) != len(self._prepared) or any(a is not b for a, b in zip(gradients, self._prepared))
+        prepared = self.prepared(optimizer, gradients, variables) if fresh else gradients
+        self._prepared = []
+        if self.passes == 1:
+            return apply(prepared)
+        self._accumulation(optimizer).applied(lambda: apply(prepared), optimizer.iterations)
+        return optimizer.iterations
+
+    def build(self, optimizer: Any, variables: Sequence[Any]) -> None:
+        """With local accumulation, the accumulators of `variables`, made with the optimizer's
+        state (outside any trace, where the optimizer is built before its steps)."""
+        if self.passes != 1:
+            self._accumulation(optimizer).build(variables)
+
+    def _accumulation(self, optimizer: Any) -> Accumulation:
+        return accumulation(optimizer, self.passes, self.average_aggregated_gradients)
 
 
 def _divided(gradient: Any, ranks: int) -> Any:
@@ -239,7 +285,12 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     optimizer's configuration. Its gradients are averaged where the Keras that `tf.keras` is
     applies them (`caramel.tensorflow.keras_version.updating_through`: Keras 3's `apply`, Keras
     2's `apply_gradients`), but those of `local_variables`, which each rank keeps to itself (the
-    variables of the local layers of Horovod's PartialDistributedOptimizer). Takes Horovod's keywords.
+    variables of the local layers of Horovod's PartialDistributedOptimizer). Takes Horovod's keywords:
+    with `backward_passes_per_step=N` it sums the gradients of N passes on each rank and updates
+    once every N passes, with their sums averaged over the ranks (divided by N where
+    `average_aggregated_gradients`), as Horovod does (accumulation.py). On Keras 2 its
+    `compute_gradients` returns the gradients so prepared, as Horovod's does, and the update that
+    applies them does not reduce them again.
     """
     check_optimizer(optimizer, "DistributedOptimizer")
     if getattr(type(optimizer), "_caramel_distributed", False):
@@ -261,10 +312,14 @@ def _distributed_class(optimizer: Any, local_variables: Sequence[Any], horovod_o
     for variable in local_variables:
         options.add_local(variable)
 
-    def averaged(self: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:
-        return options.reduced(gradients, variables)
+    def register_local_var(self: Any, variable: Any) -> None:
+        """Horovod's: keep `variable`'s gradient each rank's own (a local source)."""
+        options.add_local(variable)
 
-    return updating_through(type(optimizer), averaged, _caramel_distributed=True)
+    return updating_through(
+        type(optimizer), options.update, prepare=options.prepared, build=options.build, register_local_var=register_local_var,
+        _caramel_distributed=True,
+    )  # fmt: skip
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:

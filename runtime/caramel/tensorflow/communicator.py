@@ -102,6 +102,8 @@ class GradientCommunicator:
         its gradients' releases (read in the graph; only the first step of an execution does,
         see `stamp_releases`)."""
         self._tracing_own_graph = False
+        self._now_and_then = False
+        """While a step traces gradients that it sends on some of its passes only (`now_and_then`)."""
         # The stamps' variables of the own graph and of the first step of Caramel's, made now: a
         # variable made while tf.function traces makes it trace the whole function twice.
         for slot in (OWN_GRAPH_SLOT, 0):
@@ -121,6 +123,8 @@ class GradientCommunicator:
         unshaped = [index for index, gradient in enumerate(gradients) if not gradient.shape.is_fully_defined()]
         if unshaped:
             return self._apart(gradients, unshaped, op)
+        if self._now_and_then:
+            return self.backend.own_way(gradients, op)
         if self.algorithm is None:
             self._choose_algorithm(gradients)
         if self._releases is None and self.algorithm == "ring":
@@ -215,6 +219,18 @@ class GradientCommunicator:
         """Whether the own graph of one step stamps its gradients' releases (until the first plan
         is decided: the replanner's release times)."""
         return self._stamps.flag(OWN_GRAPH_SLOT, True)
+
+    @contextmanager
+    def now_and_then(self) -> Iterator[None]:
+        """While a step traces the gradients it sends on some of its passes only (local gradient
+        accumulation sends them every Nth pass): they go the backend's own way, unplanned and
+        unstamped, since a plan and the measurements it is made from are of steps that each send
+        every gradient."""
+        self._now_and_then = True
+        try:
+            yield
+        finally:
+            self._now_and_then = False
 
     @contextmanager
     def tracing_own_graph(self) -> Iterator[None]:

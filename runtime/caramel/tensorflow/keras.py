@@ -53,28 +53,47 @@ _FIT_HOOKED = "_caramel_fit"
 class TrainingCallback(tf.keras.callbacks.Callback):
     """Broadcast, scheduling, metrics, progress, checkpoints and resume for `model.fit`.
 
-    With `checkpoints=False` it leaves checkpoints and resume to the script (Horovod's
-    callbacks, as Caramel serves them, are this callback so)."""
+    With `checkpoints=False` it leaves checkpoints and resume to the script (Horovod's callbacks,
+    as Caramel serves them, are this callback so). `local_variables` are variables each rank
+    keeps its own: not broadcast, and left out of the check that every rank ends with the same
+    weights (Horovod's BroadcastGlobalVariablesCallback's).
 
-    def __init__(self, model: tf.keras.Model | None = None, *, checkpoints: bool = True) -> None:
+    A model that Keras builds in its first step (a Sequential without an input shape, a subclassed
+    model) has no variables to broadcast before it: its first execution runs as Keras' own step,
+    its gradients averaged by the DistributedOptimizer, and rank 0's variables are broadcast after
+    it, as Horovod's callback broadcasts after the first batch; Caramel's steps run the rest. Its
+    ranks then hold the same weights from the second execution on, as under Horovod. Such a model
+    cannot resume from the job's checkpoint (spec.checkpoint): restoring needs its variables
+    before the first step."""
+
+    def __init__(self, model: tf.keras.Model | None = None, *, checkpoints: bool = True, local_variables: Sequence[Any] = ()) -> None:
         super().__init__()
         _hook_fit()
         self._runtime: Runtime = current()
         self._checkpoints = checkpoints
+        self._local_variables = {id(variable): variable for variable in local_variables}
+        self._runtime.local_variables.update(self._local_variables)
         self._ledger: Ledger | None = None
         self._steps: StepFunction | None = None
         self._execution: tuple[float, list[Any]] = (0.0, [])
         self._next_step = 0
         """The epoch's step (0-based) the next execution starts at."""
-        if model is not None:
+        if model is not None and model.built:
             self._start(model)
+
+    @property
+    def _restores(self) -> bool:
+        """Whether the callback restores the job's checkpoint before fit."""
+        return self._checkpoints and self._runtime.contract.checkpoint is not None
 
     @property
     def initial_epoch(self) -> int:
         """The epoch to pass to `fit` as initial_epoch: the one after the restored checkpoint's (0
         without one)."""
         if self._ledger is None:
-            raise RuntimeError("TrainingCallback(model) restores before fit: give it the compiled model to know initial_epoch")
+            if self._restores:
+                raise RuntimeError("TrainingCallback(model) restores before fit: give it the built, compiled model to know initial_epoch")
+            return 0
         return int(self._ledger.epochs.numpy())
 
     @property
@@ -85,23 +104,35 @@ class TrainingCallback(tf.keras.callbacks.Callback):
         return self._ledger, self._steps
 
     def _start(self, model: tf.keras.Model) -> Ledger:
-        """Restore (rank 0) and broadcast, before fit: the model is built and compiled."""
-        if model.optimizer is None or not model.built:
-            raise ValueError("build the model and compile it (with ctf.DistributedOptimizer) before training with TrainingCallback")
+        """Restore (rank 0) and broadcast: the model is built and compiled."""
+        if model.optimizer is None:
+            raise ValueError("compile the model (with ctf.DistributedOptimizer) before TrainingCallback(model)")
         # Keras counts the steps done in the optimizer's iterations, which checkpoints keep.
         self._ledger = Ledger(
-            self._runtime, model, model.optimizer, model.optimizer.iterations, total_steps=0, batch_size=None, checkpoints=self._checkpoints
-        )
+            self._runtime, model, model.optimizer, model.optimizer.iterations, total_steps=0, batch_size=None,
+            checkpoints=self._checkpoints, local_variables=self._local_variables,
+        )  # fmt: skip
         return self._ledger
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        ledger = self._ledger or self._start(self.model)
-        steps_per_epoch, epochs = self.params.get("steps"), self.params.get("epochs")
-        if not steps_per_epoch:
+        if not self.params.get("steps"):
             raise ValueError(
                 "Caramel runs a known number of steps per epoch: pass steps_per_epoch to fit, or a dataset whose length is known"
             )
-        ledger.total_steps = steps_per_epoch * epochs
+        if self._ledger is None and not self.model.built:
+            if self._restores:
+                raise ValueError(
+                    "TrainingCallback restores the job's checkpoint (spec.checkpoint) before the first step, and this model has no "
+                    "variables before it: give its first layer an input shape (or call model.build) before fit"
+                )
+            return  # its first execution runs as Keras' own; on_train_batch_end sets up the rest
+        self._take_over()
+
+    def _take_over(self) -> None:
+        """From the next execution on, Caramel's steps run the training, every rank starting from
+        rank 0's variables."""
+        ledger = self._ledger or self._start(self.model)
+        ledger.total_steps = self.params["steps"] * self.params["epochs"]
         self._steps = StepFunction(
             self._keras_step, steps_per_execution(self.model), unpack=False,
             total_steps=ledger.total_steps - ledger.completed_steps,
@@ -127,6 +158,10 @@ class TrainingCallback(tf.keras.callbacks.Callback):
         return {name: value for name, value in outputs[-1].items() if name != BATCH_SIZE}
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._steps is None:  # Keras' own first execution built the model (see the class's docstring)
+            self._take_over()
+            self._next_step = batch + 1
+            return
         seconds, outputs = self._execution
         ledger, steps = self._training
         times: Sequence[StepTimes | None] = steps.last_times or [None] * len(outputs)

@@ -21,6 +21,7 @@ import tensorflow as tf
 from caramel.contract.progress import ProgressReport, format_report
 from caramel.metrics import PlanRecord
 from caramel.planner.timing import StepTimes
+from caramel.tensorflow.keras_version import optimizer_state
 from caramel.tensorflow.runtime import Runtime
 
 # Rank 0 logs progress at most this often (and always on the first and last step).
@@ -44,6 +45,7 @@ class Ledger:
         total_steps: int,
         batch_size: int | None,
         checkpoints: bool = True,
+        local_variables: Collection[int] = (),
     ) -> None:
         self.runtime = runtime
         self.model = model
@@ -55,6 +57,8 @@ class Ledger:
         self.rank = runtime.rank
         self.contract = runtime.contract
         self.metrics = runtime.metrics
+        self.local_variables = local_variables
+        """The ids of variables each rank keeps its own: not broadcast (Horovod's callback's local_variables)."""
         self.epochs = tf.Variable(0, dtype=tf.int64, trainable=False, name="caramel_epochs")
         """Epochs done (Keras resumes at an epoch boundary), kept in checkpoints."""
         self._checkpoint = self.contract.checkpoint if checkpoints else None
@@ -72,7 +76,7 @@ class Ledger:
 
     def _restore_and_sync(self) -> tf.train.CheckpointManager | None:
         # Optimizer state must exist before it can be restored or broadcast.
-        self.optimizer.build(self.model.trainable_variables)
+        optimizer_variables = optimizer_state(self.optimizer, self.model.trainable_variables)
         manager = None
         if self._checkpoint is not None:
             checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.counter, epochs=self.epochs)
@@ -83,7 +87,7 @@ class Ledger:
         # The counter may be one of the optimizer's own variables (Keras counts its iterations).
         # The optimizer's variables include its learning rate: restored on rank 0 alone, it would
         # leave the ranks updating at different rates, and their weights apart.
-        variables = {id(v): v for v in [*self.model.variables, *self.optimizer.variables, self.counter, self.epochs]}
+        variables = {id(v): v for v in [*self.model.variables, *optimizer_variables, self.counter, self.epochs] if id(v) not in self.local_variables}
         broadcast_variables(self.runtime, list(variables.values()))
         return manager
 

@@ -17,19 +17,21 @@ and `allgather_object` eagerly. At exit every rank's trained weights are compare
 (`_caramel_final_check`).
 
 The tape takes local sources (`register_local_source`, `PartialDistributedGradientTape`), whose
-gradients each rank keeps; `SyncBatchNormalization` averages batch statistics over the ranks;
+gradients each rank keeps; the optimizer accumulates `backward_passes_per_step` passes per update
+(`caramel.tensorflow.accumulation`) and serves Keras 2's `_compute_gradients` (its gradients
+reduced, as Horovod's are), and wraps Keras 2's legacy optimizers too; `SyncBatchNormalization` averages batch statistics over the ranks;
 `broadcast_global_variables` takes TensorFlow 1's call in TensorFlow 2's meaning (every variable of
 the process: `functions.py`).
 
 Elastic training (`hvd.elastic`) re-forms the ranks in the process on the horovod backend
 (`elastic.py`). The rest of Horovod's API fails when called, naming the feature
 (`NotSupportedByCaramel`): process sets, Adasum and Product, alltoall, reducescatter, join, the
-timeline, TF1's sessions, and local gradient accumulation (`backward_passes_per_step` above 1).
+timeline and TF1's sessions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -378,9 +380,9 @@ def distribute(optimizer: Any, **horovod_options: Any) -> None:
 def _noting_class(base: type[Any]) -> type[Any]:
     """`base`, noting the variables its updates train."""
 
-    def noted(self: Any, gradients: list[Any], variables: Sequence[Any]) -> list[Any]:
+    def noted(self: Any, gradients: list[Any], variables: Sequence[Any], apply: Callable[[list[Any]], Any]) -> Any:
         _caramel_final_check.note_trained(variables)
-        return gradients
+        return apply(gradients)
 
     return updating_through(base, noted)
 

@@ -21,6 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 import horovod.tensorflow as _hvd
+from caramel.tensorflow.keras_version import keras_2
 from horovod import _caramel_keras2_idioms
 from horovod._caramel_support import refuse, unsupported
 from horovod.tensorflow import (
@@ -116,9 +117,14 @@ def load_model(
 ) -> Any:
     """A saved Keras model, its optimizer Horovod's DistributedOptimizer with the state it was saved
     with (the optimizer itself becomes one: `horovod.tensorflow.distribute`). `custom_optimizers`
-    are optimizer classes the file may name, besides Keras' own."""
-    if legacy_opts:
-        refuse("hvd.load_model(legacy_opts=True)", "Keras 2's legacy optimizers are not served; save with tf.keras.optimizers.*")
+    are optimizer classes the file may name, besides Keras' own. `legacy_opts` (a model compiled
+    with Keras 2's legacy optimizers) changes nothing where tf.keras is Keras 2, which loads them
+    as they were saved; Keras 3 has none."""
+    if legacy_opts and not keras_2():
+        refuse(
+            "hvd.load_model(legacy_opts=True)",
+            "tf.keras is Keras 3 here, which has no legacy optimizers: set TF_USE_LEGACY_KERAS=1 in the job's spec.env for Keras 2",
+        )
     objects = {optimizer.__name__: optimizer for optimizer in custom_optimizers or ()}
     model = tf.keras.models.load_model(filepath, custom_objects={**objects, **(custom_objects or {})})
     if getattr(model, "optimizer", None) is not None:

@@ -1,12 +1,13 @@
 """Horovod's Keras callbacks (`hvd.callbacks`), served by Caramel.
 
-- `BroadcastGlobalVariablesCallback(root_rank)` is Caramel's `TrainingCallback` without
-  checkpoints (a Horovod script makes its own): root_rank's variables on every rank when training
-  begins, Keras' step in Caramel's graphs, metrics, progress, and the weights check at the end.
-  Caramel's callbacks run before the others of a `fit` (whatever their place in the list), so
-  that no callback reads weights before every rank has the root's, and a fit compiled at one step
-  per execution runs several per graph where no other callback acts on single batches
-  (`caramel.tensorflow.fit_steps`).
+- `BroadcastGlobalVariablesCallback(root_rank, local_variables=...)` is Caramel's
+  `TrainingCallback` without checkpoints (a Horovod script makes its own): root_rank's variables
+  on every rank when training begins (but the local variables, each rank's own), or after the
+  first batch for a model Keras builds in it (as Horovod broadcasts), Keras' step in Caramel's
+  graphs, metrics, progress, and the weights check at the end. Caramel's callbacks run before the
+  others of a `fit` (whatever their place in the list), so that no callback reads weights before
+  every rank has the root's, and a fit compiled at one step per execution runs several per graph
+  where no other callback acts on single batches (`caramel.tensorflow.fit_steps`).
 - `MetricAverageCallback()` averages the epoch's logs over the ranks at the end of every epoch
   (put it before the callbacks that read them, as with Horovod).
 - `LearningRateScheduleCallback` and `LearningRateWarmupCallback` set the learning rate as
@@ -31,32 +32,35 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 from caramel.collectives.backend import ReduceOp
 from caramel.tensorflow.keras import TrainingCallback
+from caramel.tensorflow.keras_version import optimizer_state
+from caramel.tensorflow.ledger import Ledger
 from horovod._caramel_support import refuse
 from horovod.tensorflow import _caramel_final_check
 from horovod.tensorflow._caramel_collectives import backend, check_root
 
 class BroadcastGlobalVariablesCallback(TrainingCallback):
-    """Rank root_rank's variables on every rank when training begins, and Caramel's scheduling,
-    metrics, progress and weights check for the rest of `fit`."""
+    """Rank root_rank's variables on every rank when training begins (after the first batch, for
+    a model Keras builds in it), and Caramel's scheduling, metrics, progress and weights check for
+    the rest of `fit`. `local_variables` (or `register_local_var`) are each rank's own: not
+    broadcast, and left out of the weights check."""
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
         del device  # where Horovod placed its broadcast on GPUs
-        if local_variables is not None and list(tf.nest.flatten(local_variables)):
-            refuse(
-                "BroadcastGlobalVariablesCallback(local_variables=...)",
-                "every rank must hold the same weights; train the per-rank variables outside the model",
-            )
         check_root(root_rank, "BroadcastGlobalVariablesCallback")
-        super().__init__(checkpoints=False)
+        super().__init__(checkpoints=False, local_variables=tf.nest.flatten(local_variables) if local_variables is not None else ())
         self.root_rank = root_rank
 
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+    def register_local_var(self, var: Any) -> None:
+        """Horovod's: keep `var` each rank's own (not broadcast, not checked)."""
+        self._local_variables[id(var)] = var
+        self._runtime.local_variables[id(var)] = var
+
+    def _start(self, model: tf.keras.Model) -> Ledger:
         if self.root_rank != 0:
             # Caramel's callback takes rank 0's variables: rank 0 takes the root's first.
-            optimizer = self.model.optimizer
-            optimizer.build(self.model.trainable_variables)
-            hvd.broadcast_variables([*self.model.variables, *optimizer.variables], self.root_rank)
-        super().on_train_begin(logs)
+            variables = [*model.variables, *optimizer_state(model.optimizer, model.trainable_variables)]
+            hvd.broadcast_variables([variable for variable in variables if id(variable) not in self._local_variables], self.root_rank)
+        return super()._start(model)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_end(logs)
