@@ -603,7 +603,10 @@ EXAMPLES = {
     "mnist": (["--steps", "12", "--batch-size", "16"], ["rank 0 | Step #0 "]),
     "keras_mnist": (
         ["--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "16"],
-        ["rank 0 | Epoch 3: the learning rate warm-up ended at 0.002.", "steps 12/12"],
+        [
+            "rank 0 | Epoch 3: the learning rate warm-up ended at 0.002.", "steps 12/12",
+            "caramel: keeping one step per graph, as compiled: LearningRateWarmupCallback's on_train_batch_begin act on single batches",
+        ],
     ),
     "synthetic_benchmark": (
         ["--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
@@ -612,7 +615,7 @@ EXAMPLES = {
     ),
     "keras_synthetic_benchmark": (
         ["--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4", "--num-batches-per-iter", "2", "--num-iters", "2"],
-        ["rank 0 | Total img/sec on 2 GPU(s): ", "steps 4/4"],
+        ["rank 0 | Total img/sec on 2 GPU(s): ", "steps 4/4", "caramel: 2 steps per graph (compile gave steps_per_execution 1"],
     ),
 }  # fmt: skip
 
