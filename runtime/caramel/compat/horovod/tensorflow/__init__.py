@@ -47,6 +47,9 @@ _KERAS_USES = ("distribute", "distributed_optimizer", "local_layer_variables")
 _DEFINED_ELSEWHERE = {
     "horovod._caramel_support": ("NotSupportedByCaramel",),
     "horovod.tensorflow._caramel_collectives": ("Adasum", "Product", "global_process_set"),
+    "horovod.tensorflow._caramel_horovod_ops": (
+        "ProcessSet", "add_process_set", "alltoall", "grouped_reducescatter", "join", "reducescatter", "remove_process_set",
+    ),
     "horovod.tensorflow._caramel_variable_refs": ("refs_to_vars", "vars_to_refs"),
     "horovod.tensorflow.compression": ("Compression",),
     "horovod.tensorflow.functions": (

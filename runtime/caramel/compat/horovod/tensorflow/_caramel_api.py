@@ -41,13 +41,15 @@ from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from horovod import _caramel_keras2_idioms, _caramel_rounds
 from horovod._caramel_support import refuse, unsupported
 from horovod.tensorflow import _caramel_final_check
+from horovod.tensorflow import _caramel_horovod_ops as horovod_ops
 from horovod.tensorflow._caramel_collectives import (
+    HorovodOp,
     backend,
-    check_process_set,
     check_root,
     collective_name,
     gather_ragged,
     global_process_set,
+    is_global,
     reduce_op,
 )
 from horovod.tensorflow.compression import Compression
@@ -66,10 +68,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     and check the trained weights at exit."""
     if comm is not None:
         refuse("hvd.init(comm=...)", "the CaramelJob's gang is the communicator; call hvd.init()")
-    if process_sets:
-        refuse("hvd.init(process_sets=...)", "Caramel's collectives are among all ranks")
     _caramel_keras2_idioms.install()
     _caramel_rounds.join_when_ready()
+    if process_sets:
+        horovod_ops.start_with(process_sets)
     _caramel_runtime.init()
     _caramel_final_check.arm()
 
@@ -120,7 +122,8 @@ def is_homogeneous() -> bool:
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    _check_process_set_id(process_set_id, "hvd.size_op")
+    if process_set_id != 0:
+        return horovod_ops.size_op(process_set_id, name)
     return tf.constant(size(), tf.int32, name=name)
 
 
@@ -137,13 +140,9 @@ def local_rank_op(name: str | None = None) -> tf.Tensor:
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    _check_process_set_id(process_set_id, "hvd.process_set_included_op")
-    return tf.constant(1, tf.int32, name=name)
-
-
-def _check_process_set_id(process_set_id: int, feature: str) -> None:
     if process_set_id != 0:
-        refuse(f"{feature}(process_set_id={process_set_id})", "Caramel's collectives are among all ranks (process set 0)")
+        return horovod_ops.process_set_included_op(process_set_id, name)
+    return tf.constant(1, tf.int32, name=name)
 
 
 def gloo_enabled() -> bool:
@@ -178,20 +177,23 @@ def allreduce(
     process_set: Any = global_process_set,
     ignore_name_scope: bool = False,
 ) -> Any:
-    """`tensor` reduced over all ranks (Average by default; Sum, Min, Max). A tf.IndexedSlices is
-    gathered, as Horovod does: its values and indices from every rank."""
+    """`tensor` reduced over all ranks (Average by default; Sum, Min, Max; and Adasum or Product,
+    and any process set but the global one, by Horovod's op: `_caramel_horovod_ops`). A
+    tf.IndexedSlices is gathered, as Horovod does: its values and indices from every rank."""
     del device_dense, device_sparse, ignore_name_scope
     reduction = reduce_op(average, op, "hvd.allreduce")
-    check_process_set(process_set, "hvd.allreduce")
-    name = collective_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
         if reduction not in (ReduceOp.AVERAGE, ReduceOp.SUM):
             refuse(f"hvd.allreduce(op={reduction.name.title()}) of a tf.IndexedSlices", "sparse tensors are averaged or summed")
-        values, _ = gather_ragged(tensor.values, f"{name}_values")
-        indices, _ = gather_ragged(tensor.indices, f"{name}_indices")
-        scale = prescale_factor * postscale_factor / (size() if reduction is ReduceOp.AVERAGE else 1)
+        base = collective_name("allreduce", name)
+        values = _gathered([tensor.values], f"{base}_values", process_set)[0]
+        indices = _gathered([tensor.indices], f"{base}_indices", process_set)[0]
+        ranks = size() if is_global(process_set) else process_set.size()
+        scale = prescale_factor * postscale_factor / (ranks if reduction is ReduceOp.AVERAGE else 1)
         return tf.IndexedSlices(values * tf.cast(scale, values.dtype) if scale != 1 else values, indices, tensor.dense_shape)
-    return _reduced([tensor], reduction, compression, prescale_factor, postscale_factor, name)[0]
+    if isinstance(reduction, HorovodOp) or not is_global(process_set):
+        return horovod_ops.allreduce([tensor], reduction, process_set, compression, prescale_factor, postscale_factor, name)[0]
+    return _reduced([tensor], reduction, compression, prescale_factor, postscale_factor, collective_name("allreduce", name))[0]
 
 
 def grouped_allreduce(
@@ -208,12 +210,16 @@ def grouped_allreduce(
     name: str | None = None,
 ) -> list[tf.Tensor]:
     """Every tensor reduced over all ranks, in one collective per dtype (Horovod's arguments, in
-    Horovod's order, which differs from allreduce's)."""
+    Horovod's order, which differs from allreduce's); as allreduce, by Horovod's op for Adasum,
+    Product and process sets."""
     del device_dense, device_sparse, ignore_name_scope
     reduction = reduce_op(average, op, "hvd.grouped_allreduce")
-    check_process_set(process_set, "hvd.grouped_allreduce")
     if any(isinstance(tensor, tf.IndexedSlices) for tensor in tensors):
         refuse("hvd.grouped_allreduce of tf.IndexedSlices", "reduce each with hvd.allreduce")
+    if not tensors:
+        return []
+    if isinstance(reduction, HorovodOp) or not is_global(process_set):
+        return horovod_ops.allreduce(tensors, reduction, process_set, compression, prescale_factor, postscale_factor, name)
     return _reduced(tensors, reduction, compression, prescale_factor, postscale_factor, collective_name("allreduce", name))
 
 
@@ -229,35 +235,44 @@ def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
 
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
     """Every rank's `tensor` joined along the first axis, in rank order; first dimensions may
-    differ from rank to rank, the other dimensions may not."""
+    differ from rank to rank, the other dimensions may not. Over a process set, its ranks' (Horovod's op)."""
     del ignore_name_scope
-    check_process_set(process_set, "hvd.allgather")
-    return gather_ragged(tensor, collective_name("allgather", name))[0]
+    return _gathered([tensor], collective_name("allgather", name), process_set)[0]
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> list[tf.Tensor]:
-    check_process_set(process_set, "hvd.grouped_allgather")
-    base = collective_name("allgather", name)
-    return [gather_ragged(tensor, f"{base}_{i}")[0] for i, tensor in enumerate(tensors)]
+    return _gathered(tensors, collective_name("allgather", name), process_set)
+
+
+def _gathered(tensors: Sequence[Any], name: str, process_set: Any) -> list[tf.Tensor]:
+    if not is_global(process_set):
+        return horovod_ops.allgather(tensors, process_set, name)
+    if len(tensors) == 1:
+        return [gather_ragged(tensors[0], name)[0]]
+    return [gather_ragged(tensor, f"{name}_{i}")[0] for i, tensor in enumerate(tensors)]
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
-    """Rank root_rank's `tensor` (of one shape on every rank), on every rank."""
+    """Rank root_rank's `tensor` (of one shape on every rank), on every rank (of the process set:
+    Horovod's op; root_rank is a global rank, as in Horovod)."""
     del ignore_name_scope
-    check_process_set(process_set, "hvd.broadcast")
     check_root(root_rank, "hvd.broadcast")
-    return backend().broadcast([tf.convert_to_tensor(tensor)], root_rank, collective_name("broadcast", name))[0]
+    return _broadcast([tensor], root_rank, collective_name("broadcast", name), process_set)[0]
 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
     """Horovod's in-place broadcast: the variables take rank root_rank's values."""
-    check_process_set(process_set, "hvd.broadcast_")
     check_root(root_rank, "hvd.broadcast_")
     variables = list(variables)
-    values = backend().broadcast([tf.convert_to_tensor(variable) for variable in variables], root_rank, collective_name("broadcast", name))
-    for variable, value in zip(variables, values):
+    for variable, value in zip(variables, _broadcast(variables, root_rank, collective_name("broadcast", name), process_set)):
         variable.assign(value)
     return variables
+
+
+def _broadcast(tensors: Sequence[Any], root_rank: int, name: str, process_set: Any) -> list[tf.Tensor]:
+    if not is_global(process_set):
+        return [horovod_ops.broadcast(tensor, root_rank, process_set, f"{name}_{i}") for i, tensor in enumerate(tensors)]
+    return backend().broadcast([tf.convert_to_tensor(tensor) for tensor in tensors], root_rank, name)
 
 
 # -- training ------------------------------------------------------------------------------------
@@ -387,13 +402,5 @@ def _noting_class(base: type[Any]) -> type[Any]:
 
 # -- what Caramel does not serve -----------------------------------------------------------------
 
-_ALL_RANKS = "Caramel's collectives are among all ranks"
-ProcessSet = unsupported("hvd.ProcessSet", f"{_ALL_RANKS} (hvd.global_process_set)")
-add_process_set = unsupported("hvd.add_process_set", _ALL_RANKS)
-remove_process_set = unsupported("hvd.remove_process_set", _ALL_RANKS)
-alltoall = unsupported("hvd.alltoall", "its collectives are allreduce, allgather and broadcast")
-reducescatter = unsupported("hvd.reducescatter", "use hvd.allreduce")
-grouped_reducescatter = unsupported("hvd.grouped_reducescatter", "use hvd.grouped_allreduce")
-join = unsupported("hvd.join", "every rank must run the same number of steps")
 start_timeline = unsupported("hvd.start_timeline", "Caramel records each step's transfers in its own metrics")
 stop_timeline = unsupported("hvd.stop_timeline", "Caramel records each step's transfers in its own metrics")

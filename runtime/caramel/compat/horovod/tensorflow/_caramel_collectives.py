@@ -20,8 +20,8 @@ from horovod._caramel_support import refuse
 
 
 class HorovodOp:
-    """One of Horovod's reduction ops that Caramel does not serve (Adasum, Product): refused where
-    it is used, by name."""
+    """One of Horovod's reductions that only Horovod's core has (Adasum, Product): passed through
+    to Horovod's ops where the job runs on them (`_caramel_horovod_ops`), refused elsewhere."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -31,9 +31,13 @@ class HorovodOp:
 
 
 Adasum, Product = HorovodOp("Adasum"), HorovodOp("Product")
+HOROVODS_OPS = {0: ReduceOp.AVERAGE, 1: ReduceOp.SUM, 2: Adasum, 3: ReduceOp.MIN, 4: ReduceOp.MAX, 5: Product}
+"""Horovod's reductions by their values in Horovod's core (a script may pass mpi_ops' numbers)."""
+
 
 class GlobalProcessSet:
-    """Horovod's `global_process_set`, every rank: the only process set Caramel serves."""
+    """Horovod's `global_process_set`, every rank, whose collectives are Caramel's own (any other
+    set's are Horovod's: `_caramel_horovod_ops`)."""
 
     process_set_id = 0
 
@@ -57,9 +61,15 @@ def backend() -> Backend:
     return current().backend
 
 
+def is_global(process_set: Any) -> bool:
+    return process_set is None or getattr(process_set, "process_set_id", 0) == 0
+
+
 def check_process_set(process_set: Any, feature: str) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        refuse(f"{feature}(process_set=...)", "its collectives are among all ranks (hvd.global_process_set)")
+    """Refuse a process set other than the global one, for what runs among all ranks only."""
+    if not is_global(process_set):
+        refuse(f"{feature}(process_set=...)", "it runs among all ranks (hvd.global_process_set); over a process set, "
+               "use hvd.allreduce, hvd.allgather, hvd.broadcast, hvd.alltoall or hvd.reducescatter")  # fmt: skip
 
 
 def check_root(root_rank: int, feature: str) -> None:
@@ -68,19 +78,17 @@ def check_root(root_rank: int, feature: str) -> None:
         raise ValueError(f"{feature}: root_rank {root_rank} is not a rank of this job (0 to {size - 1})")
 
 
-def reduce_op(average: bool | None, op: Any, feature: str) -> ReduceOp:
-    """Horovod's `op` (or its deprecated `average`) as Caramel's ReduceOp."""
+def reduce_op(average: bool | None, op: Any, feature: str) -> ReduceOp | HorovodOp:
+    """Horovod's `op` (or its deprecated `average`) as Caramel's ReduceOp, or Horovod's own."""
     if average is not None and op is not None:
         raise ValueError(f"{feature}: give op or average (deprecated), not both")
     if op is None:
         return ReduceOp.AVERAGE if average is None or average else ReduceOp.SUM
-    if isinstance(op, ReduceOp):
+    if isinstance(op, (ReduceOp, HorovodOp)):
         return op
-    name = getattr(op, "name", None) or {0: "average", 1: "sum", 2: "adasum", 3: "min", 4: "max", 5: "product"}.get(op, str(op))
-    try:
-        return ReduceOp(str(name).lower())
-    except ValueError:
-        refuse(f"{feature}(op={name})", "tensors are reduced by Average, Sum, Min or Max")
+    if op in HOROVODS_OPS:
+        return HOROVODS_OPS[op]
+    refuse(f"{feature}(op={op!r})", "tensors are reduced by Average, Sum, Min, Max, Adasum or Product")
 
 
 def collective_name(kind: str, name: str | None) -> str:

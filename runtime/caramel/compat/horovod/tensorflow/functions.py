@@ -24,6 +24,7 @@ import tensorflow as tf
 import caramel.tensorflow as ctf
 from horovod._caramel_support import refuse
 from horovod.tensorflow import _caramel_final_check as final_check
+from horovod.tensorflow import _caramel_horovod_ops as horovod_ops
 from horovod.tensorflow._caramel_collectives import (
     backend,
     check_process_set,
@@ -31,6 +32,7 @@ from horovod.tensorflow._caramel_collectives import (
     collective_name,
     gather_ragged,
     global_process_set,
+    is_global,
 )
 
 try:
@@ -40,11 +42,15 @@ except ImportError:  # Horovod brings cloudpickle; without Horovod, pickle does 
 
 
 def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: Any = global_process_set, inplace: bool = False) -> None:
-    """Overwrite the variables on every rank with rank root_rank's values (eagerly or in a graph)."""
+    """Overwrite the variables on every rank (of the process set: Horovod's ops) with rank
+    root_rank's values (eagerly or in a graph)."""
     del inplace  # Horovod's choice of op; the variables are assigned either way
-    check_process_set(process_set, "hvd.broadcast_variables")
     check_root(root_rank, "hvd.broadcast_variables")
     variables = list(variables)
+    if not is_global(process_set):  # the set's ranks alone: not the weights every rank ends with
+        for i, variable in enumerate(variables):
+            variable.assign(horovod_ops.broadcast(variable, root_rank, process_set, f"hvd_broadcast_variables_{i}"))
+        return
     final_check.note_trained([variable for variable in variables if getattr(variable, "trainable", False)])
     ctf.broadcast_variables(variables, root_rank)
 
