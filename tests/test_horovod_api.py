@@ -215,7 +215,7 @@ REFUSED = {
     "hvd.alltoall(tf.constant([1.0]))": "hvd.alltoall",
     "hvd.join()": "hvd.join",
     "hvd.reducescatter(tf.constant([1.0]))": "hvd.reducescatter",
-    "hvd.ProcessSet([0])": "hvd.ProcessSet",
+    "hvd.init(process_sets=[hvd.ProcessSet([0])])": "hvd.init(process_sets=...)",
     "hvd.add_process_set([0])": "hvd.add_process_set",
     "hvd.start_timeline('t.json')": "hvd.start_timeline",
     "tf.function(lambda: hvd.broadcast_global_variables(0))()": "hvd.broadcast_global_variables inside a tf.function",
