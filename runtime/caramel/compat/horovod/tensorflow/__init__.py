@@ -57,7 +57,9 @@ _DEFINED_ELSEWHERE = {
     ),
     "horovod.tensorflow.sync_batch_norm": ("SyncBatchNormalization",),
 }  # fmt: skip
-_WHERE = {name: f"{__name__}._caramel_api" for name in [*__all__, *_KERAS_USES] if name not in _MODULES}
+_HOROVODS_PRIVATE = ("_executing_eagerly",)
+"""Horovod's private names that scripts (and Horovod's own tests) call through the package."""
+_WHERE = {name: f"{__name__}._caramel_api" for name in [*__all__, *_KERAS_USES, *_HOROVODS_PRIVATE] if name not in _MODULES}
 _WHERE.update({name: module for module, names in _DEFINED_ELSEWHERE.items() for name in names})
 """The module that defines each name the package serves: `_caramel_api`, but for those defined
 elsewhere."""

@@ -21,10 +21,12 @@ gradients each rank keeps; `SyncBatchNormalization` averages batch statistics ov
 `broadcast_global_variables` takes TensorFlow 1's call in TensorFlow 2's meaning (every variable of
 the process: `functions.py`).
 
-Elastic training (`hvd.elastic`) re-forms the ranks in the process on the horovod backend
-(`elastic.py`). The rest of Horovod's API fails when called, naming the feature
-(`NotSupportedByCaramel`): process sets, Adasum and Product, alltoall, reducescatter, join, the
-timeline, TF1's sessions, and local gradient accumulation (`backward_passes_per_step` above 1).
+What only Horovod's core has (alltoall, reducescatter, join, process sets, Adasum and Product) is
+passed through to Horovod's own ops where the job runs on them, and refused by name elsewhere
+(`_caramel_horovod_ops`). Elastic training (`hvd.elastic`) re-forms the ranks in the process on the
+horovod backend (`elastic.py`). The rest of Horovod's API fails when called, naming the feature
+(`NotSupportedByCaramel`): the timeline and local gradient accumulation (`backward_passes_per_step`
+above 1).
 """
 
 from __future__ import annotations
@@ -143,6 +145,11 @@ def process_set_included_op(process_set_id: int = 0, name: str | None = None) ->
     if process_set_id != 0:
         return horovod_ops.process_set_included_op(process_set_id, name)
     return tf.constant(1, tf.int32, name=name)
+
+
+def _executing_eagerly() -> bool:
+    """Horovod's helper (from its util), which its tests and some scripts call as hvd._executing_eagerly."""
+    return tf.executing_eagerly()
 
 
 def gloo_enabled() -> bool:

@@ -31,7 +31,7 @@ class HorovodOp:
 
 
 Adasum, Product = HorovodOp("Adasum"), HorovodOp("Product")
-HOROVODS_OPS = {0: ReduceOp.AVERAGE, 1: ReduceOp.SUM, 2: Adasum, 3: ReduceOp.MIN, 4: ReduceOp.MAX, 5: Product}
+HOROVODS_OPS: dict[int, ReduceOp | HorovodOp] = {0: ReduceOp.AVERAGE, 1: ReduceOp.SUM, 2: Adasum, 3: ReduceOp.MIN, 4: ReduceOp.MAX, 5: Product}
 """Horovod's reductions by their values in Horovod's core (a script may pass mpi_ops' numbers)."""
 
 
