@@ -192,12 +192,14 @@ def allreduce(
     if isinstance(tensor, tf.IndexedSlices):
         if reduction not in (ReduceOp.AVERAGE, ReduceOp.SUM):
             refuse(f"hvd.allreduce(op={reduction.name.title()}) of a tf.IndexedSlices", "sparse tensors are averaged or summed")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")  # Horovod's own error
         base = collective_name("allreduce", name)
         values = _gathered([tensor.values], f"{base}_values", process_set)[0]
         indices = _gathered([tensor.indices], f"{base}_indices", process_set)[0]
-        ranks = size() if is_global(process_set) else process_set.size()
-        scale = prescale_factor * postscale_factor / (ranks if reduction is ReduceOp.AVERAGE else 1)
-        return tf.IndexedSlices(values * tf.cast(scale, values.dtype) if scale != 1 else values, indices, tensor.dense_shape)
+        if reduction is ReduceOp.AVERAGE:  # Horovod's division, which gives integer values a float dtype
+            values = values / tf.cast(size() if is_global(process_set) else process_set.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, tensor.dense_shape)
     if isinstance(reduction, HorovodOp) or not is_global(process_set):
         return horovod_ops.allreduce([tensor], reduction, process_set, compression, prescale_factor, postscale_factor, name)[0]
     return _reduced([tensor], reduction, compression, prescale_factor, postscale_factor, collective_name("allreduce", name))[0]
@@ -237,7 +239,11 @@ def _reduced(tensors: Sequence[Any], reduction: ReduceOp, compression: Any, pres
 
 
 def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
-    return tensor if factor == 1.0 else tensor * tf.cast(factor, tensor.dtype)
+    """`tensor` times `factor` as Horovod's core scales: integers in float64, float16 in float32."""
+    if factor == 1.0:
+        return tensor
+    exact = tf.float64 if tensor.dtype.is_integer else tf.float32 if tensor.dtype == tf.float16 else tensor.dtype
+    return tf.cast(tf.cast(tensor, exact) * tf.cast(factor, exact), tensor.dtype)
 
 
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
@@ -268,12 +274,12 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
-    """Horovod's in-place broadcast: the variables take rank root_rank's values."""
+    """Horovod's in-place broadcast: the variables take rank root_rank's values, which it returns
+    (read after the assignment, so that in a graph running them assigns)."""
     check_root(root_rank, "hvd.broadcast_")
     variables = list(variables)
-    for variable, value in zip(variables, _broadcast(variables, root_rank, collective_name("broadcast", name), process_set)):
-        variable.assign(value)
-    return variables
+    values = _broadcast(variables, root_rank, collective_name("broadcast", name), process_set)
+    return [variable.assign(value) for variable, value in zip(variables, values)]
 
 
 def _broadcast(tensors: Sequence[Any], root_rank: int, name: str, process_set: Any) -> list[tf.Tensor]:

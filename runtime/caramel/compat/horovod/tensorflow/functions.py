@@ -3,7 +3,8 @@
 `broadcast_global_variables(root_rank)` is TensorFlow 1's call in TensorFlow 2's meaning: TensorFlow
 2 keeps no collection of global variables, so it takes every variable the process holds, in the
 order they were made (the same on every rank of one script), Caramel's own left out (they are each
-rank's own: clocks, keys), and gives each rank root_rank's values.
+rank's own: clocks, keys), and gives each rank root_rank's values; in a TensorFlow 1 graph it takes
+the graph's global variables, as Horovod does.
 
 Objects travel pickled (with cloudpickle where it is installed, as Horovod does, so that lambdas
 and local classes travel too) as uint8 tensors: a broadcast sends the root's length first, and a
@@ -58,9 +59,13 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: A
 
 
 def broadcast_global_variables(root_rank: int) -> None:
-    """Every variable of the process (Caramel's own left out) takes rank root_rank's value, eagerly."""
+    """Every variable of the process (Caramel's own left out) takes rank root_rank's value, eagerly;
+    in a TensorFlow 1 graph, its global variables, as in Horovod."""
     if not tf.executing_eagerly():
-        refuse("hvd.broadcast_global_variables inside a tf.function", "call it eagerly, once the variables exist")
+        if tf.compat.v1.get_default_graph().building_function:
+            refuse("hvd.broadcast_global_variables inside a tf.function", "call it eagerly, once the variables exist")
+        broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+        return
     check_root(root_rank, "hvd.broadcast_global_variables")
     variables = global_variables()
     collectives = backend()
