@@ -2,7 +2,7 @@
 
     python -m benchmarks.horovod_conformance --tests DIR                     # DIR: Horovod's test/parallel
     python -m benchmarks.horovod_conformance --tests DIR --files test_tensorflow.py --configurations caramel-tf-keras
-    python -m benchmarks.horovod_conformance --report runs/horovod-conformance-<time>/results.json
+    python -m benchmarks.horovod_conformance --report runs/horovod-conformance-<time>/results.json [more results.json]
 
 The repository cannot ship Horovod's tests: DIR is a checkout's test/parallel (v0.28.1, whose
 API Caramel serves). Each test file runs under each configuration:
@@ -274,6 +274,17 @@ def report_lines(document: Mapping) -> list[str]:
     return lines
 
 
+def merged(documents: Sequence[Mapping]) -> dict:
+    """One results document of several runs' (the later one's where two ran the same configuration of a file)."""
+    result: dict = {"commit": ", ".join(dict.fromkeys(document["commit"] for document in documents)),
+                    "command": "; ".join(document["command"] for document in documents), "files": {}, "seconds": {}}  # fmt: skip
+    for document in documents:
+        for key in ("files", "seconds"):
+            for file, by_configuration in document[key].items():
+                result[key].setdefault(file, {}).update(by_configuration)
+    return result
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.horovod_conformance", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", type=Path, help="Horovod's test/parallel (a checkout of v0.28.1)")
@@ -282,7 +293,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-k", dest="keyword", help="run only the tests this pytest -k expression selects")
     parser.add_argument("--timeout", type=float, default=TEST_TIMEOUT_SECONDS, help="seconds per test (pytest-timeout)")
     parser.add_argument("--output", type=Path, help="the output directory (default runs/horovod-conformance-<time>)")
-    parser.add_argument("--report", type=Path, help="print the report of a results.json, run nothing")
+    parser.add_argument("--report", type=Path, nargs="+", help="print the report of results.json files (of runs of other configurations or files), run nothing")
     args = parser.parse_args(argv)
     if args.report is None and args.tests is None:
         parser.error("give --tests DIR (Horovod's test/parallel) or --report results.json")
@@ -295,7 +306,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None, say: Callable[[str], None] = lambda text: print(text, flush=True)) -> int:
     args = parse_args(argv)
     if args.report is not None:
-        for line in report_lines(json.loads(args.report.read_text())):
+        for line in report_lines(merged([json.loads(path.read_text()) for path in args.report])):
             say(line)
         return 0
     tests_dir = args.tests.resolve()

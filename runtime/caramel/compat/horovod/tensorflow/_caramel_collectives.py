@@ -108,7 +108,10 @@ def gather_ragged(tensor: Any, name: str) -> tuple[tf.Tensor, tf.Tensor]:
     if tensor.shape.rank == 0:
         raise ValueError("hvd.allgather gathers tensors along their first dimension: give a tensor of at least one dimension, not a scalar")
     collectives = backend()
-    rows = tf.shape(tensor, out_type=tf.int64)[:1]
+    # Through a placeholder, which TensorFlow's shape inference does not evaluate through: in a
+    # TensorFlow 1 graph it would otherwise run the gather of the sizes (its input's shape being
+    # known) on this rank alone as the padding is built, waiting forever for the others.
+    rows = tf.compat.v1.placeholder_with_default(tf.shape(tensor, out_type=tf.int64)[:1], [1])
     sizes = tf.reshape(collectives.all_gather(rows, name=f"{name}_sizes"), [-1])
     # At least one row: a gather of nothing at all is no tensor the backends can scatter.
     padding = tf.concat([tf.reshape(tf.maximum(tf.reduce_max(sizes), 1) - rows, [1, 1]), tf.zeros([tensor.shape.rank - 1, 1], tf.int64)], axis=0)
