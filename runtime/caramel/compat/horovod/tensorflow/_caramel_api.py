@@ -223,8 +223,16 @@ def grouped_allreduce(
     Product and process sets."""
     del device_dense, device_sparse, ignore_name_scope
     reduction = reduce_op(average, op, "hvd.grouped_allreduce")
-    if any(isinstance(tensor, tf.IndexedSlices) for tensor in tensors):
-        refuse("hvd.grouped_allreduce of tf.IndexedSlices", "reduce each with hvd.allreduce")
+    sparse = [i for i, tensor in enumerate(tensors) if isinstance(tensor, tf.IndexedSlices)]
+    if sparse:  # each gathered, as allreduce gathers one; the dense ones grouped
+        base = collective_name("allreduce", name)
+        dense = [i for i in range(len(tensors)) if i not in sparse]
+        results = dict(zip(dense, grouped_allreduce([tensors[i] for i in dense], None, "", "", compression, reduction, prescale_factor,
+                                                    postscale_factor, process_set, False, f"{base}_dense")))  # fmt: skip
+        for i in sparse:
+            results[i] = allreduce(tensors[i], op=reduction, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                   name=f"{base}_{i}", process_set=process_set)  # fmt: skip
+        return [results[i] for i in range(len(tensors))]
     if not tensors:
         return []
     if isinstance(reduction, HorovodOp) or not is_global(process_set):
