@@ -97,7 +97,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
     mine = collectives.rank == root_rank
     payload = _to_bytes(obj) if mine else None
     length = collectives.broadcast([tf.constant([0 if payload is None else payload.shape[0]], tf.int64)], root_rank, f"{name}_length")[0]
-    data = tf.constant(payload) if mine else tf.zeros([int(_value(length, session)[0])], tf.uint8)
+    count = int(_value(length, session)[0])  # run on every rank: in a graph, the root's too
+    data = tf.constant(payload) if mine else tf.zeros([count], tf.uint8)
     data = _value(collectives.broadcast([data], root_rank, name)[0], session)
     return obj if mine else _from_bytes(data)
 
