@@ -103,7 +103,8 @@ def summable(tensor: tf.Tensor) -> tf.Tensor:
 
 def gather_ragged(tensor: Any, name: str) -> tuple[tf.Tensor, tf.Tensor]:
     """Every rank's `tensor` joined along the first axis in rank order (their first dimensions may
-    differ, the others not), and each rank's first dimension (int64)."""
+    differ, the others not), and each rank's first dimension (int64). Its gradient is Horovod's
+    allgather's: the upstream gradient averaged over the ranks, this rank's rows of it."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("hvd.allgather gathers tensors along their first dimension: give a tensor of at least one dimension, not a scalar")
@@ -113,9 +114,20 @@ def gather_ragged(tensor: Any, name: str) -> tuple[tf.Tensor, tf.Tensor]:
     # known) on this rank alone as the padding is built, waiting forever for the others.
     rows = tf.compat.v1.placeholder_with_default(tf.shape(tensor, out_type=tf.int64)[:1], [1])
     sizes = tf.reshape(collectives.all_gather(rows, name=f"{name}_sizes"), [-1])
-    # At least one row: a gather of nothing at all is no tensor the backends can scatter.
-    padding = tf.concat([tf.reshape(tf.maximum(tf.reduce_max(sizes), 1) - rows, [1, 1]), tf.zeros([tensor.shape.rank - 1, 1], tf.int64)], axis=0)
-    padded = tf.pad(summable(tensor), tf.concat([tf.zeros_like(padding), padding], axis=1))
-    gathered = collectives.all_gather(padded, name=name)  # [ranks, longest, ...]
-    joined = tf.boolean_mask(gathered, tf.sequence_mask(sizes, tf.shape(gathered, out_type=tf.int64)[1]))
-    return tf.cast(joined, tensor.dtype), sizes
+
+    @tf.custom_gradient
+    def joined(tensor: tf.Tensor) -> Any:
+        # At least one row: a gather of nothing at all is no tensor the backends can scatter.
+        padding = tf.concat([tf.reshape(tf.maximum(tf.reduce_max(sizes), 1) - rows, [1, 1]), tf.zeros([tensor.shape.rank - 1, 1], tf.int64)], axis=0)
+        padded = tf.pad(summable(tensor), tf.concat([tf.zeros_like(padding), padding], axis=1))
+        gathered = collectives.all_gather(padded, name=name)  # [ranks, longest, ...]
+        mine = tf.boolean_mask(gathered, tf.sequence_mask(sizes, tf.shape(gathered, out_type=tf.int64)[1]))
+
+        def gradient(upstream: tf.Tensor) -> tf.Tensor:
+            averaged = collectives.all_reduce([upstream], ReduceOp.AVERAGE, f"{name}_gradient")[0]
+            start = tf.reduce_sum(sizes[: collectives.rank])
+            return averaged[start : start + sizes[collectives.rank]]
+
+        return tf.cast(mine, tensor.dtype), gradient
+
+    return joined(tensor), sizes
