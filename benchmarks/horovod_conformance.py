@@ -275,13 +275,16 @@ def report_lines(document: Mapping) -> list[str]:
 
 
 def merged(documents: Sequence[Mapping]) -> dict:
-    """One results document of several runs' (the later one's where two ran the same configuration of a file)."""
+    """One results document of several runs' (of other configurations, or files, or a rerun of some
+    tests: the later run's outcome where two ran the same test; their times added)."""
     result: dict = {"commit": ", ".join(dict.fromkeys(document["commit"] for document in documents)),
                     "command": "; ".join(document["command"] for document in documents), "files": {}, "seconds": {}}  # fmt: skip
     for document in documents:
-        for key in ("files", "seconds"):
-            for file, by_configuration in document[key].items():
-                result[key].setdefault(file, {}).update(by_configuration)
+        for file, by_configuration in document["files"].items():
+            for configuration, tests in by_configuration.items():
+                result["files"].setdefault(file, {}).setdefault(configuration, {}).update(tests)
+                seconds = result["seconds"].setdefault(file, {})
+                seconds[configuration] = seconds.get(configuration, 0.0) + document["seconds"][file][configuration]
     return result
 
 

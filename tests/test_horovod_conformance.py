@@ -17,6 +17,7 @@ from benchmarks.horovod_conformance import (
     cause_table,
     decided,
     file_table,
+    merged,
     parse_args,
     parse_rank,
 )
@@ -87,3 +88,14 @@ def test_the_command_line_needs_horovods_tests_and_known_configurations(capsys):
         with pytest.raises(SystemExit):
             parse_args(argv)
     assert "unknown configurations" in capsys.readouterr().err
+
+
+def test_reports_of_several_runs_merge_a_rerun_of_some_tests_into_the_first_run():
+    first = {"commit": "a", "command": "run", "files": {"f.py": {"caramel-keras3": {A: {"outcome": "failed", "cause": "x"}, B: {"outcome": "passed", "cause": ""}}}},
+             "seconds": {"f.py": {"caramel-keras3": 10.0}}}  # fmt: skip
+    rerun = {"commit": "b", "command": "rerun", "files": {"f.py": {"caramel-keras3": {A: {"outcome": "passed", "cause": ""}}}},
+             "seconds": {"f.py": {"caramel-keras3": 2.0}}}  # fmt: skip
+    document = merged([first, rerun])
+    assert document["files"]["f.py"]["caramel-keras3"] == {A: {"outcome": "passed", "cause": ""}, B: {"outcome": "passed", "cause": ""}}
+    assert document["seconds"]["f.py"]["caramel-keras3"] == 12.0
+    assert document["commit"] == "a, b"
