@@ -190,8 +190,7 @@ def allreduce(
     del device_dense, device_sparse, ignore_name_scope
     reduction = reduce_op(average, op, "hvd.allreduce")
     if isinstance(tensor, tf.IndexedSlices):
-        if reduction not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-            refuse(f"hvd.allreduce(op={reduction.name.title()}) of a tf.IndexedSlices", "sparse tensors are averaged or summed")
+        _check_sparse_op(reduction, "hvd.allreduce")
         if prescale_factor != 1.0 or postscale_factor != 1.0:
             raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")  # Horovod's own error
         base = collective_name("allreduce", name)
@@ -225,6 +224,7 @@ def grouped_allreduce(
     reduction = reduce_op(average, op, "hvd.grouped_allreduce")
     sparse = [i for i, tensor in enumerate(tensors) if isinstance(tensor, tf.IndexedSlices)]
     if sparse:  # each gathered, as allreduce gathers one; the dense ones grouped
+        _check_sparse_op(reduction, "hvd.grouped_allreduce")
         base = collective_name("allreduce", name)
         dense = [i for i in range(len(tensors)) if i not in sparse]
         results = dict(zip(dense, grouped_allreduce([tensors[i] for i in dense], None, "", "", compression, reduction, prescale_factor,
@@ -238,6 +238,11 @@ def grouped_allreduce(
     if isinstance(reduction, HorovodOp) or not is_global(process_set):
         return horovod_ops.allreduce(tensors, reduction, process_set, compression, prescale_factor, postscale_factor, name)
     return _reduced(tensors, reduction, compression, prescale_factor, postscale_factor, collective_name("allreduce", name))
+
+
+def _check_sparse_op(reduction: ReduceOp | HorovodOp, feature: str) -> None:
+    if reduction not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        refuse(f"{feature}(op={reduction.name.title()}) of a tf.IndexedSlices", "sparse tensors are averaged or summed")
 
 
 def _reduced(tensors: Sequence[Any], reduction: ReduceOp, compression: Any, prescale: float, postscale: float, name: str) -> list[tf.Tensor]:
