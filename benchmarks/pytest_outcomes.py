@@ -13,15 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import unittest.mock
 from typing import Any
 
 OUTCOMES_VARIABLE = "CONFORMANCE_OUTCOMES"
-
-# Horovod's test utilities import `mock`, the backport of what the standard library has held as
-# unittest.mock since Python 3.3: that one serves, with nothing to install.
-sys.modules.setdefault("mock", unittest.mock)
 
 
 def _write(record: dict[str, Any]) -> None:
