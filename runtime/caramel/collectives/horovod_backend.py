@@ -82,6 +82,13 @@ class HorovodBackend(Backend):
 def set_up(contract: WorkerContract) -> HorovodBackend:
     """Join the job's ranks: Horovod reads the contract's HOROVOD_* variables and meets the others
     at worker 0's Gloo rendezvous."""
-    os.environ.setdefault("HOROVOD_CACHE_CAPACITY", str(RESPONSE_CACHE_CAPACITY))
-    mpi_ops.init()
+    start()
     return HorovodBackend(mpi_ops.rank(), mpi_ops.size(), mpi_ops.local_rank(), mpi_ops.local_size())
+
+
+def start(process_sets: Sequence[object] | str = ()) -> None:
+    """Start Horovod's core, with Horovod's process sets (its `hvd.init(process_sets=...)`: a list,
+    or "dynamic"), which it registers only as it starts. Once started, a later start is a no-op
+    in Horovod (until its shutdown), so a script's process sets stay when `set_up` follows."""
+    os.environ.setdefault("HOROVOD_CACHE_CAPACITY", str(RESPONSE_CACHE_CAPACITY))
+    mpi_ops.init(process_sets=process_sets or None)

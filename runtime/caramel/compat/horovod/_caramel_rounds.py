@@ -49,7 +49,8 @@ from caramel.launch.rendezvous import (
     waiting_to_join,
 )
 from caramel.tensorflow.runtime import current
-from horovod.tensorflow import _caramel_final_check
+from horovod._caramel_support import refuse
+from horovod.tensorflow import _caramel_final_check, _caramel_horovod_ops
 
 try:  # Horovod's own classes where Horovod is installed, so that scripts catching them by either name catch them
     from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -94,6 +95,9 @@ def enter() -> bool:
     )
     workers = runtime.contract.full_world_size // runtime.contract.slots_per_worker
     elastic = is_elastic()
+    if elastic and _caramel_horovod_ops.registered():
+        refuse("process sets in an elastic gang", "a process set is of one set of ranks, which the gang re-forms: use them "
+               "in a fixed gang (spec.workers.minReplicas equal to replicas), or train elastic without them")  # fmt: skip
     first, _entered = not _entered, True
     if elastic:
         runtime.metrics.record_elastic()  # the operator then replaces a lost worker instead of restarting the gang

@@ -47,6 +47,9 @@ _KERAS_USES = ("distribute", "distributed_optimizer", "local_layer_variables")
 _DEFINED_ELSEWHERE = {
     "horovod._caramel_support": ("NotSupportedByCaramel",),
     "horovod.tensorflow._caramel_collectives": ("Adasum", "Product", "global_process_set"),
+    "horovod.tensorflow._caramel_horovod_ops": (
+        "ProcessSet", "add_process_set", "alltoall", "grouped_reducescatter", "join", "reducescatter", "remove_process_set",
+    ),
     "horovod.tensorflow._caramel_variable_refs": ("refs_to_vars", "vars_to_refs"),
     "horovod.tensorflow.compression": ("Compression",),
     "horovod.tensorflow.functions": (
@@ -54,7 +57,9 @@ _DEFINED_ELSEWHERE = {
     ),
     "horovod.tensorflow.sync_batch_norm": ("SyncBatchNormalization",),
 }  # fmt: skip
-_WHERE = {name: f"{__name__}._caramel_api" for name in [*__all__, *_KERAS_USES] if name not in _MODULES}
+_HOROVODS_PRIVATE = ("_executing_eagerly",)
+"""Horovod's private names that scripts (and Horovod's own tests) call through the package."""
+_WHERE = {name: f"{__name__}._caramel_api" for name in [*__all__, *_KERAS_USES, *_HOROVODS_PRIVATE] if name not in _MODULES}
 _WHERE.update({name: module for module, names in _DEFINED_ELSEWHERE.items() for name in names})
 """The module that defines each name the package serves: `_caramel_api`, but for those defined
 elsewhere."""

@@ -23,10 +23,11 @@ reduced, as Horovod's are), and wraps Keras 2's legacy optimizers too; `SyncBatc
 `broadcast_global_variables` takes TensorFlow 1's call in TensorFlow 2's meaning (every variable of
 the process: `functions.py`).
 
-Elastic training (`hvd.elastic`) re-forms the ranks in the process on the horovod backend
-(`elastic.py`). The rest of Horovod's API fails when called, naming the feature
-(`NotSupportedByCaramel`): process sets, Adasum and Product, alltoall, reducescatter, join, the
-timeline and TF1's sessions.
+What only Horovod's core has (alltoall, reducescatter, join, process sets, Adasum and Product) is
+passed through to Horovod's own ops where the job runs on them, and refused by name elsewhere
+(`_caramel_horovod_ops`). Elastic training (`hvd.elastic`) re-forms the ranks in the process on the
+horovod backend (`elastic.py`). The rest of Horovod's API fails when called, naming the feature
+(`NotSupportedByCaramel`): the timeline and TF1's sessions.
 """
 
 from __future__ import annotations
@@ -43,13 +44,15 @@ from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from horovod import _caramel_keras2_idioms, _caramel_rounds
 from horovod._caramel_support import refuse, unsupported
 from horovod.tensorflow import _caramel_final_check
+from horovod.tensorflow import _caramel_horovod_ops as horovod_ops
 from horovod.tensorflow._caramel_collectives import (
+    HorovodOp,
     backend,
-    check_process_set,
     check_root,
     collective_name,
     gather_ragged,
     global_process_set,
+    is_global,
     reduce_op,
 )
 from horovod.tensorflow.compression import Compression
@@ -68,10 +71,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     and check the trained weights at exit."""
     if comm is not None:
         refuse("hvd.init(comm=...)", "the CaramelJob's gang is the communicator; call hvd.init()")
-    if process_sets:
-        refuse("hvd.init(process_sets=...)", "Caramel's collectives are among all ranks")
     _caramel_keras2_idioms.install()
     _caramel_rounds.join_when_ready()
+    if process_sets:
+        horovod_ops.start_with(process_sets)
     _caramel_runtime.init()
     _caramel_final_check.arm()
 
@@ -122,7 +125,8 @@ def is_homogeneous() -> bool:
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    _check_process_set_id(process_set_id, "hvd.size_op")
+    if process_set_id != 0:
+        return horovod_ops.size_op(process_set_id, name)
     return tf.constant(size(), tf.int32, name=name)
 
 
@@ -139,13 +143,14 @@ def local_rank_op(name: str | None = None) -> tf.Tensor:
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    _check_process_set_id(process_set_id, "hvd.process_set_included_op")
+    if process_set_id != 0:
+        return horovod_ops.process_set_included_op(process_set_id, name)
     return tf.constant(1, tf.int32, name=name)
 
 
-def _check_process_set_id(process_set_id: int, feature: str) -> None:
-    if process_set_id != 0:
-        refuse(f"{feature}(process_set_id={process_set_id})", "Caramel's collectives are among all ranks (process set 0)")
+def _executing_eagerly() -> bool:
+    """Horovod's helper (from its util), which its tests and some scripts call as hvd._executing_eagerly."""
+    return tf.executing_eagerly()
 
 
 def gloo_enabled() -> bool:
@@ -180,20 +185,24 @@ def allreduce(
     process_set: Any = global_process_set,
     ignore_name_scope: bool = False,
 ) -> Any:
-    """`tensor` reduced over all ranks (Average by default; Sum, Min, Max). A tf.IndexedSlices is
-    gathered, as Horovod does: its values and indices from every rank."""
+    """`tensor` reduced over all ranks (Average by default; Sum, Min, Max; and Adasum or Product,
+    and any process set but the global one, by Horovod's op: `_caramel_horovod_ops`). A
+    tf.IndexedSlices is gathered, as Horovod does: its values and indices from every rank."""
     del device_dense, device_sparse, ignore_name_scope
     reduction = reduce_op(average, op, "hvd.allreduce")
-    check_process_set(process_set, "hvd.allreduce")
-    name = collective_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
-        if reduction not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-            refuse(f"hvd.allreduce(op={reduction.name.title()}) of a tf.IndexedSlices", "sparse tensors are averaged or summed")
-        values, _ = gather_ragged(tensor.values, f"{name}_values")
-        indices, _ = gather_ragged(tensor.indices, f"{name}_indices")
-        scale = prescale_factor * postscale_factor / (size() if reduction is ReduceOp.AVERAGE else 1)
-        return tf.IndexedSlices(values * tf.cast(scale, values.dtype) if scale != 1 else values, indices, tensor.dense_shape)
-    return _reduced([tensor], reduction, compression, prescale_factor, postscale_factor, name)[0]
+        _check_sparse_op(reduction, "hvd.allreduce")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")  # Horovod's own error
+        base = collective_name("allreduce", name)
+        values = _gathered([tensor.values], f"{base}_values", process_set)[0]
+        indices = _gathered([tensor.indices], f"{base}_indices", process_set)[0]
+        if reduction is ReduceOp.AVERAGE:  # Horovod's division, which gives integer values a float dtype
+            values = values / tf.cast(size() if is_global(process_set) else process_set.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, tensor.dense_shape)
+    if isinstance(reduction, HorovodOp) or not is_global(process_set):
+        return horovod_ops.allreduce([tensor], reduction, process_set, compression, prescale_factor, postscale_factor, name)[0]
+    return _reduced([tensor], reduction, compression, prescale_factor, postscale_factor, collective_name("allreduce", name))[0]
 
 
 def grouped_allreduce(
@@ -210,13 +219,31 @@ def grouped_allreduce(
     name: str | None = None,
 ) -> list[tf.Tensor]:
     """Every tensor reduced over all ranks, in one collective per dtype (Horovod's arguments, in
-    Horovod's order, which differs from allreduce's)."""
+    Horovod's order, which differs from allreduce's); as allreduce, by Horovod's op for Adasum,
+    Product and process sets."""
     del device_dense, device_sparse, ignore_name_scope
     reduction = reduce_op(average, op, "hvd.grouped_allreduce")
-    check_process_set(process_set, "hvd.grouped_allreduce")
-    if any(isinstance(tensor, tf.IndexedSlices) for tensor in tensors):
-        refuse("hvd.grouped_allreduce of tf.IndexedSlices", "reduce each with hvd.allreduce")
+    sparse = [i for i, tensor in enumerate(tensors) if isinstance(tensor, tf.IndexedSlices)]
+    if sparse:  # each gathered, as allreduce gathers one; the dense ones grouped
+        _check_sparse_op(reduction, "hvd.grouped_allreduce")
+        base = collective_name("allreduce", name)
+        dense = [i for i in range(len(tensors)) if i not in sparse]
+        results = dict(zip(dense, grouped_allreduce([tensors[i] for i in dense], None, "", "", compression, reduction, prescale_factor,
+                                                    postscale_factor, process_set, False, f"{base}_dense")))  # fmt: skip
+        for i in sparse:
+            results[i] = allreduce(tensors[i], op=reduction, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                   name=f"{base}_{i}", process_set=process_set)  # fmt: skip
+        return [results[i] for i in range(len(tensors))]
+    if not tensors:
+        return []
+    if isinstance(reduction, HorovodOp) or not is_global(process_set):
+        return horovod_ops.allreduce(tensors, reduction, process_set, compression, prescale_factor, postscale_factor, name)
     return _reduced(tensors, reduction, compression, prescale_factor, postscale_factor, collective_name("allreduce", name))
+
+
+def _check_sparse_op(reduction: ReduceOp | HorovodOp, feature: str) -> None:
+    if reduction not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        refuse(f"{feature}(op={reduction.name.title()}) of a tf.IndexedSlices", "sparse tensors are averaged or summed")
 
 
 def _reduced(tensors: Sequence[Any], reduction: ReduceOp, compression: Any, prescale: float, postscale: float, name: str) -> list[tf.Tensor]:
@@ -226,40 +253,53 @@ def _reduced(tensors: Sequence[Any], reduction: ReduceOp, compression: Any, pres
 
 
 def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
-    return tensor if factor == 1.0 else tensor * tf.cast(factor, tensor.dtype)
+    """`tensor` times `factor` as Horovod's core scales: integers in float64, float16 in float32."""
+    if factor == 1.0:
+        return tensor
+    exact = tf.float64 if tensor.dtype.is_integer else tf.float32 if tensor.dtype == tf.float16 else tensor.dtype
+    return tf.cast(tf.cast(tensor, exact) * tf.cast(factor, exact), tensor.dtype)
 
 
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
     """Every rank's `tensor` joined along the first axis, in rank order; first dimensions may
-    differ from rank to rank, the other dimensions may not."""
+    differ from rank to rank, the other dimensions may not. Over a process set, its ranks' (Horovod's op)."""
     del ignore_name_scope
-    check_process_set(process_set, "hvd.allgather")
-    return gather_ragged(tensor, collective_name("allgather", name))[0]
+    return _gathered([tensor], collective_name("allgather", name), process_set)[0]
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> list[tf.Tensor]:
-    check_process_set(process_set, "hvd.grouped_allgather")
-    base = collective_name("allgather", name)
-    return [gather_ragged(tensor, f"{base}_{i}")[0] for i, tensor in enumerate(tensors)]
+    return _gathered(tensors, collective_name("allgather", name), process_set)
+
+
+def _gathered(tensors: Sequence[Any], name: str, process_set: Any) -> list[tf.Tensor]:
+    if not is_global(process_set):
+        return horovod_ops.allgather(tensors, process_set, name)
+    if len(tensors) == 1:
+        return [gather_ragged(tensors[0], name)[0]]
+    return [gather_ragged(tensor, f"{name}_{i}")[0] for i, tensor in enumerate(tensors)]
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = global_process_set) -> tf.Tensor:
-    """Rank root_rank's `tensor` (of one shape on every rank), on every rank."""
+    """Rank root_rank's `tensor` (of one shape on every rank), on every rank (of the process set:
+    Horovod's op; root_rank is a global rank, as in Horovod)."""
     del ignore_name_scope
-    check_process_set(process_set, "hvd.broadcast")
     check_root(root_rank, "hvd.broadcast")
-    return backend().broadcast([tf.convert_to_tensor(tensor)], root_rank, collective_name("broadcast", name))[0]
+    return _broadcast([tensor], root_rank, collective_name("broadcast", name), process_set)[0]
 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
-    """Horovod's in-place broadcast: the variables take rank root_rank's values."""
-    check_process_set(process_set, "hvd.broadcast_")
+    """Horovod's in-place broadcast: the variables take rank root_rank's values, which it returns
+    (read after the assignment, so that in a graph running them assigns)."""
     check_root(root_rank, "hvd.broadcast_")
     variables = list(variables)
-    values = backend().broadcast([tf.convert_to_tensor(variable) for variable in variables], root_rank, collective_name("broadcast", name))
-    for variable, value in zip(variables, values):
-        variable.assign(value)
-    return variables
+    values = _broadcast(variables, root_rank, collective_name("broadcast", name), process_set)
+    return [variable.assign(value) for variable, value in zip(variables, values)]
+
+
+def _broadcast(tensors: Sequence[Any], root_rank: int, name: str, process_set: Any) -> list[tf.Tensor]:
+    if not is_global(process_set):
+        return [horovod_ops.broadcast(tensor, root_rank, process_set, f"{name}_{i}") for i, tensor in enumerate(tensors)]
+    return backend().broadcast([tf.convert_to_tensor(tensor) for tensor in tensors], root_rank, name)
 
 
 # -- training ------------------------------------------------------------------------------------
@@ -389,13 +429,5 @@ def _noting_class(base: type[Any]) -> type[Any]:
 
 # -- what Caramel does not serve -----------------------------------------------------------------
 
-_ALL_RANKS = "Caramel's collectives are among all ranks"
-ProcessSet = unsupported("hvd.ProcessSet", f"{_ALL_RANKS} (hvd.global_process_set)")
-add_process_set = unsupported("hvd.add_process_set", _ALL_RANKS)
-remove_process_set = unsupported("hvd.remove_process_set", _ALL_RANKS)
-alltoall = unsupported("hvd.alltoall", "its collectives are allreduce, allgather and broadcast")
-reducescatter = unsupported("hvd.reducescatter", "use hvd.allreduce")
-grouped_reducescatter = unsupported("hvd.grouped_reducescatter", "use hvd.grouped_allreduce")
-join = unsupported("hvd.join", "every rank must run the same number of steps")
 start_timeline = unsupported("hvd.start_timeline", "Caramel records each step's transfers in its own metrics")
 stop_timeline = unsupported("hvd.stop_timeline", "Caramel records each step's transfers in its own metrics")
