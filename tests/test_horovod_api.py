@@ -409,9 +409,12 @@ def test_keras2_idioms_are_accepted_once_a_script_uses_the_package():
         distributed.build(model.trainable_variables)
         scaled = tf.keras.optimizers.LossScaleOptimizer(tf.keras.optimizers.SGD(0.1))
         scaled.build(model.trainable_variables)
+        weight = model.trainable_variables[0]
         print(json.dumps({
             "before": before,
             "after": [compile_with("experimental_run_tf_function"), compile_with("no_such_keyword")],
+            "fused": tf.keras.layers.BatchNormalization(axis=1, fused=False)(tf.ones([2, 3]), training=True).shape.as_list(),
+            "refs": [weight.ref() == weight.ref(), weight.ref().deref() is weight, weight.ref() in {weight.ref(): 1}, weight.ref() != model.trainable_variables[1].ref()],
             "variables": [len(optimizer.variables()), optimizer.variables() == optimizer.variables, isinstance(optimizer.variables, list),
                           len(distributed.variables()), len(scaled.variables()) == len(scaled.variables)],
         }))
@@ -420,6 +423,7 @@ def test_keras2_idioms_are_accepted_once_a_script_uses_the_package():
     assert found["after"][0] == "ok"
     assert found["after"][1].startswith("TypeError") and "no_such_keyword" in found["after"][1]
     assert found["variables"] == [6, True, True, 2, True]  # Adam: iterations, learning rate, 2 x (m, v); SGD: the first two
+    assert found["fused"] == [2, 3] and found["refs"] == [True, True, True, True]
 
 
 @pytest.mark.parametrize("keras", [3, 2], ids=["keras3", "keras2"])

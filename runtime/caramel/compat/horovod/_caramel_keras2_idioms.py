@@ -16,6 +16,11 @@ which breaks these lines of theirs:
   `opt.variables()` after the first step); a Keras 3 optimizer's `variables` is a list property
   ("'list' object is not callable"). The list it returns is made callable, returning itself, so
   both `opt.variables` and `opt.variables()` work.
+- `tf.keras.layers.BatchNormalization(..., fused=False)`: Keras 2 let a script choose its fused
+  kernel; Keras 3 chooses itself and refuses the keyword (ValueError). It is accepted and ignored.
+- `variable.ref()`: a tf.Variable's hashable reference, which Keras 2's weights were (scripts key
+  dicts of gradients by it, as Horovod's own tests do); a Keras 3 variable has no `ref`. It gets
+  the same: TensorFlow's reference by identity to the variable, whose `deref()` is the variable.
 
 Each patch is made once and marked, so installing twice changes nothing.
 """
@@ -23,9 +28,11 @@ Each patch is made once and marked, so installing twice changes nothing.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.util import object_identity  # what tf.Variable.ref() returns
 
 from caramel.tensorflow.keras_version import keras_2
 
@@ -46,6 +53,8 @@ def install() -> None:
         return
     _accept_experimental_run_tf_function()
     _callable_optimizer_variables()
+    _accept_fused_batch_normalization()
+    _variable_refs()
 
 
 def _accept_experimental_run_tf_function() -> None:
@@ -63,6 +72,35 @@ def _accept_experimental_run_tf_function() -> None:
 
     setattr(compile, MARK, True)
     owner.compile = compile
+
+
+def _accept_fused_batch_normalization() -> None:
+    layer = tf.keras.layers.BatchNormalization
+    original = layer.__init__
+    if getattr(original, MARK, False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, fused: Any = None, **kwargs: Any) -> None:  # noqa: N807
+        del fused  # Keras 2's choice of kernel; Keras 3 makes its own
+        original(self, *args, **kwargs)
+
+    # Keras reads a layer's arguments off its __init__'s signature (its config): the original's.
+    __init__.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    setattr(__init__, MARK, True)
+    layer.__init__ = __init__
+
+
+def _variable_refs() -> None:
+    variable = tf.keras.Variable
+    if hasattr(variable, "ref"):
+        return
+
+    def ref(self: Any) -> object_identity.Reference:
+        """A hashable reference to this variable (Keras 2's, tf.Variable's `ref()`)."""
+        return object_identity.Reference(self)
+
+    variable.ref = ref
 
 
 def _callable_optimizer_variables() -> None:
