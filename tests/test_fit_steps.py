@@ -67,3 +67,8 @@ def test_an_epochs_steps_are_fits_or_its_datas() -> None:
     assert epoch_steps(None, tf.data.Dataset.range(12).batch(4), None) == 3
     assert epoch_steps(None, tf.data.Dataset.range(12).repeat(), None) is None
     assert epoch_steps(None, np.zeros((100, 3)), 32) == 4 and epoch_steps(None, np.zeros((64, 3)), None) == 2
+
+
+@pytest.mark.parametrize(("validation_steps", "steps"), [(None, 4), (8, 4), (6, 2), (5, 1)])
+def test_the_steps_per_graph_divide_the_validation_too(validation_steps, steps) -> None:
+    assert steps_for_fit(1, [EpochLogger()], 100, validation_steps).steps_per_execution == steps

@@ -7,8 +7,9 @@ those of one step per graph) but for the callbacks that act on single batches: K
 batch hooks once per execution, not once per step. So where `compile` left 1, a fit runs
 up to SEVERAL_STEPS per graph if no callback of it observes single batches, and keeps one step per
 graph otherwise, naming the callback (`steps_for_fit`). The steps per graph divide the steps per
-epoch: Keras 3 counts an epoch's executions as whole ones, and would end a finite dataset's last
-epoch early after a shorter one.
+epoch, and the validation's where the fit gives them: Keras 3 counts an epoch's executions as whole
+ones (it would end a finite dataset's last epoch early after a shorter one), and validates whole
+executions (it would validate more batches than asked).
 
 A callback observes single batches where its class or the instance overrides a batch hook of
 Keras' Callback (`on_batch_begin`, `on_train_batch_end`, ...), unless what it does there is kept
@@ -45,11 +46,11 @@ class FitSteps:
     """For people: why so many (empty where `compile` asked for them)."""
 
 
-def steps_for_fit(compiled: int, callbacks: Sequence[Any], steps_per_epoch: int | None) -> FitSteps:
+def steps_for_fit(compiled: int, callbacks: Sequence[Any], steps_per_epoch: int | None, validation_steps: int | None = None) -> FitSteps:
     """The steps per graph of a fit that `compile` gave `compiled` steps per execution, with
-    `callbacks` (Caramel's own left out) and `steps_per_epoch` (None where not known before it):
-    those asked for, or the most up to SEVERAL_STEPS that divide an epoch where 1 was asked for
-    and no callback observes single batches."""
+    `callbacks` (Caramel's own left out), `steps_per_epoch` (None where not known before it) and
+    `validation_steps` (where given): those asked for, or the most up to SEVERAL_STEPS that divide
+    both where 1 was asked for and no callback observes single batches."""
     if compiled != 1:
         return FitSteps(compiled, "")
     observing = [callback for callback in callbacks if observes_single_batches(callback)]
@@ -58,9 +59,11 @@ def steps_for_fit(compiled: int, callbacks: Sequence[Any], steps_per_epoch: int 
         return FitSteps(1, f"keeping one step per graph, as compiled: {hooks} act on single batches")
     if not steps_per_epoch:
         return FitSteps(1, "keeping one step per graph, as compiled: the steps per epoch are not known before fit")
-    steps = max(count for count in range(1, SEVERAL_STEPS + 1) if steps_per_epoch % count == 0)
+    counts = [steps_per_epoch, *([validation_steps] if validation_steps else [])]
+    steps = max(count for count in range(1, SEVERAL_STEPS + 1) if all(total % count == 0 for total in counts))
     if steps == 1:
-        return FitSteps(1, f"keeping one step per graph, as compiled: no steps per graph from 2 to {SEVERAL_STEPS} divide an epoch's {steps_per_epoch}")
+        what = f"an epoch's {steps_per_epoch}" + (f" and the validation's {validation_steps}" if validation_steps else "")
+        return FitSteps(1, f"keeping one step per graph, as compiled: no steps per graph from 2 to {SEVERAL_STEPS} divide {what}")
     return FitSteps(
         steps,
         f"{steps} steps per graph (compile gave steps_per_execution 1, and no callback of this fit acts on single "

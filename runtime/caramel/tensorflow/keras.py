@@ -201,7 +201,7 @@ def _hook_fit() -> None:
         bound.arguments["callbacks"] = [*caramel, *others]
         arguments = bound.arguments
         steps = epoch_steps(arguments.get("steps_per_epoch"), arguments.get("x"), arguments.get("batch_size"))
-        chosen = steps_for_fit(steps_per_execution(self), others, steps)
+        chosen = steps_for_fit(steps_per_execution(self), others, steps, arguments.get("validation_steps"))
         if chosen.why and chosen.why not in said:
             said.add(chosen.why)
             current().say(chosen.why)
