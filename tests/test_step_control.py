@@ -11,7 +11,7 @@ from caramel.contract.env import WorkerContract, slot_env, worker_env
 from caramel.planner.linkmodel import LinkModel
 from caramel.tensorflow.graph_choice import CARAMEL, OWN_GRAPH
 from caramel.tensorflow.selector import EXPLORED, UNTIMED
-from caramel.tensorflow.step_control import Regime, StepControl
+from caramel.tensorflow.step_control import Regime, StepControl, builds_of_caramels_graph
 
 GRADIENTS = [(4096 * 4, 4)] * 3
 
@@ -49,9 +49,9 @@ def test_until_the_first_plan_the_own_graph_runs_timed_for_the_replanner(control
     control.executed(execution, 4, 4, timed_steps=3, timed_seconds=0.3, seconds=0.3)  # the first call built the graph
     assert control.replanner.seconds_per_step == pytest.approx(0.1)
     # The own graph's first call cost 1.1 s, a step 0.1 s: building Caramel's graph of 4 steps is
-    # weighed as 5 such builds.
+    # weighed as 3 such builds, its step optimized once (no GPU here).
     control.at_boundary(4, 96, steps_per_execution=4, steps=4, own_first_call_seconds=1.1, caramels_graph_failed=False)
-    assert control.replanner.retrace_seconds == pytest.approx(5.0)
+    assert control.replanner.retrace_seconds == pytest.approx(3.0)
     assert control.wants_releases and not stopped_stamping
 
 
@@ -74,3 +74,10 @@ def test_a_short_execution_runs_the_own_graph_and_its_time_counts_for_neither_ar
     control.executed(short, 10, 2, 2, 0.2, 0.2)
     assert int(control.selector.last_kind.numpy()) == UNTIMED  # the step under way counts for neither arm
     assert control.graphs.running == CARAMEL  # only full executions count in the graph choice
+
+
+@pytest.mark.parametrize(("optimized_once", "builds"), [(True, 3.0), (False, 5.0)])
+def test_a_graph_of_four_steps_is_weighed_in_builds_of_the_own_graph(optimized_once, builds):
+    # Optimized once, the trace and grappler are paid once and each copy adds half a build;
+    # optimized whole, each copy costs a build.
+    assert builds_of_caramels_graph(4, optimized_once) == builds

@@ -26,6 +26,7 @@ from caramel.planner.rounds import MIN_BLOCK_STEPS, block_steps
 from caramel.tensorflow.graph_choice import CARAMEL, OWN_GRAPH, GraphChoice
 from caramel.tensorflow.replanner import ProbeAllreduce, Replanner
 from caramel.tensorflow.selector import ArmSelector
+from caramel.tensorflow.step_optimization import optimizes_once
 
 
 class Regime(Enum):
@@ -155,17 +156,15 @@ class StepControl:
 
     def _weigh_caramels_graph(self, steps_per_execution: int, own_first_call_seconds: float | None) -> None:
         """Before the first measured plan: what the replanner weighs its gain against (what
-        building Caramel's graph of several steps will cost: the step traced once, with both ways
-        to send its gradients, and copied once per step, each copy optimized and run once, about
-        what the own graph's first call cost each), and whether the steps must run Caramel's
-        graph whatever it costs (the gradients go through MULTITREE's trees, which only Caramel's
-        graph uses)."""
+        building Caramel's graph of several steps will cost, in builds of the own graph:
+        `builds_of_caramels_graph`), and whether the steps must run Caramel's graph whatever it
+        costs (the gradients go through MULTITREE's trees, which only Caramel's graph uses)."""
         replanner = self.replanner
         if replanner.measured or own_first_call_seconds is None:
             return
         if replanner.seconds_per_step is not None:
             own_build = max(0.0, own_first_call_seconds - replanner.seconds_per_step)
-            replanner.rebuild_cost((steps_per_execution + 1) * own_build)
+            replanner.rebuild_cost(builds_of_caramels_graph(steps_per_execution, optimizes_once()) * own_build)
         if self._algorithm not in (None, "ring"):
             replanner.require_several_steps()
 
@@ -193,4 +192,16 @@ class StepControl:
         return graph
 
 
-__all__ = ["Execution", "Regime", "StepControl"]
+def builds_of_caramels_graph(steps_per_execution: int, optimized_once: bool) -> float:
+    """What building Caramel's graph of `steps_per_execution` steps costs, in builds of the own
+    graph of one step (each its trace, grappler's optimization and first run). The step is traced
+    once, with both ways to send its gradients, and copied once per step. Where grappler optimizes
+    the whole graph, each copy costs about what the own graph's build did. Where the step is
+    optimized once, on its own (step_optimization.py), the trace and the optimization are paid
+    once and each copy adds about half a build, its instantiation and first run: on the emulated
+    DenseNet-121 at 4 steps per graph, 2.9 and 3.2 builds of the own graph, measured, where
+    grappler on the whole graph took 7 (benchmarks/results/2026-12-05-step-optimized-once.txt)."""
+    return 1 + steps_per_execution / 2 if optimized_once else steps_per_execution + 1
+
+
+__all__ = ["Execution", "Regime", "StepControl", "builds_of_caramels_graph"]

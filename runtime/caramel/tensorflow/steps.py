@@ -43,6 +43,7 @@ from caramel.planner.timing import StepTimes
 from caramel.tensorflow.communicator import ARMS_NAME, GradientCommunicator
 from caramel.tensorflow.graph_choice import OWN_GRAPH
 from caramel.tensorflow.runtime import current
+from caramel.tensorflow.step_optimization import optimizes_once
 from caramel.tensorflow.unrolled import TracedStep
 
 DEFAULT_STEPS_PER_EXECUTION = 4
@@ -180,6 +181,14 @@ class StepFunction:
             with gradient_communicator.tracing_steps():
                 self._traced = TracedStep(self._one_step, iterator.element_spec)  # type: ignore[attr-defined]  # a tf.data iterator's
             self._traced.bypass_identity_n(ARMS_NAME)
+            if optimizes_once():
+                try:
+                    self._traced.optimize()
+                except Exception as error:  # noqa: BLE001 (grappler's refusal of one graph: TensorFlow optimizes the copies instead)
+                    current().say(
+                        f"the step could not be optimized on its own ({type(error).__name__}: {error}); TensorFlow optimizes "
+                        "the graph of several steps instead, which takes longer to build"
+                    )
         # Each copy of the step reads its own slot's variables where the trace read the first's.
         per_slot = [gradient_communicator.slot_variables(i) for i in range(count)]
 

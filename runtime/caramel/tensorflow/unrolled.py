@@ -22,6 +22,8 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import importer
 
+from caramel.tensorflow.step_optimization import optimized_step, without_grappler
+
 class TracedStep:
     """A step traced once, as a graph that takes one batch, flattened."""
 
@@ -40,11 +42,25 @@ class TracedStep:
         self._captures = list(graph.captures)
         self._outputs = [tensor.name for tensor in graph.outputs]
         self._graph_def = graph.as_graph_def()
+        self.optimized = False
+        """Whether the step's graph is as grappler optimized it (`optimize`): its copies then run
+        without grappler."""
 
     def bypass_identity_n(self, scope: str) -> None:
         """Let consumers of an IdentityN of the outputs of a `switch_case` named `scope` read those
         outputs directly (see `bypass_identity_n`)."""
         bypass_identity_n(self._graph_def, scope)
+
+    @property
+    def graph_def(self) -> graph_pb2.GraphDef:
+        """The step's graph, as copied."""
+        return self._graph_def
+
+    def optimize(self) -> None:
+        """Optimize the step's graph once, on its own, for every copy (step_optimization.py)."""
+        graph = self.function.graph
+        self._graph_def = optimized_step(self._graph_def, graph.inputs, graph.outputs)
+        self.optimized = True
 
     def copies(self, count: int, captures: Callable[[int], Mapping[int, tf.Tensor]]) -> Callable[[Iterator[Any]], list[Any]]:
         """A tf.function that runs `count` steps on the next `count` batches of an iterator and
@@ -64,7 +80,8 @@ class TracedStep:
                 outputs.append(tf.nest.pack_sequence_as(self.function.structured_outputs, flat, expand_composites=True))
             return outputs
 
-        return tf.function(steps, autograph=False)
+        execution = tf.function(steps, autograph=False)
+        return without_grappler(execution) if self.optimized else execution
 
 
 def bypass_identity_n(graph_def: graph_pb2.GraphDef, scope: str) -> None:
