@@ -789,7 +789,7 @@ class _Reconciliation:
         missing = [index for index in range(size) if index not in current]
         nodes: list[str | None] = [worker.node for worker in placement.workers] or [None] * size
         topology = (
-            placed_topology(placement.workers, self.job.spec.workers.slots_per_worker, self.settings.links)
+            placed_topology(placement.workers, self.job.spec.workers.slots, self.settings.links)
             if placement.workers
             else None
         )

@@ -73,7 +73,7 @@ def worker_env(
     `rendezvous_timeout_seconds` is how long every worker waits for the others (worker 0 included).
     """
     spec = job.spec
-    replicas, slots = len(peers), spec.workers.slots_per_worker
+    replicas, slots = len(peers), spec.workers.slots
     if not spec.workers.floor <= replicas <= spec.workers.replicas:
         expected = (
             f"{spec.workers.replicas} peer addresses (spec.workers.replicas)"
