@@ -133,8 +133,7 @@ class TensorFlowBackend(Backend):
 def set_up(contract: WorkerContract) -> TensorFlowBackend:
     """Start this rank's server in the job's cluster and set up the collective executor."""
     rank, size = contract.required_rank, contract.world_size
-    local_rank = rank % contract.slots_per_worker
-    backend = TensorFlowBackend(rank, size, local_rank, contract.slots_per_worker, contract.collective_timeout_seconds)
+    backend = TensorFlowBackend(rank, size, contract.local_rank, contract.slots_per_worker, contract.collective_timeout_seconds)
     if size > 1:
         _start_server(contract, rank, size)
     # Made now, not while a step is traced (a variable made while tf.function traces makes it
