@@ -17,6 +17,12 @@ import tensorflow as tf
 from caramel.contract.env import WorkerContract
 from caramel.contract.gpus import ASKED_FOR, rank_gpu
 
+HOST = "/device:CPU:0"
+"""Where Caramel's own bookkeeping in a step lives (its stamps, the arm selector's clock and
+counts), beside the timestamps it reads, which only the CPU has: on a process that trains on a
+GPU, a stamp or a tick waits for a gradient without reading it, so that no gradient, nor any of
+these scalars, crosses between the device and the host on the step's path."""
+
 
 def training_device(contract: WorkerContract) -> str:
     """Narrow TensorFlow to this rank's GPU (see the module's docstring) and say, for the log, what

@@ -95,8 +95,10 @@ def init() -> Runtime:
         _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend), metrics)
         keras = "Keras 2 (tf-keras, TF_USE_LEGACY_KERAS)" if keras_2() else "Keras 3"
         _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value}); tf.keras is {keras}")
-        if device:
-            _runtime.say(f"rank 0 trains on {device}" if contract.gpus_per_worker else device)
+        if contract.gpus_per_worker:
+            _runtime.say(f"rank 0 trains on {device}; gradients on the GPU go over {backend.gpu_transport}")
+        elif device:
+            _runtime.say(device)
     return _runtime
 
 
