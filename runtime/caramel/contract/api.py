@@ -337,8 +337,8 @@ class PlacementSpec(ApiModel):
     `caramel run`."""
 
     policy: PlacementPolicy = PlacementPolicy.AUTO
-    """RStorm: the operator places the gang with R-Storm (memory a hard constraint, CPU a soft one,
-    workers kept close: same node, then same rack, then same zone), pins each worker to its node
+    """RStorm: the operator places the gang with R-Storm (memory and GPUs hard constraints, CPU a soft
+    one, workers kept close: same node, then same rack, then same zone), pins each worker to its node
     with a required node affinity, numbers the ranks along the topology and gives the workers the
     placed topology; a gang that does not fit is not created: the reason is in status.message and
     placement is tried again after the restart backoff. Scheduler: kube-scheduler places each
@@ -347,8 +347,8 @@ class PlacementSpec(ApiModel):
     (spec.runPolicy.schedulingPolicy set for Kueue, or a kueue.x-k8s.io/podset-*-topology
     annotation in spec.workers.template.metadata), which is then told each pod's rank so that its
     topology-aware scheduling keeps neighbouring ranks close; and except where the workers ask for
-    resources R-Storm does not weigh (GPUs and other extended resources, huge pages) or the
-    operator may not read the cluster's nodes (namespaced RBAC), which the scheduler places."""
+    resources R-Storm does not weigh (extended resources other than nvidia.com/gpu, huge pages) or
+    the operator may not read the cluster's nodes (namespaced RBAC), which the scheduler places."""
 
 
 class Allreduce(StrEnum):
