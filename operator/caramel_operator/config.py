@@ -201,15 +201,8 @@ class OperatorSettings(BaseSettings):
     @field_validator("gpu_tolerations", mode="before")
     @classmethod
     def _json_tolerations(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        if not value.strip():
-            raise PydanticUseDefault()
-        try:
-            document = json.loads(value)
-        except ValueError as error:
-            raise PydanticCustomError("tolerations_json", f"expected a JSON list of tolerations: {error}") from None
-        if not isinstance(document, list) or not all(isinstance(toleration, dict) for toleration in document):
+        document = _parsed_json(value, "tolerations_json", "a JSON list of tolerations")
+        if not isinstance(document, (list, tuple)) or not all(isinstance(toleration, dict) for toleration in document):
             raise PydanticCustomError("tolerations_list", 'expected a JSON list of tolerations such as [{"key": "nvidia.com/gpu", "operator": "Exists"}]')
         return tuple(document)
 
@@ -230,15 +223,8 @@ class OperatorSettings(BaseSettings):
     @field_validator("links", mode="before")
     @classmethod
     def _json_levels(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        if not value.strip():
-            raise PydanticUseDefault()
-        try:
-            document = json.loads(value)
-        except ValueError as error:
-            raise PydanticCustomError("links_json", f'expected JSON such as {{"rack": {{"gbps": 25}}}}: {error}') from None
-        if not isinstance(document, dict):
+        document = _parsed_json(value, "links_json", 'JSON such as {"rack": {"gbps": 25}}')
+        if isinstance(value, str) and not isinstance(document, dict):
             raise PydanticCustomError("links_object", "expected a JSON object of levels (local, node, rack, zone)")
         return document
 
@@ -260,6 +246,19 @@ class _Variables(EnvSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
         super().__init__(settings_cls)
         self.env_vars = dict(environ)  # read as os.environ is: case_sensitive, empty values kept
+
+
+def _parsed_json(value: Any, error_type: str, expected: str) -> Any:
+    """A variable's JSON value, parsed; a value given in code (not a string) as it is. A blank
+    variable keeps the field's default."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        raise PydanticUseDefault()
+    try:
+        return json.loads(value)
+    except ValueError as error:
+        raise PydanticCustomError(error_type, f"expected {expected}: {error}") from None
 
 
 def _describe(problem: Mapping[str, Any]) -> str:
