@@ -80,7 +80,7 @@ def spread(nodes: Sequence[NodeFree], gang: Gang) -> Placement:
     cluster.require(cpu_hard=True)
     chosen = []
     for _ in range(gang.replicas):
-        feasible = cluster.fits_memory_and_pod_slot() & cluster.fits_cpu()
+        feasible = cluster.fits_hard_constraints() & cluster.fits_cpu()
         node = int(np.argmax(np.where(feasible, cluster.free_resources(), -np.inf)))
         cluster.take(node)
         chosen.append(node)
@@ -94,7 +94,7 @@ def random_placement(nodes: Sequence[NodeFree], gang: Gang, seed: int = 0) -> Pl
     generator = np.random.default_rng(seed)
     chosen = []
     for _ in range(gang.replicas):
-        node = int(generator.choice(np.flatnonzero(cluster.fits_memory_and_pod_slot() & cluster.fits_cpu())))
+        node = int(generator.choice(np.flatnonzero(cluster.fits_hard_constraints() & cluster.fits_cpu())))
         cluster.take(node)
         chosen.append(node)
     return Placement(nodes=tuple(cluster.nodes[node].name for node in chosen))

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds the project's two images, targets of the one Dockerfile, and says each one's size:
-#   caramel-operator:0.1.0  the operator (the chart's image), without TensorFlow or Horovod
-#   caramel-runtime:0.1.0   the workers (the operator's default image for jobs: runtimeImage)
+# Builds the project's images, targets of the one Dockerfile, and says each one's size:
+#   caramel-operator:0.1.0     the operator (the chart's image), without TensorFlow or Horovod
+#   caramel-runtime:0.1.0      the workers (the operator's default image for jobs: runtimeImage)
+#   caramel-runtime-gpu:0.1.0  with --gpu: the GPU workers (gpuRuntimeImage), TensorFlow with CUDA
+#                              and Horovod with NCCL (docs/gpu.md)
+#   scripts/build-image.sh [--gpu]
 # No image can be pulled on the project's machines, so by default their base is made locally
 # (scripts/build-base-image.sh, skipped if it exists). Where images can be pulled, a public base
 # does as well:
@@ -11,8 +14,14 @@ cd "$(dirname "$0")/.."
 
 OPERATOR_IMAGE="caramel-operator:0.1.0"
 RUNTIME_IMAGE="caramel-runtime:0.1.0"
+GPU_RUNTIME_IMAGE="caramel-runtime-gpu:0.1.0"
 LOCAL_BASE_IMAGE="caramel-base:bookworm"
 BASE_IMAGE="${BASE_IMAGE:-$LOCAL_BASE_IMAGE}"
+case "${1:-}" in
+    "") gpu="" ;;
+    --gpu) gpu=1 ;;
+    *) echo "usage: $0 [--gpu]" >&2; exit 2 ;;
+esac
 
 if [ "$BASE_IMAGE" = "$LOCAL_BASE_IMAGE" ]; then
     scripts/build-base-image.sh
@@ -35,6 +44,12 @@ size() {
 # stages come before Horovod's build, so it is ready in a minute or two even when cold.
 build operator "$OPERATOR_IMAGE" ""
 build runtime "$RUNTIME_IMAGE" " (a cold build compiles Horovod: 5 to 15 minutes)"
+if [ -n "$gpu" ]; then
+    build runtime-gpu "$GPU_RUNTIME_IMAGE" " (a cold build downloads some 4 GB of CUDA wheels and compiles Horovod with NCCL)"
+fi
 echo "--- image sizes"
 size "$OPERATOR_IMAGE"
 size "$RUNTIME_IMAGE"
+if [ -n "$gpu" ]; then
+    size "$GPU_RUNTIME_IMAGE"
+fi

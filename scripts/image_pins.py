@@ -7,7 +7,10 @@ file. OUT_DIR/operator.txt: the names of the `operator` extra, the distributions
 image installs beside Caramel's wheel (itself installed without its dependencies, TensorFlow
 among them); their versions come from the constraints. OUT_DIR/without-dependencies.txt: [tool.caramel]
 without-dependencies, pinned with ==, which the runtime image installs with `pip install --no-deps`
-(tf-keras). Fails, naming it, on an operator requirement that carries a version of its own or has
+(tf-keras). For the GPU image: OUT_DIR/gpu.txt, the dependencies with TensorFlow's CUDA build
+(`tensorflow[and-cuda]`) at the CPU build's pin in its place, and [tool.caramel] gpu-runtime;
+OUT_DIR/cuda-build.txt, [tool.caramel] cuda-build (Horovod's GPU build). Fails, naming it, on an
+operator requirement that carries a version of its own or has
 no pin among the dependencies, or on an unpinned requirement, so that a version is never written
 twice nor left floating. Standard library only: it runs on the base image's bare python3.
 """
@@ -60,9 +63,29 @@ def pinned_name(requirement: str, what: str) -> str:
 
 def without_dependencies(pyproject: dict) -> list[str]:
     """What the runtime installs without its dependencies ([tool.caramel] without-dependencies)."""
-    requirements = pyproject.get("tool", {}).get("caramel", {}).get("without-dependencies", [])
+    return _tool_pins(pyproject, "without-dependencies")
+
+
+TENSORFLOW_CPU = "tensorflow-cpu"
+
+
+def gpu_requirements(pyproject: dict) -> list[str]:
+    """The GPU image's requirements: the dependencies, TensorFlow's CPU build replaced by its CUDA
+    build of the same version, and the GPU runtime's own pins."""
+    requirements = []
+    for requirement in pyproject["project"]["dependencies"]:
+        name = pinned_name(requirement, "dependency")
+        requirements.append(f"tensorflow[and-cuda]{requirement[len(name):]}" if canonical(name) == TENSORFLOW_CPU else requirement)
+    if requirements == pyproject["project"]["dependencies"]:
+        raise SystemExit(f"pyproject.toml: no {TENSORFLOW_CPU} among the dependencies, for the GPU image to replace")
+    return requirements + _tool_pins(pyproject, "gpu-runtime")
+
+
+def _tool_pins(pyproject: dict, key: str) -> list[str]:
+    """[tool.caramel] `key`, every entry pinned with ==."""
+    requirements = pyproject.get("tool", {}).get("caramel", {}).get(key, [])
     for requirement in requirements:
-        pinned_name(requirement, "[tool.caramel] without-dependencies entry")
+        pinned_name(requirement, f"[tool.caramel] {key} entry")
     return requirements
 
 
@@ -77,6 +100,8 @@ def main(argv: list[str]) -> int:
     (out / "constraints.txt").write_text("".join(f"{line}\n" for line in dependencies))
     (out / "operator.txt").write_text("".join(f"{line}\n" for line in operator))
     (out / "without-dependencies.txt").write_text("".join(f"{line}\n" for line in without_dependencies(pyproject)))
+    (out / "gpu.txt").write_text("".join(f"{line}\n" for line in gpu_requirements(pyproject)))
+    (out / "cuda-build.txt").write_text("".join(f"{line}\n" for line in _tool_pins(pyproject, "cuda-build")))
     return 0
 
 

@@ -65,6 +65,15 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _gpus(kind: str, count: Any) -> Callable[[dict[str, Any]], None]:
+    """Set the workers' nvidia.com/gpu in `kind` (requests or limits): a key with dots, which a path cannot name."""
+
+    def change(manifest: dict[str, Any]) -> None:
+        manifest["spec"]["workers"]["resources"][kind]["nvidia.com/gpu"] = count
+
+    return change
+
+
 def _parts(path: str) -> list[str | int]:
     parts: list[str | int] = []
     for piece in path.replace("[", ".[").split("."):
@@ -87,6 +96,9 @@ HAND_WRITTEN: list[BadJob] = [
     _mutated("more minimum workers than workers", "spec.workers.minReplicas", _set("spec.workers.minReplicas", 3)),
     _mutated("zero minimum workers", "spec.workers.minReplicas", _set("spec.workers.minReplicas", 0)),
     _mutated("zero slots", "spec.workers.slotsPerWorker", _set("spec.workers.slotsPerWorker", 0)),
+    _mutated("more slots than GPUs", "spec.workers.slotsPerWorker", lambda m: (_gpus("limits", 2)(m), _set("spec.workers.slotsPerWorker", 4)(m))),
+    _mutated("half a GPU", "spec.workers.resources", _gpus("limits", "500m")),
+    _mutated("GPUs requested, not limited", "spec.workers.resources", _gpus("requests", 1)),
     _mutated("misspelt workers field", "spec.workers.replica", _set("spec.workers.replica", 3)),
     _mutated("unknown spec field", "spec.gpus", _set("spec.gpus", 1)),
     _mutated("both script and command", "spec", _set("spec.command", ["python", "train.py"])),

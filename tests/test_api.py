@@ -22,7 +22,7 @@ def error_of(document) -> str:
 def test_minimal_job_gets_automatic_defaults():
     job = parse_job(manifest())
     assert job.spec.workers.replicas == 2
-    assert job.spec.workers.slots_per_worker == 1
+    assert job.spec.workers.slots_per_worker is None and job.spec.workers.slots == 1
     assert job.spec.caramel.backend is Backend.AUTO
     assert job.spec.caramel.allreduce is Allreduce.AUTO
     assert job.spec.run_policy.clean_pod_policy is CleanPodPolicy.RUNNING
@@ -187,3 +187,36 @@ def test_kubernetes_quantities_are_accepted(quantity):
 )
 def test_image_references_are_accepted(image):
     assert parse_job(manifest(image=image)).spec.image == image
+
+
+@pytest.mark.parametrize(
+    ("workers", "slots", "gpus"),
+    [
+        ({}, 1, 0),
+        ({"resources": {"limits": {"nvidia.com/gpu": 4}}}, 4, 4),
+        ({"resources": {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": 2}}}, 2, 2),
+        ({"slotsPerWorker": 2, "resources": {"limits": {"nvidia.com/gpu": 4}}}, 2, 4),
+        ({"slotsPerWorker": 3}, 3, 0),
+        # No GPU asked for: slots stand as given.
+        ({"slotsPerWorker": 3, "resources": {"limits": {"nvidia.com/gpu": 0}}}, 3, 0),
+    ],
+)
+def test_slots_default_to_one_per_gpu(workers, slots, gpus):
+    job = parse_job(manifest(workers=workers))
+    assert (job.spec.workers.slots, job.spec.workers.resources.gpus) == (slots, gpus)
+    assert job.world_size == 2 * slots
+
+
+@pytest.mark.parametrize(
+    ("resources", "slots", "named"),
+    [
+        ({"limits": {"nvidia.com/gpu": 2}}, 3, "spec.workers.slotsPerWorker: must not exceed the GPUs each worker asks for (resources.limits nvidia.com/gpu: 2)"),
+        ({"limits": {"nvidia.com/gpu": "0.5"}}, None, "spec.workers.resources: limits.nvidia.com/gpu must be a whole number of GPUs"),
+        ({"limits": {"nvidia.com/gpu": "1000m"}}, None, "spec.workers.resources: limits.nvidia.com/gpu must be a whole number of GPUs"),
+        ({"requests": {"nvidia.com/gpu": 1}}, None, "spec.workers.resources: requests.nvidia.com/gpu is 1 but limits.nvidia.com/gpu is not set"),
+        ({"requests": {"nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 1}}, None, "requests.nvidia.com/gpu is 2 but limits.nvidia.com/gpu is 1"),
+    ],
+)
+def test_gpu_counts_that_kubernetes_or_a_rank_per_gpu_cannot_take_are_refused_by_name(resources, slots, named):
+    workers = {"resources": resources, **({"slotsPerWorker": slots} if slots else {})}
+    assert named in error_of(manifest(workers=workers))

@@ -149,3 +149,15 @@ def test_the_placed_topology_reaches_the_workers_environment():
     pod = build_worker_pod(job(workers={"replicas": 4}), 3, default_image="x", topology=topology)
     assert from_json(env_of(pod)["CARAMEL_TOPOLOGY"]) == topology
     assert "CARAMEL_TOPOLOGY" not in env_of(build_worker_pod(job(workers={"replicas": 4}), 3, default_image="x"))
+
+
+def test_a_gpu_worker_gets_the_gpu_nodes_tolerations_beside_its_templates_once_and_a_cpu_worker_none():
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    own = {"key": "sku", "value": "gpu", "effect": "NoSchedule"}
+    template = {"spec": {"tolerations": [own, gpu_taint]}}
+    gpus = job(workers={"slotsPerWorker": 2, "resources": {"limits": {"nvidia.com/gpu": 2}}, "template": template})
+    pod = build_worker_pod(gpus, 0, default_image="gpu:1", gpu_tolerations=[gpu_taint])
+    assert pod["spec"]["tolerations"] == [own, gpu_taint]
+    assert pod["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "2"}}  # a string, as the API writes it
+    assert (env_of(pod)["CARAMEL_GPUS_PER_WORKER"], env_of(pod)["HOROVOD_LOCAL_SIZE"]) == ("2", "2")
+    assert "tolerations" not in build_worker_pod(job(), 0, default_image="x", gpu_tolerations=[gpu_taint])["spec"]

@@ -36,7 +36,7 @@ CLUSTER_PEERS = [f"demo-worker-{i}.demo.default.svc" for i in range(3)]
 def process_envs(the_job, peers, topology=None):
     for index in range(len(peers)):
         worker = worker_env(the_job, index, peers, topology=topology)
-        for slot in range(the_job.spec.workers.slots_per_worker):
+        for slot in range(the_job.spec.workers.slots):
             yield {**worker, **slot_env(worker, slot)}
 
 

@@ -180,3 +180,29 @@ def test_docs_and_scripts_use_the_short_name():
         text = path.read_text()
         assert " cj " not in text and " cj\n" not in text and "get cj" not in text, path
     assert f"kubectl get {SHORT_NAMES[0]}" in (REPO / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        ({"resources": {"limits": {"nvidia.com/gpu": 2}}}, []),
+        ({"slotsPerWorker": 2, "resources": {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": 2}}}, []),
+        ({"slotsPerWorker": 4, "resources": {"limits": {"nvidia.com/gpu": 0}}}, []),
+        (
+            {"slotsPerWorker": 3, "resources": {"limits": {"nvidia.com/gpu": 2}}},
+            ["spec.workers.slotsPerWorker: slotsPerWorker must not exceed the GPUs each worker asks for (resources.limits "
+             "nvidia.com/gpu): each rank trains on a GPU of its own"],
+        ),
+        (
+            {"resources": {"limits": {"nvidia.com/gpu": "1.5"}}},
+            ["spec.workers.resources: limits.nvidia.com/gpu must be a whole number of GPUs, such as 1 or 8"],
+        ),
+        (
+            {"resources": {"requests": {"nvidia.com/gpu": 1}}},
+            ["spec.workers.resources: requests.nvidia.com/gpu needs the same number in limits: Kubernetes takes GPUs as limits"],
+        ),
+    ],
+)
+def test_the_api_server_refuses_gpu_counts_a_pod_or_a_rank_per_gpu_cannot_take(workers, expected):
+    job = {"apiVersion": "caramel.dev/v1alpha1", "kind": "CaramelJob", "metadata": {"name": "x"}, "spec": {"script": "t.py", "workers": workers}}
+    assert [str(v) for v in validate_object(custom_resource_definition(), job)] == expected

@@ -136,3 +136,19 @@ def test_the_rendezvous_wait_lasts_as_long_as_the_contract_says(tmp_path):
     result = subprocess.run(argv, env=environ, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stdout
     assert message.read_text().startswith("timed out after 1 s waiting for the rendezvous at 127.0.0.1:")
+
+
+REPORT_DEVICES = "import os; print('devices', repr(os.environ['CUDA_VISIBLE_DEVICES']), os.environ['HOROVOD_LOCAL_RANK'])"
+
+
+def test_training_processes_see_their_workers_gpus_in_order_and_a_job_without_gpus_sees_none(tmp_path):
+    """Each rank sees the worker's GPUs (of those the machine lists), so that Horovod's
+    gpus[hvd.local_rank()] is its own; the runtime narrows TensorFlow to it at init."""
+    gpus = {"slotsPerWorker": 2, "resources": {"limits": {"nvidia.com/gpu": 2}}}
+    code, _, output = run_worker(tmp_path, REPORT_DEVICES, workers=gpus, CUDA_VISIBLE_DEVICES="3,5,6")
+    assert code == 0, output
+    assert "GPUs of the training processes: 3,5 (2 per worker, spec.workers.resources.limits nvidia.com/gpu), one each" in output
+    assert "rank 0 | devices '3,5' 0" in output and "rank 1 | devices '3,5' 1" in output
+    code, _, output = run_worker(tmp_path, REPORT_DEVICES, CUDA_VISIBLE_DEVICES="0")
+    assert code == 0, output
+    assert "rank 0 | devices '' 0" in output and "GPUs of the training processes" not in output

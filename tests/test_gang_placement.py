@@ -175,13 +175,15 @@ def test_who_places_under_each_policy():
 
 
 def test_auto_leaves_gangs_asking_for_resources_rstorm_does_not_weigh_to_the_scheduler():
-    gpus = {"resources": {"limits": {"nvidia.com/gpu": 1, "memory": "8Gi"}}}
-    by, why = who_places(job(workers=gpus))
-    assert by is PlacedBy.SCHEDULER and why.startswith("R-Storm weighs CPU and memory only and the workers ask for nvidia.com/gpu")
+    fpgas = {"resources": {"limits": {"example.com/fpga": 1, "nvidia.com/gpu": 1, "memory": "8Gi"}}}
+    by, why = who_places(job(workers=fpgas))
+    assert by is PlacedBy.SCHEDULER and why.startswith("R-Storm weighs CPU, memory and GPUs only and the workers ask for example.com/fpga")
     sidecar = {"template": {"spec": {"containers": [{"name": "cache", "resources": {"requests": {"hugepages-2Mi": "1Gi"}}}]}}}
     assert who_places(job(workers=sidecar))[0] is PlacedBy.SCHEDULER
     assert who_places(job(workers={"resources": {"requests": {"ephemeral-storage": "10Gi"}}}))[0] is PlacedBy.RSTORM
-    assert who_places(job(workers=gpus, placement={"policy": "RStorm"})) == (PlacedBy.RSTORM, "")
+    assert who_places(job(workers=fpgas, placement={"policy": "RStorm"})) == (PlacedBy.RSTORM, "")
+    # GPUs R-Storm weighs, as a hard constraint: a GPU gang is its to place.
+    assert who_places(job(workers={"resources": {"limits": {"nvidia.com/gpu": 2}}})) == (PlacedBy.RSTORM, "")
 
 
 def test_rstorm_with_kueue_topology_aware_scheduling_is_refused_naming_both():

@@ -43,6 +43,21 @@ def test_the_images_pins_come_from_pyproject(tmp_path) -> None:
     assert not {image_pins().canonical(name) for name in operator} & set(NOT_IN_THE_OPERATOR)
     without = (tmp_path / "without-dependencies.txt").read_text().splitlines()
     assert without == tomllib.loads(PYPROJECT.read_text())["tool"]["caramel"]["without-dependencies"] == ["tf-keras==2.21.0"]
+    # The GPU image: the same dependencies but TensorFlow's CUDA build at the same pin, and NCCL pinned.
+    gpu = (tmp_path / "gpu.txt").read_text().splitlines()
+    assert [line for line in gpu if line.startswith("tensorflow")] == ["tensorflow[and-cuda]==2.21.0"]
+    assert set(gpu) - set(project["dependencies"]) == {"tensorflow[and-cuda]==2.21.0", "nvidia-nccl-cu12==2.27.7"}
+    assert set(project["dependencies"]) - set(gpu) == {"tensorflow-cpu==2.21.0"}
+    assert [line.split("==")[0] for line in (tmp_path / "cuda-build.txt").read_text().splitlines()] == [
+        "nvidia-cuda-nvcc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12"
+    ]
+
+
+def test_the_gpu_image_needs_tensorflows_cpu_pin_to_replace_and_pinned_gpu_packages() -> None:
+    with pytest.raises(SystemExit, match="no tensorflow-cpu among the dependencies"):
+        image_pins().gpu_requirements({"project": {"dependencies": ["keras==3.15.1"]}})
+    with pytest.raises(SystemExit, match="gpu-runtime entry 'nvidia-nccl-cu12' is not pinned with =="):
+        image_pins().gpu_requirements({"project": {"dependencies": ["tensorflow-cpu==2.21.0"]}, "tool": {"caramel": {"gpu-runtime": ["nvidia-nccl-cu12"]}}})
 
 
 def test_what_the_runtime_installs_without_dependencies_must_be_pinned() -> None:

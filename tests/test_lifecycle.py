@@ -655,11 +655,38 @@ def test_a_restarted_or_suspended_volcano_gang_deletes_its_podgroup():
     assert not actions_of(decide(job(**kueue), running, [worker(0, WorkerState.FAILED, failure_reason="Error"), worker(1)], ALL, NOW, SETTINGS), DeleteGroup)
 
 
-def test_auto_says_why_the_scheduler_places_a_gang_of_gpu_workers():
-    decision = decide(job(workers={"resources": {"limits": {"nvidia.com/gpu": 1}}}), status(), [], ALL, NOW, SETTINGS)
+def test_auto_says_why_the_scheduler_places_a_gang_asking_for_a_resource_rstorm_does_not_weigh():
+    decision = decide(job(workers={"resources": {"limits": {"example.com/fpga": 1}}}), status(), [], ALL, NOW, SETTINGS)
     [create] = actions_of(decision, CreatePods)
     assert decision.status.placement.by == "Scheduler" and "affinity" not in create.manifests[0]["spec"]
-    assert decision.status.placement.message.startswith("R-Storm weighs CPU and memory only and the workers ask for nvidia.com/gpu")
+    assert decision.status.placement.message.startswith("R-Storm weighs CPU, memory and GPUs only and the workers ask for example.com/fpga")
+
+
+def test_a_gpu_gang_is_placed_by_rstorm_in_the_gpu_image_with_the_gpu_nodes_tolerations_and_a_rank_per_gpu():
+    gpus = {"replicas": 2, "resources": {"limits": {"nvidia.com/gpu": 4, "memory": "32Gi"}}, "template": {"spec": {"tolerations": [{"key": "team", "operator": "Exists"}]}}}
+    first = decide(job(workers=gpus), status(), [], ALL, NOW, SETTINGS)
+    [place] = actions_of(first, PlaceGang)  # R-Storm weighs GPUs: the gang is its to place
+    placed = record_placement(first, job(workers=gpus), Placed(workers=(ON_N1, ON_N1)), NOW, SETTINGS)
+    [create] = actions_of(decide(job(workers=gpus), placed.status, [], ALL, NOW, SETTINGS), CreatePods)
+    for pod in [place.worker_pod, *create.manifests]:
+        container = pod["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert container["image"] == "caramel-runtime-gpu:0.1.0"
+        assert container["resources"] == {"limits": {"nvidia.com/gpu": "4", "memory": "32Gi"}}
+        assert (env["HOROVOD_LOCAL_SIZE"], env["CARAMEL_GPUS_PER_WORKER"], env["HOROVOD_SIZE"]) == ("4", "4", "8")
+        assert pod["spec"]["tolerations"] == [
+            {"key": "team", "operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    cpu = decide(job(workers={"replicas": 2}), status(), [], ALL, NOW, SETTINGS)
+    [place] = actions_of(cpu, PlaceGang)
+    assert place.worker_pod["spec"]["containers"][0]["image"] == "caramel-runtime:0.1.0" and "tolerations" not in place.worker_pod["spec"]
+
+
+def test_a_gpu_job_without_a_gpu_image_is_refused_naming_spec_image():
+    no_gpu_image = SETTINGS.model_copy(update={"gpu_runtime_image": ""})
+    decision = decide(job(workers={"resources": {"limits": {"nvidia.com/gpu": 1}}}), status(), [], ALL, NOW, no_gpu_image)
+    assert decision.status.phase is Phase.FAILED and not actions_of(decision, CreatePods)
+    assert decision.status.message.startswith("invalid spec: spec.image: the job asks for GPUs (spec.workers.resources.limits nvidia.com/gpu)")
 
 
 # --- gangs that shrink instead of waiting, and grow back (spec.workers.minReplicas) ------------

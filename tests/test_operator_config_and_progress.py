@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from caramel.contract.api import CaramelJob
 from caramel.metrics import PlanRecord, WorkerMetrics
 from caramel.network.labels import ClusterLinks
 from caramel.planner.timing import StepTimes, TransferTiming
@@ -61,11 +62,12 @@ def test_settings_defaults():
     assert (settings.monitoring_namespace, settings.operator_namespace) == ("monitoring", "")
 
 
-def test_empty_settings_keep_their_defaults_but_an_empty_namespace_means_none():
+def test_empty_settings_keep_their_defaults_but_an_empty_namespace_or_gpu_image_means_none():
     names = [field.validation_alias for field in OperatorSettings.model_fields.values()]
     settings = OperatorSettings.from_env({name: "" for name in names if name != "CARAMEL_NETWORK_POLICY"})
-    assert settings.monitoring_namespace == "" and settings.operator_namespace == ""
-    assert settings.model_copy(update={"monitoring_namespace": "monitoring"}) == OperatorSettings.from_env({})
+    assert settings.monitoring_namespace == "" and settings.operator_namespace == "" and settings.gpu_runtime_image == ""
+    defaults = {"monitoring_namespace": "monitoring", "gpu_runtime_image": "caramel-runtime-gpu:0.1.0"}
+    assert settings.model_copy(update=defaults) == OperatorSettings.from_env({})
     spaced = OperatorSettings.from_env({"CARAMEL_NETWORK_POLICY": " False ", "CARAMEL_MONITORING_NAMESPACE": " obs ", "CARAMEL_WATCH_NAMESPACES": " a,, b ,"})
     assert (spaced.network_policy, spaced.monitoring_namespace, spaced.watch_namespaces) == (False, "obs", ("a", "b"))
 
@@ -130,3 +132,23 @@ def test_every_bad_setting_is_named():
         "CARAMEL_NETWORK_POLICY",
         "CARAMEL_TOPOLOGY_LINKS",
     ]
+
+
+def gpu_job(image=None):
+    spec = {"script": "t.py", "workers": {"resources": {"limits": {"nvidia.com/gpu": 2}}}, **({"image": image} if image else {})}
+    return CaramelJob.model_validate({"metadata": {"name": "gpu"}, "spec": spec})
+
+
+def test_gpu_jobs_get_the_gpu_image_and_the_gpu_nodes_tolerations_and_no_image_is_refused_naming_the_field():
+    settings = OperatorSettings.from_env({})
+    cpu_job = CaramelJob.model_validate({"metadata": {"name": "cpu"}, "spec": {"script": "t.py"}})
+    assert (settings.default_image(gpu_job()), settings.default_image(cpu_job)) == ("caramel-runtime-gpu:0.1.0", "caramel-runtime:0.1.0")
+    assert settings.gpu_tolerations == ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    none = OperatorSettings.from_env({"CARAMEL_GPU_RUNTIME_IMAGE": " ", "CARAMEL_GPU_TOLERATIONS": "[]"})
+    assert none.gpu_tolerations == () and none.image_problems(gpu_job(image="team/train:2")) == none.image_problems(cpu_job) == []
+    [problem] = none.image_problems(gpu_job())
+    assert problem.startswith("spec.image: the job asks for GPUs (spec.workers.resources.limits nvidia.com/gpu) and the operator has no GPU image")
+    own = OperatorSettings.from_env({"CARAMEL_GPU_TOLERATIONS": '[{"key": "sku", "value": "gpu", "effect": "NoSchedule"}]'})
+    assert own.gpu_tolerations == ({"key": "sku", "value": "gpu", "effect": "NoSchedule"},)
+    with pytest.raises(SettingsError, match="CARAMEL_GPU_TOLERATIONS: expected a JSON list of tolerations"):
+        OperatorSettings.from_env({"CARAMEL_GPU_TOLERATIONS": '{"key": "sku"}'})

@@ -130,3 +130,21 @@ def test_without_rights_on_nodes_auto_leaves_placement_to_the_scheduler_and_rsto
     finally:
         operator.stop()
         emulator.stop()
+
+
+def test_a_gpu_gang_goes_to_the_tainted_gpu_node_in_the_gpu_image_with_a_rank_per_gpu(emulator, operator):
+    """The defaults of a GPU job (image, tolerations, slots) and GPUs as R-Storm's hard constraint:
+    the CPU nodes have room for the gang's CPU and memory, not for its GPUs."""
+    api = emulator.api
+    gpu_node = node("gpu-node-1", "rack-2", cpu="32", memory="128Gi")
+    gpu_node["status"]["allocatable"]["nvidia.com/gpu"] = "4"
+    gpu_node["spec"]["taints"] = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    api.create(NODES, gpu_node)
+    api.create_job("gpus", {**SPEC, "workers": {"replicas": 2, "resources": {"limits": {"nvidia.com/gpu": 2, "cpu": "4", "memory": "16Gi"}}}})
+    pods = eventually(lambda: len(api.pods("gpus")) == 2 and api.pods("gpus"), what="the GPU gang's two pods")
+    assert [pinned_node(pod) for pod in pods] == ["gpu-node-1", "gpu-node-1"]
+    for pod in pods:
+        assert pod["spec"]["containers"][0]["image"] == "caramel-runtime-gpu:0.1.0"
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+        assert (env(pod)["HOROVOD_LOCAL_SIZE"], env(pod)["HOROVOD_SIZE"], env(pod)["CARAMEL_GPUS_PER_WORKER"]) == ("2", "4", "2")
+    assert len(from_json(env(pods[0])["CARAMEL_TOPOLOGY"]).hosts) == 4

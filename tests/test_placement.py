@@ -3,6 +3,7 @@ test_placement_baselines.py)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from decimal import Decimal
@@ -112,7 +113,7 @@ def test_pod_requests_count_init_containers_and_overhead_as_the_scheduler_does()
         pod("n", containers=[container("500m", "1Gi"), container("250m", "1Gi")],
             initContainers=[container("1", "512Mi")], overhead={"cpu": "100m"})
     )
-    assert asked == {"cpu": Decimal("1.1"), "memory": 2 * GiB}
+    assert asked == {"cpu": Decimal("1.1"), "memory": 2 * GiB, "nvidia.com/gpu": 0}
 
 
 def test_free_resources_subtract_running_pods_and_skip_unusable_nodes():
@@ -137,7 +138,7 @@ def test_free_resources_subtract_running_pods_and_skip_unusable_nodes():
 def test_a_container_stating_only_limits_requests_them():
     asked = pod_requests(pod("n", containers=[{"resources": {"limits": {"cpu": "2", "memory": "3Gi"}}},
                                               {"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "4"}}}]))
-    assert asked == {"cpu": Decimal(3), "memory": 3 * GiB}
+    assert asked == {"cpu": Decimal(3), "memory": 3 * GiB, "nvidia.com/gpu": 0}
 
 
 def test_free_pod_slots_are_allocatable_pods_minus_the_pods_on_the_node():
@@ -159,3 +160,29 @@ def test_a_node_out_of_pod_slots_takes_no_worker():
 def test_ranks_ordered_by_topology_keep_first_use_order():
     positions = {name: Position("z", f"z/{name[0]}", name) for name in ("a1", "a2", "b1", "c1")}
     assert ranked_by_topology(["b1", "a1", "c1", "a2", "b1", "a1"], positions) == ("b1", "b1", "a1", "a1", "a2", "c1")
+
+
+def gpu_node(rack: str, name: str, gpus: float) -> NodeFree:
+    return NodeFree(Position("z1", f"z1/{rack}", name), 64, 512 * GiB, gpus=gpus)
+
+
+def test_gpus_are_a_hard_constraint_and_a_gpu_nodes_ranks_are_numbered_next_to_each_other():
+    """A node without free GPUs never takes a GPU worker, however much CPU and memory it has; the
+    workers of one node are neighbouring ranks (Horovod's hierarchical allreduce and MULTITREE's
+    trees see the node boundary)."""
+    nodes = [node("r0", "cpu-only", cpu=256, memory_gib=2048), gpu_node("r0", "g8", 8), gpu_node("r1", "g4-a", 4), gpu_node("r1", "g4-b", 4)]
+    placement = rstorm(nodes, Gang(replicas=4, cpu=8, memory=64 * GiB, gpus=4))
+    assert "cpu-only" not in placement.nodes and Counter(placement.nodes) == {"g8": 2, "g4-a": 1, "g4-b": 1}
+    runs = [name for name, _ in itertools.groupby(placement.nodes)]
+    assert len(runs) == len(set(runs)) == 3  # each node's ranks adjacent
+    with pytest.raises(Unplaceable, match=r"each 8 CPU, 64Gi memory, 4 GPU\); short of GPUs: free nvidia.com/gpu holds 4 of them \(most free: 8 on g8\)"):
+        rstorm(nodes, Gang(replicas=5, cpu=8, memory=64 * GiB, gpus=4))
+    # A gang without GPUs may go anywhere, GPU nodes included.
+    assert len(rstorm(nodes, Gang(replicas=3, cpu=8, memory=64 * GiB)).nodes) == 3
+
+
+def test_free_gpus_are_the_nodes_allocatable_ones_less_what_its_pods_hold():
+    gpu_status = {**ready_node("g")["status"], "allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8"}}
+    nodes = [{**ready_node("g"), "status": gpu_status}, ready_node("plain")]
+    pods = [pod("g", containers=[{"resources": {"limits": {"nvidia.com/gpu": "3"}}}]), pod("g", phase="Succeeded", containers=[{"resources": {"limits": {"nvidia.com/gpu": "4"}}}])]
+    assert [(n.name, n.gpus) for n in free_resources(nodes, pods)] == [("g", 5.0), ("plain", 0.0)]

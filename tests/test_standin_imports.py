@@ -29,7 +29,10 @@ names = dir(hvd)
 star = {}
 exec("from horovod.tensorflow import *", star)
 init = hvd.init
+features = ("gloo_built", "mpi_built", "nccl_built", "cuda_built")
+built = {name: getattr(hvd, name)() for name in features}
 print(json.dumps({
+    "built": built, "horovods": {name: getattr(horovod.tensorflow.mpi_ops, name)() for name in features},
     "after_ops": after_ops, "unknown": unknown, "dir": [name for name in ("DistributedOptimizer", "init", "elastic", "functions") if name in names],
     "init": f"{init.__module__}.{init.__name__}", "loaded": "caramel.tensorflow" in sys.modules,
     "elastic": hvd.elastic.__name__, "keras": hvd.keras.__name__, "ops": hvd.mpi_ops is sys.modules["horovod.tensorflow.mpi_ops"],
@@ -53,3 +56,5 @@ def test_importing_horovods_ops_through_the_package_loads_nothing_of_caramels_ru
     assert found["init"] == "horovod.tensorflow._caramel_api.init" and found["loaded"]  # the API, loaded on first use
     assert (found["elastic"], found["keras"], found["ops"]) == ("horovod.tensorflow.elastic", "horovod.tensorflow.keras", True)
     assert found["star"] == []  # every name of __all__ is served
+    # What Horovod was built with is Horovod's own answer (the GPU image's has NCCL and CUDA).
+    assert found["built"] == found["horovods"] and found["built"]["gloo_built"] is True

@@ -8,6 +8,7 @@ headless Service) and their environment from the same contract `caramel run` use
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from caramel.contract.api import CaramelJob, Tuning
@@ -97,13 +98,16 @@ def build_worker_pod(
     node: str | None = None,
     topology: Topology | None = None,
     rendezvous_timeout_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS,
+    gpu_tolerations: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Worker pod `worker_index` of gang generation `gang`, with spec.workers.template merged in.
 
-    `replicas`: the gang's workers (spec.workers.replicas where not given; fewer while they do not
-    all fit); `node`: the node placement chose for the worker, which the pod is pinned to;
-    `topology`: the network under the placed gang, one host per rank, handed to the worker
-    (CARAMEL_TOPOLOGY); `rendezvous_timeout_seconds`: how long its workers wait for each other.
+    `default_image`: the image where the job names none; `replicas`: the gang's workers
+    (spec.workers.replicas where not given; fewer while they do not all fit); `node`: the node
+    placement chose for the worker, which the pod is pinned to; `topology`: the network under the
+    placed gang, one host per rank, handed to the worker (CARAMEL_TOPOLOGY);
+    `rendezvous_timeout_seconds`: how long its workers wait for each other; `gpu_tolerations`:
+    added, beside the template's, where the job asks for GPUs (the taints of GPU nodes).
     """
     spec = job.spec
     replicas = spec.workers.replicas if replicas is None else replicas
@@ -128,7 +132,11 @@ def build_worker_pod(
         "command": worker_command(job),
         "env": [{"name": key, "value": value} for key, value in env.items()],
         "ports": ports,
-        "resources": spec.workers.resources.model_dump(exclude_defaults=True),
+        # Quantities as the API writes them, strings: the client refuses a job's `nvidia.com/gpu: 2`.
+        "resources": {
+            kind: {name: str(amount) for name, amount in amounts.items()}
+            for kind, amounts in spec.workers.resources.model_dump(exclude_defaults=True).items()
+        },
         # A failed worker's last log lines become its termination message, which the
         # operator copies into the job's status.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
@@ -151,6 +159,10 @@ def build_worker_pod(
     }
     security = {"spec": {"securityContext": POD_SECURITY_CONTEXT, "containers": [{"name": WORKER_CONTAINER, "securityContext": CONTAINER_SECURITY_CONTEXT}]}}
     pod = merge_template(pod, _merge(copy.deepcopy(security), copy.deepcopy(spec.workers.template)))
+    if spec.workers.resources.gpus:
+        # Beside the template's own, which the merge would otherwise replace.
+        tolerations = pod["spec"].get("tolerations") or []
+        pod["spec"]["tolerations"] = [*tolerations, *(t for t in gpu_tolerations if t not in tolerations)]
     # After the template: the gang scheduler's labels, annotations and schedulerName win over it.
     gang_scheduler(job).decorate(pod, job, gang, replicas)
     if node is not None:

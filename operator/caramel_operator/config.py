@@ -18,6 +18,7 @@ from pydantic import Field, StringConstraints, field_validator
 from pydantic_core import PydanticCustomError, PydanticUseDefault
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from caramel.contract.api import GPU_RESOURCE, CaramelJob
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS
 from caramel.network.labels import DEFAULT_RACK_LABEL, ClusterLinks
 
@@ -29,6 +30,10 @@ LABEL_KEY_PATTERN = re.compile(
 )
 
 Stripped = Annotated[str, StringConstraints(strip_whitespace=True)]
+
+# The taint GPU node pools commonly carry (GKE puts it on them; EKS's and NVIDIA's GPU operator's
+# guides ask for it), so that only pods that ask for GPUs land there.
+GPU_NODE_TOLERATIONS: tuple[dict[str, Any], ...] = ({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},)
 
 # The variables `OperatorSettings.from_env` was given, while it reads them.
 _ENVIRON: ContextVar[Mapping[str, str]] = ContextVar("caramel_operator_environ")
@@ -55,6 +60,15 @@ class OperatorSettings(BaseSettings):
 
     runtime_image: str = Field("caramel-runtime:0.1.0", validation_alias="CARAMEL_RUNTIME_IMAGE")
     """Image of jobs that name no spec.image."""
+
+    gpu_runtime_image: Stripped = Field("caramel-runtime-gpu:0.1.0", validation_alias="CARAMEL_GPU_RUNTIME_IMAGE")
+    """Image of jobs that ask for GPUs (spec.workers.resources.limits nvidia.com/gpu) and name no
+    spec.image; empty for none, which refuses such jobs."""
+
+    gpu_tolerations: Annotated[tuple[dict[str, Any], ...], NoDecode] = Field(GPU_NODE_TOLERATIONS, validation_alias="CARAMEL_GPU_TOLERATIONS")
+    """Tolerations added to the workers of jobs that ask for GPUs, beside their template's: a JSON
+    list such as `[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]` (the
+    default: the taint GPU node pools commonly carry); `[]` for none."""
 
     watch_namespaces: Annotated[tuple[str, ...], NoDecode] = Field((), validation_alias="CARAMEL_WATCH_NAMESPACES")
     """Namespaces to watch, comma-separated (`team-a,team-b`); empty watches the whole cluster."""
@@ -184,18 +198,33 @@ class OperatorSettings(BaseSettings):
             raise PydanticCustomError("label_key", f"expected a Kubernetes label key such as {DEFAULT_RACK_LABEL}")
         return value
 
+    @field_validator("gpu_tolerations", mode="before")
+    @classmethod
+    def _json_tolerations(cls, value: Any) -> Any:
+        document = _parsed_json(value, "tolerations_json", "a JSON list of tolerations")
+        if not isinstance(document, (list, tuple)) or not all(isinstance(toleration, dict) for toleration in document):
+            raise PydanticCustomError("tolerations_list", 'expected a JSON list of tolerations such as [{"key": "nvidia.com/gpu", "operator": "Exists"}]')
+        return tuple(document)
+
+    def default_image(self, job: CaramelJob) -> str:
+        """The image of `job`'s workers where it names none: the GPU image for a job that asks for
+        GPUs (where there is none, `image_problems` refuses the job)."""
+        return self.gpu_runtime_image if job.spec.workers.resources.gpus and self.gpu_runtime_image else self.runtime_image
+
+    def image_problems(self, job: CaramelJob) -> list[str]:
+        """Why the job's workers have no image, naming the field."""
+        if job.spec.image or not job.spec.workers.resources.gpus or self.gpu_runtime_image:
+            return []
+        return [
+            f"spec.image: the job asks for GPUs (spec.workers.resources.limits {GPU_RESOURCE}) and the operator has no GPU "
+            "image (CARAMEL_GPU_RUNTIME_IMAGE, the chart's gpuRuntimeImage): name an image built with CUDA"
+        ]
+
     @field_validator("links", mode="before")
     @classmethod
     def _json_levels(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        if not value.strip():
-            raise PydanticUseDefault()
-        try:
-            document = json.loads(value)
-        except ValueError as error:
-            raise PydanticCustomError("links_json", f'expected JSON such as {{"rack": {{"gbps": 25}}}}: {error}') from None
-        if not isinstance(document, dict):
+        document = _parsed_json(value, "links_json", 'JSON such as {"rack": {"gbps": 25}}')
+        if isinstance(value, str) and not isinstance(document, dict):
             raise PydanticCustomError("links_object", "expected a JSON object of levels (local, node, rack, zone)")
         return document
 
@@ -217,6 +246,19 @@ class _Variables(EnvSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
         super().__init__(settings_cls)
         self.env_vars = dict(environ)  # read as os.environ is: case_sensitive, empty values kept
+
+
+def _parsed_json(value: Any, error_type: str, expected: str) -> Any:
+    """A variable's JSON value, parsed; a value given in code (not a string) as it is. A blank
+    variable keeps the field's default."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        raise PydanticUseDefault()
+    try:
+        return json.loads(value)
+    except ValueError as error:
+        raise PydanticCustomError(error_type, f"expected {expected}: {error}") from None
 
 
 def _describe(problem: Mapping[str, Any]) -> str:

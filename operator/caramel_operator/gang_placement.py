@@ -2,7 +2,8 @@
 
 - `placed_by`: who places the gang under spec.placement.policy (R-Storm, the scheduler or the
   job's gang scheduler, gang_schedulers.py);
-  Auto leaves to the scheduler the gangs that ask for resources R-Storm does not weigh (GPUs).
+  Auto leaves to the scheduler the gangs that ask for resources R-Storm does not weigh (extended
+  resources but GPUs, huge pages).
 - `place`: R-Storm over the nodes the workers may use, as the scheduler reads the worker pod:
   its nodeSelector and required node affinity (`admits`), its tolerations, and what it requests,
   sidecars and overhead included; as many workers as fit within the sizes the lifecycle allows.
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from caramel.contract.api import CaramelJob, PlacedBy, PlacementPolicy, WorkerNode
+from caramel.contract.api import GPU_RESOURCE, CaramelJob, PlacedBy, PlacementPolicy, WorkerNode
 from caramel.network.labels import ClusterLinks, Position, gang_topology
 from caramel.network.model import Topology
 from caramel_operator.builders import JOB_LABEL
@@ -56,15 +57,15 @@ Outcome = Placed | NoRoom | Unreadable
 
 
 def unweighed_resources(worker_pod: Mapping[str, Any]) -> list[str]:
-    """What the worker pod asks for that R-Storm does not weigh: extended resources (GPUs and
-    other device plugins' resources, named with a domain) and huge pages."""
+    """What the worker pod asks for that R-Storm does not weigh: extended resources (device
+    plugins' resources, named with a domain) but GPUs, which it weighs, and huge pages."""
     spec = worker_pod.get("spec") or {}
     names = {
         name
         for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
         for kind in ("requests", "limits")
         for name in ((container.get("resources") or {}).get(kind) or {})
-        if "/" in name or name.startswith("hugepages-")
+        if ("/" in name and name != GPU_RESOURCE) or name.startswith("hugepages-")
     }
     return sorted(names)
 
@@ -86,7 +87,7 @@ def placed_by(job: CaramelJob, worker_pod: Mapping[str, Any]) -> tuple[PlacedBy,
     if unweighed:
         # Pinned by R-Storm, the workers could land where none of these is free, and wait forever.
         return PlacedBy.SCHEDULER, (
-            f"R-Storm weighs CPU and memory only and the workers ask for {', '.join(unweighed)}: the scheduler places "
+            f"R-Storm weighs CPU, memory and GPUs only and the workers ask for {', '.join(unweighed)}: the scheduler places "
             "the gang (spec.placement.policy RStorm would place it anyway)"
         )
     return PlacedBy.RSTORM, ""
@@ -129,7 +130,7 @@ def place(
             "or tainted without a matching toleration in spec.workers.template"
         )
     requests = pod_requests(worker_pod)
-    widest = Gang(replicas=most, cpu=float(requests["cpu"]), memory=float(requests["memory"]))
+    widest = Gang(replicas=most, cpu=float(requests["cpu"]), memory=float(requests["memory"]), gpus=float(requests[GPU_RESOURCE]))
     gang = replace(widest, replicas=largest_fit(free, widest, fewest))
     try:
         placement = rstorm(free, gang)

@@ -178,9 +178,9 @@ class Volcano:
         policy = job.spec.run_policy.scheduling_policy
         assert policy is not None  # chosen by gang_scheduler() for a job that has one
         spec: dict[str, Any] = {"minMember": replicas, "queue": policy.queue}
-        # What the pods request as the scheduler counts it (sidecars, init containers, overhead);
-        # extended resources (GPUs) are not among them. None requested, none given: Volcano reads
-        # an empty minResources as no minimum too.
+        # What the pods request as the scheduler counts it (sidecars, init containers, overhead),
+        # GPUs (nvidia.com/gpu) among them; other extended resources are not. None requested, none
+        # given: Volcano reads an empty minResources as no minimum too.
         requests = {name: format((amount * replicas).normalize(), "f") for name, amount in pod_requests(worker_pod).items() if amount}
         if requests:
             spec["minResources"] = requests

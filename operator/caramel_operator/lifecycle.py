@@ -422,7 +422,11 @@ class _Reconciliation:
 
     def run(self) -> Decision:
         if self.status.phase not in FINISHED:
-            problems = worker_pod_problems(self.job, default_image=self.settings.runtime_image) + placement_problems(self.job)
+            problems = (
+                self.settings.image_problems(self.job)
+                + worker_pod_problems(self.job, default_image=self.settings.default_image(self.job))
+                + placement_problems(self.job)
+            )
             if problems:
                 # As any failure: a gang already running (the template edited since) is cleaned up.
                 self.fail("InvalidSpec", f"invalid spec: {'; '.join(problems)}")
@@ -697,7 +701,7 @@ class _Reconciliation:
         ):
             return
         self.update_size(next_look=timestamp(self.now + timedelta(seconds=self.settings.gang_scheduling_timeout_seconds)))
-        pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=self.status.gang)
+        pod = self.worker_pod(0, gang=self.status.gang)
         self.decision.actions.append(PlaceGang(pod, fewest=size.replicas + 1, most=self.replicas, growing=True))
 
     def restart(
@@ -789,15 +793,13 @@ class _Reconciliation:
         missing = [index for index in range(size) if index not in current]
         nodes: list[str | None] = [worker.node for worker in placement.workers] or [None] * size
         topology = (
-            placed_topology(placement.workers, self.job.spec.workers.slots_per_worker, self.settings.links)
+            placed_topology(placement.workers, self.job.spec.workers.slots, self.settings.links)
             if placement.workers
             else None
         )
         pods = [
-            build_worker_pod(
-                self.job,
+            self.worker_pod(
                 index,
-                default_image=self.settings.runtime_image,
                 gang=self.status.gang,
                 replicas=size,
                 tuning=self.status.tuning,
@@ -814,6 +816,14 @@ class _Reconciliation:
             self.condition(ConditionType.CREATED, True, "GangCreated", message)
             self.event("Normal", "GangCreated", message)
 
+    def worker_pod(self, worker_index: int, **given: Any) -> dict[str, Any]:
+        """Worker pod `worker_index` of the job (build_worker_pod's keywords `given`), with what the
+        operator's settings give every worker: the default image (the GPU one for a job that asks
+        for GPUs) and, for GPU jobs, the GPU nodes' tolerations."""
+        return build_worker_pod(
+            self.job, worker_index, default_image=self.settings.default_image(self.job), gpu_tolerations=self.settings.gpu_tolerations, **given
+        )
+
     def gang_admitted(self, size: int) -> bool:
         """Whether the gang scheduler admitted the new gang of `size` workers, so that its pods may
         be created. A scheduler that takes a group object gets it first (owned by the job) and the
@@ -824,7 +834,7 @@ class _Reconciliation:
         if resource is None:
             return True
         gang = self.status.gang
-        pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=gang, replicas=size)
+        pod = self.worker_pod(0, gang=gang, replicas=size)
         group = self.scheduler.group(self.job, gang, size, pod)
         if group is None:
             return True
@@ -888,7 +898,7 @@ class _Reconciliation:
         recorded = self.status.placement if self.status.placement and self.status.placement.gang == gang else None
         if recorded and (recorded.by is not PlacedBy.RSTORM or recorded.workers):
             return recorded
-        pod = build_worker_pod(self.job, 0, default_image=self.settings.runtime_image, gang=gang)
+        pod = self.worker_pod(0, gang=gang)
         if current:
             # Part of this gang exists with no placement on record (an operator from before
             # placement made it): the rest follows it, unpinned.

@@ -1,7 +1,7 @@
 """The free resources and positions of a cluster's nodes, from Node and Pod objects as plain dicts.
 
 What placement reads (RBAC: list nodes, list pods): a node's free CPU and memory are its
-`status.allocatable` minus the requests of the pods bound to it (`spec.nodeName`) that have not
+`status.allocatable` (and its free GPUs, nvidia.com/gpu) minus the requests of the pods bound to it (`spec.nodeName`) that have not
 finished, as the scheduler counts them: a pod requests the larger of its containers' sum and its
 largest init container, plus its overhead, and a container that states only a limit requests
 that limit (the API server's defaulting). Its free pod slots are its allocatable `pods` minus
@@ -19,15 +19,16 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from caramel.contract.api import GPU_RESOURCE
 from caramel.network.labels import DEFAULT_RACK_LABEL, position
 from caramel_operator.placement import NodeFree
 
-RESOURCES = ("cpu", "memory")
+RESOURCES = ("cpu", "memory", GPU_RESOURCE)
 FINISHED_PHASES = {"Succeeded", "Failed"}
 
 
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
-    """CPU (cores) and memory (bytes) a pod requests, as the scheduler counts them."""
+    """CPU (cores), memory (bytes) and GPUs a pod requests, as the scheduler counts them."""
     spec = pod.get("spec", {})
 
     def requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
@@ -95,6 +96,7 @@ def free_resources(
                 position=position(metadata["name"], metadata.get("labels", {}), rack_label),
                 cpu=float(left["cpu"]),
                 memory=float(left["memory"]),
+                gpus=float(left[GPU_RESOURCE]),
                 pods=float(parse_quantity(allocatable["pods"])) - pods_on[metadata["name"]]
                 if "pods" in allocatable
                 else math.inf,

@@ -7,9 +7,11 @@ requests). It returns a node for each rank, or raises `Unplaceable` naming what 
 R-Storm (Peng et al., Middleware 2015), applied to a gang of identical workers that all talk to
 each other (a ring or trees over every rank):
 1. Memory is a hard constraint: a worker goes only on a node whose free memory holds its request,
-   and which has a pod slot left (its allocatable `pods` less the pods on it). If the nodes
-   cannot hold the whole gang, `Unplaceable` says how many workers fit and which resource is
-   short, for "why is my job pending".
+   and which has a pod slot left (its allocatable `pods` less the pods on it). So are GPUs: a
+   worker that asks for some goes only on a node with as many free (a GPU is a device, not a
+   share: a node without them can never run it). If the nodes cannot hold the whole gang,
+   `Unplaceable` says how many workers fit and which resource is short, for "why is my job
+   pending".
 2. CPU is a soft constraint, as in R-Storm: a node short of CPU is taken only when no node with
    the memory has the CPU too, and the placement lists it in `cpu_short`. (Kubernetes does
    enforce CPU requests: a worker sent there stays Pending until the CPU frees up.)
@@ -25,7 +27,9 @@ each other (a ring or trees over every rank):
    scattering over every rack at the same distance from the first.
 5. Ranks follow the topology: workers are numbered zone by zone, rack by rack, node by node, in
    the order placement first used them, so ring neighbours share a node or a rack and a ring
-   crosses between racks only once per rack used.
+   crosses between racks only once per rack used. On GPU nodes this keeps the ranks of one node
+   next to each other, where Horovod's hierarchical allreduce and MULTITREE's trees look for
+   the node boundary.
 
 `Cluster` is the nodes as arrays, which the placement benchmark's baselines place on as well.
 """
@@ -59,6 +63,9 @@ class NodeFree:
     pods: float = math.inf
     """Pods the node may still run: allocatable pods minus the pods on it (inf where not stated)."""
 
+    gpus: float = 0.0
+    """GPUs free (nvidia.com/gpu): allocatable minus the pods' on the node."""
+
     @property
     def name(self) -> str:
         return self.position.node
@@ -74,6 +81,9 @@ class Gang:
 
     memory: float
     """Bytes each worker requests."""
+
+    gpus: float = 0.0
+    """GPUs each worker asks for."""
 
 
 @dataclass(frozen=True)
@@ -110,14 +120,15 @@ class Cluster:
         self.cpu = np.array([node.cpu for node in self.nodes], dtype=np.float64)
         self.memory = np.array([node.memory for node in self.nodes], dtype=np.float64)
         self.pods = np.array([node.pods for node in self.nodes], dtype=np.float64)
+        self.gpus = np.array([node.gpus for node in self.nodes], dtype=np.float64)
         self.rack = _codes([node.position.rack for node in self.nodes])
         self.zone = _codes([node.position.zone for node in self.nodes])
         self.scale_cpu = max(float(self.cpu.max(initial=0.0)), gang.cpu, 1e-9)
         self.scale_memory = max(float(self.memory.max(initial=0.0)), gang.memory, 1.0)
 
-    def fits_memory_and_pod_slot(self) -> np.ndarray:
-        """Where a worker's memory fits and a pod slot is left: the hard constraints."""
-        return (self.memory >= self.gang.memory) & (self.pods >= 1)
+    def fits_hard_constraints(self) -> np.ndarray:
+        """Where a worker's memory and GPUs fit and a pod slot is left: the hard constraints."""
+        return (self.memory >= self.gang.memory) & (self.pods >= 1) & (self.gpus >= self.gang.gpus)
 
     def fits_cpu(self) -> np.ndarray:
         return self.cpu >= self.gang.cpu
@@ -130,6 +141,7 @@ class Cluster:
         self.cpu[node] -= self.gang.cpu
         self.memory[node] -= self.gang.memory
         self.pods[node] -= 1
+        self.gpus[node] -= self.gang.gpus
 
     def distances_from(self, node: int) -> np.ndarray:
         """netDist from `node` to every node."""
@@ -140,23 +152,25 @@ class Cluster:
             np.where(self.rack == self.rack[node], same_rack, np.where(self.zone == self.zone[node], same_zone, farther)),
         )
 
-    def holds(self, cpu_hard: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Workers each node holds (by memory and pod slots, and CPU where hard), and those its free
-        memory, free CPU and free pod slots each hold."""
+    def holds(self, cpu_hard: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Workers each node holds (by memory, GPUs and pod slots, and CPU where hard), and those
+        its free memory, free CPU, free pod slots and free GPUs each hold."""
         gang = self.gang
         by_memory = np.floor(self.memory / gang.memory) if gang.memory > 0 else np.full(len(self.nodes), np.inf)
         by_cpu = np.floor(self.cpu / gang.cpu) if gang.cpu > 0 else np.full(len(self.nodes), np.inf)
         by_pods = np.maximum(self.pods, 0)
-        room = np.minimum(np.minimum(by_memory, by_cpu) if cpu_hard else by_memory, by_pods)
-        return room, by_memory, by_cpu, by_pods
+        by_gpus = np.floor(self.gpus / gang.gpus) if gang.gpus > 0 else np.full(len(self.nodes), np.inf)
+        room = np.minimum(np.minimum(np.minimum(by_memory, by_cpu) if cpu_hard else by_memory, by_pods), by_gpus)
+        return room, by_memory, by_cpu, by_pods, by_gpus
 
     def require(self, cpu_hard: bool) -> None:
         """Raise Unplaceable unless the nodes can hold the whole gang."""
         gang = self.gang
-        room, by_memory, by_cpu, by_pods = self.holds(cpu_hard)
+        room, by_memory, by_cpu, by_pods, by_gpus = self.holds(cpu_hard)
         if room.sum(initial=0) >= gang.replicas:
             return
-        wanted = f"{gang.replicas} workers (each {_cores(gang.cpu)} CPU, {_gib(gang.memory)} memory)"
+        gpus = f", {gang.gpus:g} GPU" if gang.gpus else ""
+        wanted = f"{gang.replicas} workers (each {_cores(gang.cpu)} CPU, {_gib(gang.memory)} memory{gpus})"
         if not self.nodes:
             raise Unplaceable(f"cannot place {wanted}: no schedulable node")
         short = []
@@ -173,6 +187,11 @@ class Cluster:
             )
         if by_pods.sum() < gang.replicas:
             short.append(f"pods: the nodes have room for {int(by_pods.sum())} more pods (allocatable pods)")
+        if by_gpus.sum() < gang.replicas:
+            best = int(np.argmax(self.gpus))
+            short.append(
+                f"GPUs: free nvidia.com/gpu holds {int(by_gpus.sum())} of them (most free: {self.gpus[best]:g} on {self.nodes[best].name})"
+            )
         if not short:  # each resource alone would do, but not on the same nodes
             short.append(f"cpu and memory: nodes with both free hold {int(room.sum())} of them")
         raise Unplaceable(f"cannot place {wanted}; short of {'; '.join(short)}")
@@ -180,7 +199,7 @@ class Cluster:
 
 def largest_fit(nodes: Sequence[NodeFree], gang: Gang, fewest: int) -> int:
     """How many workers to place, from `fewest` up to the gang's replicas: the most whose memory,
-    pod slots and CPU the nodes all hold, so that a gang allowed to run smaller
+    GPUs, pod slots and CPU the nodes all hold, so that a gang allowed to run smaller
     (spec.workers.minReplicas) runs with workers that all start; `fewest` where not even that many
     get their CPU, which R-Storm may still place (CPU is soft) or say what is short."""
     room, *_ = Cluster(nodes, gang).holds(cpu_hard=True)
@@ -194,7 +213,7 @@ def rstorm(nodes: Sequence[NodeFree], gang: Gang, weights: Weights = Weights()) 
     chosen: list[int] = []
     distance_sum = np.zeros(len(cluster.nodes))
     for placed in range(gang.replicas):
-        candidates = cluster.fits_memory_and_pod_slot()
+        candidates = cluster.fits_hard_constraints()
         if (candidates & cluster.fits_cpu()).any():
             candidates &= cluster.fits_cpu()
         if placed == 0:

@@ -23,7 +23,9 @@ checkpoint after, a deleted pod's gang restarted in at most 3 s more than its ne
 start, a job re-created under the name of one deleted with its CRD, and Horovod's elastic example
 losing a deleted pod and going on without a restart. And what issue 50 found: the elastic example
 losing a worker either way (pod deleted, process killed) on R-Storm's placement, and the chart
-uninstalled with a job still running. Each test has its own restricted namespace.
+uninstalled with a job still running. And issue 53's GPU job, on a node whose status advertises
+nvidia.com/gpu: its pods placed there with the GPU env and toleration, and its ranks, which find
+no GPU, failing the job naming the field. Each test has its own restricted namespace.
 """
 
 from __future__ import annotations
@@ -717,3 +719,41 @@ def test_uninstalling_the_chart_with_a_job_left_deletes_it_and_leaves_nothing(na
     assert kubectl("get", CRD, check=False).returncode != 0  # the CRD is gone, not Terminating
     eventually(lambda: not namespace.get("pods")["items"], 120, "the job's pods gone", interval=2)
     assert kubectl("get", "jobs.batch", "-n", operator_release, "-o", "name", check=False).stdout.strip() == ""  # the hook's Job too
+
+
+@pytest.fixture
+def node_advertising_gpus() -> Iterator[str]:
+    """The roomiest node with 2 nvidia.com/gpu patched into its status, as a device plugin would
+    advertise them (the API server accepts an extended resource so; the kubelet copies it into
+    allocatable), taken out again afterwards. The node has no GPU: what runs there finds none."""
+    node, _ = roomiest_node()
+    path = "/status/capacity/nvidia.com~1gpu"
+    kubectl("patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps([{"op": "add", "path": path, "value": "2"}]))
+    try:
+        eventually(
+            lambda: json.loads(kubectl("get", "node", node, "-o", "json").stdout)["status"]["allocatable"].get("nvidia.com/gpu") == "2",
+            60, "the node's allocatable nvidia.com/gpu", interval=1,
+        )  # fmt: skip
+        yield node
+    finally:
+        kubectl("patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps([{"op": "remove", "path": path}]))
+
+
+def test_a_gpu_jobs_pods_go_to_the_node_advertising_gpus_and_a_rank_that_finds_none_says_so(namespace, node_advertising_gpus):
+    """Issue 53: the pods of a GPU job (its image named here: the cluster has no GPU image) are
+    R-Storm's to place on the only node with free GPUs, start with the GPU env, one rank per GPU
+    and the GPU nodes' toleration; their training fails without a GPU, naming the field, and the
+    job's status says so. The run is not what this checks: no GPU trains here."""
+    job = small_job("gpus")
+    job["spec"]["workers"] = {"replicas": 1, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi", "nvidia.com/gpu": 2}}}
+    namespace.apply(job)
+    assert namespace.wait_for_phase("gpus", {"Succeeded", "Failed"}) == "Failed", namespace.job("gpus")
+    status = namespace.job("gpus")["status"]
+    assert status["placement"]["by"] == "RStorm" and [w["node"] for w in status["placement"]["workers"]] == [node_advertising_gpus]
+    [pod] = namespace.pods("gpus")
+    assert pod["spec"]["nodeName"] == node_advertising_gpus
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    env = env_of(pod)
+    assert (env["CARAMEL_GPUS_PER_WORKER"], env["HOROVOD_LOCAL_SIZE"], env["HOROVOD_SIZE"]) == ("2", "2", "2")
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert "NoGpuError" in status["lastFailure"]["cause"] and "finds no GPU where its job asks for 2 per worker" in status["lastFailure"]["cause"], status

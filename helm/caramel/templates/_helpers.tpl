@@ -70,6 +70,15 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
+The GPU jobs' image (CARAMEL_GPU_RUNTIME_IMAGE); empty where gpuRuntimeImage.repository is.
+*/}}
+{{- define "caramel.gpuRuntimeImage" -}}
+{{- with .Values.gpuRuntimeImage.repository -}}
+{{- printf "%s:%s" . (default $.Chart.AppVersion $.Values.gpuRuntimeImage.tag) -}}
+{{- end -}}
+{{- end }}
+
+{{/*
 The namespaces the operator serves, comma-separated (CARAMEL_WATCH_NAMESPACES): empty, for all,
 with rbac.scope=cluster; rbac.watchNamespaces or the release's namespace with rbac.scope=namespaced.
 */}}

@@ -66,6 +66,9 @@ class Backend(ABC):
         """A step's gradients averaged (or summed) as the backend's own API does it (Horovod's tape,
         or MultiWorkerMirroredStrategy): the baseline Caramel's plans are measured against."""
 
+    gpu_transport: str = "NCCL"
+    """What carries a collective of GPU tensors, for people."""
+
     reforms: ClassVar[bool] = False
     """Whether `reform` re-forms this backend's ranks in the process (elastic training); where it
     does not, an elastic gang's training processes restart to re-form, keeping their last commit

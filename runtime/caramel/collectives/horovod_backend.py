@@ -79,11 +79,24 @@ class HorovodBackend(Backend):
         return [mpi_ops.broadcast(tf.convert_to_tensor(tensor), root_rank, name=f"{name}_{i}") for i, tensor in enumerate(tensors)]
 
 
+def gpu_transport(nccl_version: int) -> str:
+    """What carries Horovod's allreduce of a GPU tensor, given `hvd.nccl_built()`: NCCL where
+    Horovod was built with it (HOROVOD_GPU_OPERATIONS=NCCL: the GPU image), from device memory;
+    else Gloo, its ops having CPU kernels only, so that TensorFlow copies each GPU tensor to the
+    host and back. CPU tensors go over Gloo either way (HOROVOD_CPU_OPERATIONS)."""
+    if nccl_version:
+        major, rest = divmod(nccl_version, 10000)
+        return f"NCCL {major}.{rest // 100}.{rest % 100} (Horovod built with it)"
+    return "Gloo, through host memory: this Horovod was built without NCCL"
+
+
 def set_up(contract: WorkerContract) -> HorovodBackend:
     """Join the job's ranks: Horovod reads the contract's HOROVOD_* variables and meets the others
     at worker 0's Gloo rendezvous."""
     start()
-    return HorovodBackend(mpi_ops.rank(), mpi_ops.size(), mpi_ops.local_rank(), mpi_ops.local_size())
+    backend = HorovodBackend(mpi_ops.rank(), mpi_ops.size(), mpi_ops.local_rank(), mpi_ops.local_size())
+    backend.gpu_transport = gpu_transport(mpi_ops.nccl_built())
+    return backend
 
 
 def start(process_sets: Sequence[object] | str = ()) -> None:

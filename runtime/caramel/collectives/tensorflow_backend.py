@@ -16,6 +16,13 @@ would wait for every such op traced before it (a `tf.print`, a `py_function` of 
 backward pass) as well as for its own inputs. With the token the collectives are ordered among
 themselves, in the order they were traced, and against nothing else.
 
+On a process with a GPU, a collective goes where its tensor is: a tensor on the GPU (or one a
+graph has not placed yet, which the placer puts there) over NCCL, one on the CPU over TensorFlow's
+ring (`route`); each kind of device has a group of its own, since TensorFlow binds a group key to
+one device type, and an ordering token made on that device, as MultiWorkerMirroredStrategy keeps
+one per device (a resource input pulls its op to the resource's device). A process without a GPU
+runs its collectives as it always did: one group, the ring, and no device named.
+
 A collective waits for its peers at most the contract's collective timeout, and a peer whose
 process ended fails it at once (its server is gone): the step then fails, and the process exits
 and the gang restarts as after any failure; or, in an elastic gang (Horovod's `hvd.elastic`), the
@@ -26,9 +33,11 @@ The coordination service waits as long as a collective for a slow peer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import tensorflow as tf
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
@@ -40,8 +49,6 @@ from caramel.collectives.fusion import joined
 from caramel.contract.env import WorkerContract
 
 JOB = "worker"
-GROUP_KEY = 1
-"""Every collective is among all ranks: one group."""
 COPY_KEY_STRIDE = 1 << 24
 """Instance keys of copy i of a step are its trace's keys plus i times this: a process may take
 this many keys (traces and eager calls) before copies' keys could meet."""
@@ -54,17 +61,42 @@ a collective's fixed cost (several gRPC round trips) per tensor; one bucket of e
 MultiWorkerMirroredStrategy packs them) would start only once the backward pass is over."""
 
 
+@dataclass(frozen=True)
+class Route:
+    """How a collective of tensors on one kind of device runs among all ranks."""
+
+    device_type: str
+    group_key: int
+    """TensorFlow binds a group key to one device type: each kind of device is a group of its own."""
+    communication_hint: str
+    """The implementation: NCCL between GPUs, TensorFlow's ring (over gRPC) between CPUs."""
+
+
+ROUTES = {"CPU": Route("CPU", 1, "ring"), "GPU": Route("GPU", 2, "nccl")}
+
+
+def route(device: str, gpu_visible: bool) -> Route:
+    """The route of a collective of a tensor placed on `device`: that device's kind; where the
+    tensor names none (a graph's, before placement), the GPU on a process that has one, whose
+    placer puts the ops there, else the CPU."""
+    named = tf.DeviceSpec.from_string(device).device_type if device else None
+    return ROUTES[named or ("GPU" if gpu_visible else "CPU")]
+
+
 class TensorFlowBackend(Backend):
     name = "tensorflow"
     own_way_name = "TensorFlow's collectives in buckets as the gradients come"
+    gpu_transport = "NCCL (TensorFlow's collectives, communication_hint nccl)"
 
-    def __init__(self, rank: int, size: int, local_rank: int, local_size: int, timeout_seconds: float) -> None:
+    def __init__(self, rank: int, size: int, local_rank: int, local_size: int, timeout_seconds: float, gpu_visible: bool = False) -> None:
         super().__init__(rank, size, local_rank, local_size)
         self.timeout_seconds = timeout_seconds
+        self.gpu_visible = gpu_visible
+        """Whether the process trains on a GPU: its collectives then name their device (`route`)."""
         self._next_key = 1
         self._lock = threading.Lock()
         self._copies: dict[int, tf.Variable] = {}
-        self._ordering_token: tf.Variable | None = None
+        self._ordering_tokens: dict[Route, tf.Variable] = {}
 
     def lost_peer(self, error: tf.errors.OpError) -> bool:
         """A peer's server gone fails a collective as unreachable (a connection reset or refused),
@@ -78,13 +110,18 @@ class TensorFlowBackend(Backend):
         and so do peers' that wait on this rank's data."""
         context.context().abort_collective_ops(error_codes_pb2.UNAVAILABLE, "caramel: the ranks broke (a peer was lost, or one left to re-form)")
 
-    def ordering_token(self) -> tf.Variable:
-        """The resource every collective in a graph takes as its ordering token (see the module's
-        docstring); made at set-up, in the job's cluster, not while a step is traced."""
-        if self._ordering_token is None:
-            with tf.init_scope():
-                self._ordering_token = tf.Variable(0.0, trainable=False, name="caramel_collective_order")
-        return self._ordering_token
+    def ordering_token(self, path: Route) -> tf.Variable:
+        """The resource every collective of `path` in a graph takes as its ordering token (see the
+        module's docstring); made at set-up, in the job's cluster, not while a step is traced."""
+        if path not in self._ordering_tokens:
+            with tf.init_scope(), self._placed(path):
+                self._ordering_tokens[path] = tf.Variable(0.0, trainable=False, name="caramel_collective_order")
+        return self._ordering_tokens[path]
+
+    def _placed(self, path: Route) -> contextlib.AbstractContextManager[object]:
+        """Where a collective of `path`, or its ordering token, goes: its device on a process with a
+        GPU; unnamed, as always, on one without."""
+        return tf.device(f"/device:{path.device_type}:0") if self.gpu_visible else contextlib.nullcontext()
 
     def copy_variable(self, copy: int) -> tf.Variable:
         """The variable copy `copy` of a step reads to offset its collectives' keys (the trace reads
@@ -92,12 +129,17 @@ class TensorFlowBackend(Backend):
         if not 0 <= copy < MAX_COPIES:
             raise ValueError(f"a graph holds at most {MAX_COPIES} copies of a step on the tensorflow backend, not {copy + 1}")
         if copy not in self._copies:
-            with tf.init_scope():
+            with tf.init_scope(), self._placed(ROUTES["CPU"]):
                 self._copies[copy] = tf.Variable(copy * COPY_KEY_STRIDE, dtype=tf.int32, trainable=False, name=f"caramel_copy_keys_{copy}")
         return self._copies[copy]
 
     def all_reduce(self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str) -> list[tf.Tensor]:
-        return joined([tf.convert_to_tensor(tensor) for tensor in tensors], name, lambda flat, _: self._collective(flat, op))
+        """The tensors (of one device, as a step's gradients are) joined and reduced where they
+        are: on a GPU, the joining too, so that nothing goes through the host on the way."""
+        tensors = [tf.convert_to_tensor(tensor) for tensor in tensors]
+        path = route(tensors[0].device if tensors else "", self.gpu_visible)
+        with self._placed(path):
+            return joined(tensors, name, lambda flat, _: self._collective(flat, op, path))
 
     def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
         """As Horovod's tape sends them, with TensorFlow's collectives: in the order
@@ -110,7 +152,7 @@ class TensorFlowBackend(Backend):
                 averaged[index] = value
         return averaged
 
-    def _collective(self, tensor: tf.Tensor, op: ReduceOp) -> tf.Tensor:
+    def _collective(self, tensor: tf.Tensor, op: ReduceOp, path: Route) -> tf.Tensor:
         merge, final = MERGE[op]
         if self.size == 1:
             return tf.identity(tensor)
@@ -119,29 +161,33 @@ class TensorFlowBackend(Backend):
             self._next_key += 1
         if key >= COPY_KEY_STRIDE:
             raise RuntimeError(f"this process ran out of collective instance keys ({COPY_KEY_STRIDE} traced or eager collectives)")
-        instance_key = tf.constant(key, tf.int32)
         ordering_token = []
-        if not tf.executing_eagerly():
-            instance_key += self.copy_variable(0).read_value()
-            ordering_token = [self.ordering_token().handle]
-        return tf.raw_ops.CollectiveReduceV2(
-            input=tensor, group_size=self.size, group_key=GROUP_KEY, instance_key=instance_key, ordering_token=ordering_token,
-            merge_op=merge, final_op=final, communication_hint="ring", timeout_seconds=self.timeout_seconds,
-        )  # fmt: skip
+        with self._placed(ROUTES["CPU"]):  # the key is a host scalar, as the collective takes it
+            instance_key = tf.constant(key, tf.int32)
+            if not tf.executing_eagerly():
+                instance_key += self.copy_variable(0).read_value()
+                ordering_token = [self.ordering_token(path).handle]
+        with self._placed(path):
+            return tf.raw_ops.CollectiveReduceV2(
+                input=tensor, group_size=self.size, group_key=path.group_key, instance_key=instance_key, ordering_token=ordering_token,
+                merge_op=merge, final_op=final, communication_hint=path.communication_hint, timeout_seconds=self.timeout_seconds,
+            )  # fmt: skip
 
 
 def set_up(contract: WorkerContract) -> TensorFlowBackend:
     """Start this rank's server in the job's cluster and set up the collective executor."""
     rank, size = contract.required_rank, contract.world_size
-    local_rank = rank % contract.slots_per_worker
-    backend = TensorFlowBackend(rank, size, local_rank, contract.slots_per_worker, contract.collective_timeout_seconds)
+    # After the runtime narrowed TensorFlow to the rank's GPU (caramel.tensorflow.devices).
+    gpu_visible = bool(tf.config.get_visible_devices("GPU"))
+    backend = TensorFlowBackend(rank, size, contract.local_rank, contract.slots_per_worker, contract.collective_timeout_seconds, gpu_visible)
     if size > 1:
         _start_server(contract, rank, size)
     # Made now, not while a step is traced (a variable made while tf.function traces makes it
     # trace the whole function a second time), and after the server: a variable lives on a device
     # of the cluster it was made in.
     backend.copy_variable(0)
-    backend.ordering_token()
+    for path in {route("", gpu_visible), ROUTES["CPU"]}:
+        backend.ordering_token(path)
     return backend
 
 

@@ -63,6 +63,14 @@ PATTERN_MEANINGS = {
 
 MiB = 1024 * 1024
 
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""The extended resource NVIDIA's device plugin advertises, by which a job asks for GPUs."""
+WHOLE_NUMBER_PATTERN = r"^[0-9]+$"
+# A GPU count in CEL: a quantity is an integer or a string (x-kubernetes-int-or-string), written
+# here as digits either way. Device plugins hand out whole devices: Kubernetes refuses a fraction.
+_CEL_GPUS = f"string(self.limits['{GPU_RESOURCE}'])"
+_CEL_HAS_GPUS = f"has(self.limits) && '{GPU_RESOURCE}' in self.limits"
+
 
 class ApiModel(BaseModel):
     """Base of every API type: camelCase aliases, unknown fields rejected, immutable."""
@@ -86,13 +94,20 @@ def _quantity(value: Any) -> int | str:
     raise ValueError(f"must be {PATTERN_MEANINGS[QUANTITY_PATTERN]}, not negative")
 
 
+# Longer than any quantity people write; bounded, so that the API server's cost estimate of a CEL
+# rule reading one (the GPU count's) stays small.
+QUANTITY_MAX_LENGTH = 64
+
 # A Kubernetes resource quantity such as 2, "500m" or "4Gi".
 Quantity = Annotated[
     int | str,
     PlainValidator(_quantity),
     WithJsonSchema(
         {
-            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": QUANTITY_PATTERN}],
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": QUANTITY_PATTERN, "maxLength": QUANTITY_MAX_LENGTH},
+            ],
             "description": "A Kubernetes quantity, such as 2, 500m or 4Gi.",
         }
     ),
@@ -100,13 +115,49 @@ Quantity = Annotated[
 
 
 class Resources(ApiModel):
-    """Compute resources of each worker container, as in a Kubernetes container spec."""
+    """Compute resources of each worker container, as in a Kubernetes container spec. GPUs are
+    asked for as NVIDIA's device plugin takes them: a whole number of nvidia.com/gpu in limits
+    (and, if at all, the same number in requests)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!({_CEL_HAS_GPUS}) || {_CEL_GPUS}.matches('{WHOLE_NUMBER_PATTERN}')",
+                    "message": f"limits.{GPU_RESOURCE} must be a whole number of GPUs, such as 1 or 8",
+                },
+                {
+                    "rule": f"!has(self.requests) || !('{GPU_RESOURCE}' in self.requests) || "
+                    f"({_CEL_HAS_GPUS} && string(self.requests['{GPU_RESOURCE}']) == {_CEL_GPUS})",
+                    "message": f"requests.{GPU_RESOURCE} needs the same number in limits: Kubernetes takes GPUs as limits",
+                },
+            ]
+        }
+    )
 
     requests: dict[str, Quantity] = {}
     """Minimum resources the scheduler reserves for each worker, e.g. {cpu: 2, memory: 4Gi}."""
 
     limits: dict[str, Quantity] = {}
-    """Maximum resources each worker may use, e.g. {memory: 8Gi}."""
+    """Maximum resources each worker may use, e.g. {memory: 8Gi, nvidia.com/gpu: 2}."""
+
+    @model_validator(mode="after")
+    def _whole_gpus_in_limits(self) -> Resources:
+        limit, request = self.limits.get(GPU_RESOURCE), self.requests.get(GPU_RESOURCE)
+        if limit is not None and not re.fullmatch(WHOLE_NUMBER_PATTERN, str(limit)):
+            raise ValueError(f"limits.{GPU_RESOURCE} must be a whole number of GPUs, such as 1 or 8 (got {limit!r})")
+        if request is not None and str(request) != str(limit):
+            limited = f"is {limit!r}" if limit is not None else "is not set"
+            raise ValueError(
+                f"requests.{GPU_RESOURCE} is {request!r} but limits.{GPU_RESOURCE} {limited}: Kubernetes takes GPUs as "
+                "limits, and requests, where given, must be the same number"
+            )
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """GPUs each worker asks for (limits nvidia.com/gpu); 0 where none."""
+        return int(str(self.limits.get(GPU_RESOURCE, 0)))
 
 
 class MemoryAllocator(StrEnum):
@@ -136,7 +187,17 @@ class Workers(ApiModel):
                     "rule": "!has(self.minReplicas) || !has(self.replicas) || self.minReplicas <= self.replicas",
                     "message": "minReplicas must not exceed replicas",
                     "fieldPath": ".minReplicas",
-                }
+                },
+                {
+                    "rule": "!has(self.slotsPerWorker) || !has(self.resources) || "
+                    f"!(has(self.resources.limits) && '{GPU_RESOURCE}' in self.resources.limits) || "
+                    f"!string(self.resources.limits['{GPU_RESOURCE}']).matches('{WHOLE_NUMBER_PATTERN}') || "
+                    f"int(string(self.resources.limits['{GPU_RESOURCE}'])) == 0 || "
+                    f"self.slotsPerWorker <= int(string(self.resources.limits['{GPU_RESOURCE}']))",
+                    "message": f"slotsPerWorker must not exceed the GPUs each worker asks for (resources.limits {GPU_RESOURCE}): "
+                    "each rank trains on a GPU of its own",
+                    "fieldPath": ".slotsPerWorker",
+                },
             ]
         }
     )
@@ -154,11 +215,13 @@ class Workers(ApiModel):
     (HOROVOD_SIZE) and so the global batch change with it. `caramel run`: a worker the machine
     kills (SIGKILL, as the kernel's out-of-memory killer does) is lost."""
 
-    slots_per_worker: int = Field(1, ge=1, le=64)
-    """Training processes per worker (Horovod slots); the job runs replicas x slotsPerWorker ranks."""
-
     resources: Resources = Resources()
     """Resources of each worker container."""
+
+    slots_per_worker: int | None = Field(None, ge=1, le=64)
+    """Training processes per worker (Horovod slots); the job runs replicas x slotsPerWorker ranks.
+    Unset: one per GPU each worker asks for (resources.limits nvidia.com/gpu), else 1. Each rank of
+    a GPU job trains on a GPU of its own, so it may not exceed that GPU count."""
 
     memory_allocator: MemoryAllocator = MemoryAllocator.TCMALLOC
     """The training processes' memory allocator. `tcmalloc` keeps the workers' peak RSS down at
@@ -176,6 +239,25 @@ class Workers(ApiModel):
         if value is not None and replicas is not None and value > replicas:
             raise ValueError(f"must not exceed replicas ({replicas})")
         return value
+
+    @field_validator("slots_per_worker")
+    @classmethod
+    def _a_gpu_per_rank(cls, value: int | None, info: ValidationInfo) -> int | None:
+        resources = info.data.get("resources")  # absent when resources itself was invalid
+        gpus = resources.gpus if resources is not None else 0
+        if value is not None and gpus and value > gpus:
+            raise ValueError(
+                f"must not exceed the GPUs each worker asks for (resources.limits {GPU_RESOURCE}: {gpus}): "
+                f"each of its {value} ranks trains on a GPU of its own"
+            )
+        return value
+
+    @property
+    def slots(self) -> int:
+        """Training processes per worker: slotsPerWorker, or one per GPU where unset (else 1)."""
+        if self.slots_per_worker is not None:
+            return self.slots_per_worker
+        return self.resources.gpus or 1
 
     @property
     def floor(self) -> int:
@@ -255,8 +337,8 @@ class PlacementSpec(ApiModel):
     `caramel run`."""
 
     policy: PlacementPolicy = PlacementPolicy.AUTO
-    """RStorm: the operator places the gang with R-Storm (memory a hard constraint, CPU a soft one,
-    workers kept close: same node, then same rack, then same zone), pins each worker to its node
+    """RStorm: the operator places the gang with R-Storm (memory and GPUs hard constraints, CPU a soft
+    one, workers kept close: same node, then same rack, then same zone), pins each worker to its node
     with a required node affinity, numbers the ranks along the topology and gives the workers the
     placed topology; a gang that does not fit is not created: the reason is in status.message and
     placement is tried again after the restart backoff. Scheduler: kube-scheduler places each
@@ -265,8 +347,8 @@ class PlacementSpec(ApiModel):
     (spec.runPolicy.schedulingPolicy set for Kueue, or a kueue.x-k8s.io/podset-*-topology
     annotation in spec.workers.template.metadata), which is then told each pod's rank so that its
     topology-aware scheduling keeps neighbouring ranks close; and except where the workers ask for
-    resources R-Storm does not weigh (GPUs and other extended resources, huge pages) or the
-    operator may not read the cluster's nodes (namespaced RBAC), which the scheduler places."""
+    resources R-Storm does not weigh (extended resources other than nvidia.com/gpu, huge pages) or
+    the operator may not read the cluster's nodes (namespaced RBAC), which the scheduler places."""
 
 
 class Allreduce(StrEnum):
@@ -497,7 +579,7 @@ class CaramelJob(ApiModel):
     def world_size(self) -> int:
         """Training processes (Horovod ranks) of the whole gang; a gang running with fewer workers
         (spec.workers.minReplicas) has fewer."""
-        return self.spec.workers.replicas * self.spec.workers.slots_per_worker
+        return self.spec.workers.replicas * self.spec.workers.slots
 
 
 class Tuning(ApiModel):

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from caramel.contract.api import CaramelJob, Checkpoint, MemoryAllocator, Scheduling, Tuning
+from caramel.contract.gpus import GPUS_PER_WORKER
 from caramel.contract.lab import LAB_SCHEDULING, LabScheduling
 from caramel.contract.ports import (
     COLLECTIVE_PORT,
@@ -73,7 +74,7 @@ def worker_env(
     `rendezvous_timeout_seconds` is how long every worker waits for the others (worker 0 included).
     """
     spec = job.spec
-    replicas, slots = len(peers), spec.workers.slots_per_worker
+    replicas, slots = len(peers), spec.workers.slots
     if not spec.workers.floor <= replicas <= spec.workers.replicas:
         expected = (
             f"{spec.workers.replicas} peer addresses (spec.workers.replicas)"
@@ -123,6 +124,8 @@ def worker_env(
         env[TRANSPORT_PORT] = str(ports[TRANSPORT_PORT])
     if topology is not None:
         env["CARAMEL_TOPOLOGY"] = topology.to_json()
+    if spec.workers.resources.gpus:
+        env[GPUS_PER_WORKER] = str(spec.workers.resources.gpus)
     if spec.checkpoint:
         env["CARAMEL_CHECKPOINT"] = spec.checkpoint.model_dump_json(by_alias=True)
     if tuning:
@@ -170,6 +173,9 @@ class WorkerContract:
     lab: LabScheduling
     """The benchmarks' ablations (CARAMEL_LAB_SCHEDULING, `caramel.contract.lab`); the defaults otherwise."""
     memory_allocator: MemoryAllocator
+    gpus_per_worker: int
+    """The GPUs each worker asks for (spec.workers.resources.limits nvidia.com/gpu): each of its
+    training processes trains on one of them (`caramel.contract.gpus`); 0 for none."""
     checkpoint: Checkpoint | None
     tuning: Tuning | None
     metrics_port: int | None
@@ -210,6 +216,11 @@ class WorkerContract:
         if not self.peers:
             return self.slots_per_worker
         return self.peers.count(self.peers[self.worker_index]) * self.slots_per_worker
+
+    @property
+    def local_rank(self) -> int:
+        """This training process's slot on its worker (Horovod's local rank)."""
+        return self.required_rank % self.slots_per_worker
 
     @property
     def required_rank(self) -> int:
@@ -274,6 +285,7 @@ class WorkerContract:
             scheduling=Scheduling.model_validate_json(environ.get("CARAMEL_SCHEDULING", "{}")),
             lab=LabScheduling.parse(environ.get(LAB_SCHEDULING)),
             memory_allocator=_memory_allocator(environ.get("CARAMEL_MEMORY_ALLOCATOR")),
+            gpus_per_worker=int(environ.get(GPUS_PER_WORKER) or 0),
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             tuning=Tuning.model_validate_json(tuning) if tuning else None,
             metrics_port=int(environ[METRICS_PORT]) if environ.get(METRICS_PORT) else None,

@@ -85,7 +85,7 @@ class PortMap:
             rendezvous=spec.rendezvous.port,
             metrics=spec.metrics.port if spec.metrics.enabled else None,
             transport=spec.caramel.transport_port if spec.caramel.allreduce != Allreduce.RING else None,
-            slots=spec.workers.slots_per_worker,
+            slots=spec.workers.slots,
         )
 
     @property

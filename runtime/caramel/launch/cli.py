@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = job.spec.workers
     shrinks = f", down to {workers.floor} worker(s) as workers are lost (spec.workers.minReplicas)" if workers.floor < workers.replicas else ""
     console.print(
-        f"[bold]caramel run[/] {job.name}: {workers.replicas} worker(s) x {workers.slots_per_worker} slot(s) "
+        f"[bold]caramel run[/] {job.name}: {workers.replicas} worker(s) x {workers.slots} slot(s) "
         f"= {job.world_size} rank(s){escape(shrinks)}"
     )
     display = ProgressDisplay(console)

@@ -3,8 +3,9 @@
 It reads the environment contract and meets the gang's other workers at the rendezvous, which
 worker 0 serves (`caramel.launch.rendezvous`: Caramel's own, which imports no Horovod); once
 every worker has joined it runs one training process per slot with that slot's ranks (from the
-round joined), the job's memory allocator and TensorFlow's thread pools sized to the process's
-share of the worker's CPUs (`caramel.contract.cpus`). A worker that comes back to an elastic gang which
+round joined), the job's memory allocator, TensorFlow's thread pools sized to the process's
+share of the worker's CPUs (`caramel.contract.cpus`), and the worker's GPUs (CUDA_VISIBLE_DEVICES:
+its block of the machine's, none for a job that asks for none; `caramel.contract.gpus`). A worker that comes back to an elastic gang which
 trains (its first round closed long ago) joins no round itself: its training processes join the
 open one once ready (`hvd.init`), and the others take them in at their next commit.
 Every output line is prefixed with its rank. If any training process fails, the others are
@@ -39,6 +40,7 @@ from collections.abc import Callable
 import caramel
 from caramel.contract.cpus import machine_cpus, pool_sizes, pool_variables
 from caramel.contract.env import WorkerContract, slot_env
+from caramel.contract.gpus import ASKED_FOR, CUDA_VISIBLE_DEVICES, worker_devices
 from caramel.contract.progress import ProgressReport, parse_report
 from caramel.contract.termination import (
     TERMINATION_MESSAGE_PATH_VARIABLE,
@@ -194,9 +196,13 @@ def _run_slots(
     say(f"training processes: {allocator.description}")
     pools, pools_said = pool_variables(os.environ, pool_sizes(machine_cpus(), contract.ranks_on_this_machine))
     say(pools_said)
+    devices = worker_devices(os.environ.get(CUDA_VISIBLE_DEVICES), contract.peers, contract.worker_index, contract.gpus_per_worker)
+    if contract.gpus_per_worker:
+        say(f"GPUs of the training processes: {devices or 'none left on this machine'} ({contract.gpus_per_worker} per worker, {ASKED_FOR}), one each")
     envs = []
     for slot in range(contract.slots_per_worker):
         env = {**os.environ, **slot_env(os.environ, slot), **slot_ranks[min(slot, len(slot_ranks) - 1)], **allocator.env, **pools}
+        env[CUDA_VISIBLE_DEVICES] = devices
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, env.get("PYTHONPATH")]))
         envs.append(env)
     ranks = [int(env["HOROVOD_RANK"]) for env in envs]

@@ -176,7 +176,7 @@ class LocalRun:
         peers = [LOCALHOST] * replicas
         # The topology file has a host per rank of the whole gang; a gang short of workers runs on
         # the hosts of its first ones.
-        topology = to_wire(self.topology).of_hosts(list(range(replicas * self.job.spec.workers.slots_per_worker))) if self.topology else None
+        topology = to_wire(self.topology).of_hosts(list(range(replicas * self.job.spec.workers.slots))) if self.topology else None
         last_lines: list[collections.deque[str]] = [collections.deque(maxlen=LAST_LINES_KEPT) for _ in range(replicas)]
         outcome = RunOutcome(False, "", 0.0, workers=replicas)
         # Each worker's last words, as a pod's termination message.

@@ -18,6 +18,7 @@ from caramel.collectives.backend import Backend, chosen, set_up
 from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
 from caramel.tensorflow import stopping
+from caramel.tensorflow.devices import training_device
 from caramel.tensorflow.communicator import GradientCommunicator
 from caramel.tensorflow.keras_version import keras_2
 from caramel.tensorflow.unsupported import refuse
@@ -83,6 +84,8 @@ def init() -> Runtime:
     global _runtime
     if _runtime is None:
         contract = WorkerContract.from_env()
+        # Before the backend, which starts TensorFlow: its devices are set only until then.
+        device = training_device(contract)
         backend = set_up(chosen(contract), contract)
         # After the backend: TensorFlow's coordination service takes SIGTERM for itself as it starts.
         stopping.install()
@@ -92,6 +95,10 @@ def init() -> Runtime:
         _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend), metrics)
         keras = "Keras 2 (tf-keras, TF_USE_LEGACY_KERAS)" if keras_2() else "Keras 3"
         _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value}); tf.keras is {keras}")
+        if contract.gpus_per_worker:
+            _runtime.say(f"rank 0 trains on {device}; gradients on the GPU go over {backend.gpu_transport}")
+        elif device:
+            _runtime.say(device)
     return _runtime
 
 

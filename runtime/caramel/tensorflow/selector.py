@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from caramel.collectives.backend import Backend
 from caramel.planner.rounds import BLOCK_PAIRS, MIN_BLOCK_STEPS
+from caramel.tensorflow.devices import HOST
 
 OWN_WAY, PLANNED = 0, 1
 """The arms: the backend's own way, and the plan in force."""
@@ -63,7 +64,7 @@ class ArmSelector:
         self, backend: Backend, block: int = MIN_BLOCK_STEPS, settle: int = DEFAULT_SETTLE_STEPS, exploit: int = DEFAULT_EXPLOIT_STEPS
     ) -> None:
         self._backend = backend
-        with tf.init_scope():
+        with tf.init_scope(), tf.device(HOST):
             variable = lambda value, dtype, name: tf.Variable(value, dtype=dtype, trainable=False, name=f"caramel_selector_{name}")  # noqa: E731
             self.steps = variable(0, tf.int64, "steps")
             """Steps ticked so far."""
@@ -90,9 +91,10 @@ class ArmSelector:
 
         @tf.function(autograph=False)
         def tick(anchor: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
-            with tf.control_dependencies([anchor]):
-                now = tf.where(at >= 0.0, at, tf.timestamp())
-            return self._tick(now)
+            with tf.device(HOST):
+                with tf.control_dependencies([anchor]):
+                    now = tf.where(at >= 0.0, at, tf.timestamp())
+                return self._tick(now)
 
         self._tick_function = tick
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from caramel.tensorflow.devices import HOST
+
 
 class StampBook:
     """Stamps of the steps of one process, one variable per step of an execution."""
 
     def __init__(self) -> None:
-        with tf.init_scope():
+        with tf.init_scope(), tf.device(HOST):
             self._anchor = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="caramel_stamp_anchor")
         self._stores: dict[int, tf.Variable] = {}
         self._flags: dict[int, tf.Variable] = {}
@@ -33,7 +35,7 @@ class StampBook:
         # Any shape: one small function per dtype, however many tensors are stamped.
         @tf.function(autograph=False, reduce_retracing=True)
         def stamp(anchor: tf.Variable, after: tf.Tensor) -> tf.Tensor:
-            with tf.control_dependencies([after]):
+            with tf.device(HOST), tf.control_dependencies([after]):
                 return tf.timestamp() + 0.0 * anchor.read_value()
 
         self._stamp = stamp
@@ -52,7 +54,7 @@ class StampBook:
     def flag(self, slot: int, value: bool) -> tf.Variable:
         """A boolean variable of slot `slot`, made with `value` if there is none yet."""
         if slot not in self._flags:
-            with tf.init_scope():
+            with tf.init_scope(), tf.device(HOST):
                 self._flags[slot] = tf.Variable(value, trainable=False, name=f"caramel_stamp_flag_{slot}")
         return self._flags[slot]
 
@@ -60,7 +62,7 @@ class StampBook:
         """The variable of slot `slot` (the step's place in its execution), made if there is none
         yet. Its length is left open: plans differ in their stamps."""
         if slot not in self._stores:
-            with tf.init_scope():
+            with tf.init_scope(), tf.device(HOST):
                 self._stores[slot] = tf.Variable(
                     tf.zeros([0], tf.float64), shape=tf.TensorShape([None]), trainable=False, name=f"caramel_stamps_{slot}"
                 )

@@ -157,16 +157,31 @@ def gloo_enabled() -> bool:
     return backend().name == "horovod"
 
 
-def gloo_built() -> bool:
-    return horovod_installed()
-
-
 def _false() -> bool:
     return False
 
 
-mpi_enabled = mpi_built = mpi_threads_supported = _false
-nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = sycl_built = _false
+def _as_horovod_built(feature: str) -> Callable[[], bool | int]:
+    """Horovod's own answer to whether it was built with `feature` (hvd.nccl_built() is NCCL's
+    version code, 0 without it: the GPU image's Horovod has NCCL), where Horovod is installed;
+    False where it is not. Its library loads on the first call, not before."""
+
+    def built() -> bool | int:
+        if not horovod_installed():
+            return False
+        from horovod.tensorflow import mpi_ops
+
+        return getattr(mpi_ops, f"{feature}_built")()
+
+    built.__name__ = f"{feature}_built"
+    return built
+
+
+gloo_built, mpi_built, nccl_built, cuda_built, rocm_built, ddl_built, ccl_built = (
+    _as_horovod_built(feature) for feature in ("gloo", "mpi", "nccl", "cuda", "rocm", "ddl", "ccl")
+)
+# MPI is never the controller of a Caramel gang; Horovod 0.28.1 has no SYCL build.
+mpi_enabled = mpi_threads_supported = sycl_built = _false
 
 
 # -- collectives ---------------------------------------------------------------------------------
