@@ -60,7 +60,7 @@ from benchmarks.worker_events import (
     caramel_details,
     print_summary,
 )
-from benchmarks.workloads import APIS, CARAMEL_WORKERS, COMPUTED, GRADIENTS, GRAPH_OPS, KERNELS, WORKER_APIS, WORKER_STRATEGIES
+from benchmarks.workloads import APIS, CARAMEL_WORKERS, COMPUTED, FIT, FIT_AS_HOROVOD_COMPILES, GRADIENTS, GRAPH_OPS, KERNELS, WORKER_APIS, WORKER_STRATEGIES
 from caramel.tensorflow.keras import TrainingCallback
 
 # Updates that leave the weights (and so the gradients) practically unchanged; they still cost
@@ -96,9 +96,11 @@ def main() -> None:
         allreduce_all_at_once(hvd, [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
     elif args.strategy == "comm-only-tf":
         allreduce_all_at_once_tf(strategy, [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
-    elif args.api == "fit":
+    elif args.api in (FIT, FIT_AS_HOROVOD_COMPILES):
+        # fit-plain compiles as Horovod's Keras examples do, without steps_per_execution.
+        compiled = args.steps_per_execution if args.api == FIT else 1
         with joined.scope():
-            fit(model, args.strategy, total, args.steps_per_execution, times, strategy)
+            fit(model, args.strategy, total, compiled, times, strategy)
     else:
         loop(model, args.strategy, args.api, total, args.steps_per_execution, times, hvd, strategy)
     if args.strategy in CARAMEL_WORKERS:
@@ -112,7 +114,7 @@ def fit(
     sgd = tf.keras.optimizers.SGD(LEARNING_RATE)
     optimizer = ctf.DistributedOptimizer(sgd) if strategy == "caramel" else sgd
     model.compile(optimizer=optimizer, loss=emulated_model.loss, steps_per_execution=steps_per_execution)
-    callbacks: list[tf.keras.callbacks.Callback] = [StepLogCallback(times, steps_per_execution)]
+    callbacks: list[tf.keras.callbacks.Callback] = [StepLogCallback(times)]
     data = emulated_model.dataset()
     if strategy == "caramel":
         callbacks.append(TrainingCallback(model))

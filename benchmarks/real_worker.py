@@ -45,7 +45,7 @@ from benchmarks.loops import train_in_executions, train_per_step, training_step
 from benchmarks.plain_horovod import variables_of
 from benchmarks.worker_args import add_run_arguments, parse_run_arguments
 from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, allreduce_all_at_once_tf, caramel_details, print_summary, rank
-from benchmarks.workloads import REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, RealModel, example_script
+from benchmarks.workloads import FIT, FIT_AS_HOROVOD_COMPILES, REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, RealModel, example_script
 from caramel.tensorflow.keras import TrainingCallback
 
 LEARNING_RATE = 0.01
@@ -107,7 +107,10 @@ def parse_args() -> argparse.Namespace:
         "caramel only (default: function for caramel, tape for the others)",
     )  # fmt: skip
     add_run_arguments(parser, measured_steps=30)
-    apis = {strategy: [api for api in WORKER_APIS[strategy] if strategy != "compute-only" or api != "fit"] for strategy in WORKER_STRATEGIES}
+    apis = {
+        strategy: [api for api in WORKER_APIS[strategy] if (strategy != "compute-only" or api != FIT) and api != FIT_AS_HOROVOD_COMPILES]
+        for strategy in WORKER_STRATEGIES
+    }
     return parse_run_arguments(parser, "real", apis)
 
 
@@ -174,7 +177,7 @@ def fit(
     def data() -> tf.data.Dataset:
         return tf.data.Dataset.range(steps).map(lambda step: example.batch(step, me))
 
-    callbacks: list[tf.keras.callbacks.Callback] = [StepLogCallback(times, steps_per_execution)]
+    callbacks: list[tf.keras.callbacks.Callback] = [StepLogCallback(times)]
     if strategy == "mwms":
         with mwms_strategy.scope():
             example.model.compile(optimizer=example.optimizer, loss=example.loss, steps_per_execution=steps_per_execution)

@@ -162,6 +162,10 @@ STRATEGIES = {
     "caramel": Strategy("caramel", None, {}, "Caramel's defaults (backend auto: horovod where installed)"),
     "caramel-tape": Strategy("caramel", "tape", {}, "Caramel's tape in a tf.function per step (backend auto: horovod where installed)"),
     "caramel-function": Strategy("caramel", "function", {}, "Caramel's tape through ctf.function (backend auto: horovod where installed)"),
+    "caramel-fit-plain": Strategy(
+        "caramel", "fit-plain", {}, "Keras fit compiled without steps_per_execution, as Horovod's examples compile it: Caramel "
+        "chooses the steps per graph (backend auto: horovod where installed)",
+    ),  # fmt: skip
     "hvd-script": Strategy(
         "hvd-script", "tape", {}, "horovod-tape's loop unchanged under Caramel: its `import horovod.tensorflow` is Caramel's (backend "
         "auto: horovod where installed)",

@@ -22,6 +22,7 @@ import tensorflow as tf
 from benchmarks.step_trace import StepTrace
 from caramel.contract.env import WorkerContract
 from caramel.tensorflow import runtime
+from caramel.tensorflow.keras_version import steps_per_execution
 
 
 def rank() -> int:
@@ -98,19 +99,22 @@ class StepLog:
 
 
 class StepLogCallback(tf.keras.callbacks.Callback):
-    """Times each execution of `model.fit` (steps_per_execution steps) into a StepLog."""
+    """Times each execution of `model.fit` (the model's steps per execution, as the fit runs them:
+    Caramel may run several where `compile` gave one) into a StepLog."""
 
-    def __init__(self, times: StepLog, steps_per_execution: int) -> None:
+    observes_single_batches = False
+    """It times executions, whatever their steps (caramel.tensorflow.fit_steps reads this)."""
+
+    def __init__(self, times: StepLog) -> None:
         super().__init__()
         self.times = times
-        self.steps_per_execution = steps_per_execution
         self._started = 0.0
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.times.append(time.perf_counter() - self._started, self.steps_per_execution)
+        self.times.append(time.perf_counter() - self._started, steps_per_execution(self.model))
 
 
 def tensor_peak_bytes() -> int | None:

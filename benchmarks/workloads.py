@@ -84,12 +84,15 @@ REAL_MODELS = {
 WORKER_STRATEGIES = ("horovod", "hvd-script", "mwms", "caramel", "compute-only", "comm-only", "comm-only-tf")
 CARAMEL_WORKERS = ("caramel", "hvd-script")
 """The worker strategies that run on Caramel's runtime."""
-APIS = ("fit", "tape", "function")
+FIT, FIT_AS_HOROVOD_COMPILES = "fit", "fit-plain"
+"""Keras fit compiled with the run's steps_per_execution, and without (Horovod's examples' compile):
+Caramel then chooses the steps per graph (caramel.tensorflow.fit_steps)."""
+APIS = (FIT, FIT_AS_HOROVOD_COMPILES, "tape", "function")
 WORKER_APIS = {
     "horovod": ("tape",),
     "hvd-script": ("tape",),
     "mwms": ("fit", "tape"),
-    "caramel": ("fit", "tape", "function"),
+    "caramel": (FIT, FIT_AS_HOROVOD_COMPILES, "tape", "function"),
     "compute-only": ("fit", "tape"),
     "comm-only": APIS,
     "comm-only-tf": APIS,

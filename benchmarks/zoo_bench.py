@@ -39,8 +39,11 @@ Each point then runs, repeats interleaved, each strategy in worker processes of 
                           is Caramel's)
     caramel-tape          Caramel's tape in the same per-step tf.function (import swapped)
     caramel-function      Caramel's tape through ctf.function, several steps per graph
-    caramel               Keras fit with ctf.DistributedOptimizer and TrainingCallback
-the last four on Caramel's default backend (auto: Horovod's collectives where Horovod is
+    caramel               Keras fit with ctf.DistributedOptimizer and TrainingCallback, compiled with
+                          the run's steps_per_execution
+    caramel-fit-plain     the same fit compiled without steps_per_execution, as Horovod's Keras
+                          examples compile it: Caramel chooses the steps per graph
+the last five on Caramel's default backend (auto: Horovod's collectives where Horovod is
 installed). horovod-tape (and mwms-fit, MultiWorkerMirroredStrategy's Keras fit, where a strategy
 runs on TensorFlow's collectives) always run as BASELINES; --strategies adds any of
 scheduling_bench's (the @tf and @hvd paths, autotune-tape, mwms-loop, the anchors). Compute-only
@@ -107,7 +110,7 @@ from benchmarks.workloads import COMPUTED, DEVICE_CLOCK, GRADIENTS, GRAPH_OPS, W
 
 ZOO_POINTS = Path(__file__).resolve().parent / "zoo_points.json"
 DEFAULT_RATES = (1000.0, 4000.0)
-DEFAULT_STRATEGIES = ("horovod-tape", "hvd-script", "caramel-tape", "caramel-function", "caramel")
+DEFAULT_STRATEGIES = ("horovod-tape", "hvd-script", "caramel-tape", "caramel-function", "caramel", "caramel-fit-plain")
 BASELINE = BASELINES[0]
 """The baseline of the ratios where none is named: plain Horovod's tape, whose M calibrated the points."""
 OWN_GRAPH = "own"

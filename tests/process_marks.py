@@ -19,6 +19,7 @@ import _posixsubprocess
 import asyncio
 import inspect
 import os
+import platform
 import subprocess
 import sys
 import types
@@ -39,6 +40,11 @@ _PROCESS_ATTRIBUTES = {
     os: {"fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "spawnv", "spawnve", "spawnl", "execv", "execve"},
     asyncio: {"create_subprocess_exec", "create_subprocess_shell"},
 }
+
+# Importing TensorFlow reads platform.processor(), which runs `uname -p` the first time in a
+# process and remembers it: read here, before any test is watched, so that whichever unit test
+# imports TensorFlow first in a worker is not taken for one that starts processes.
+platform.processor()
 
 _MADE_BY = frozenset({"__new__", "__init__", "__post_init__", "__enter__", "__aenter__", "__call__"})
 

@@ -60,7 +60,7 @@ def caramel_run(tmp_path_factory):
 
 # Each API the worker measures and each backend, not every pair: the worker's code for an API is
 # the same on both backends, and tests/test_correctness.py runs every pair through real training.
-CARAMEL_PATHS = [("tape", "horovod"), *SETTLED_PATHS]
+CARAMEL_PATHS = [("tape", "horovod"), ("fit-plain", "horovod"), *SETTLED_PATHS]
 
 
 @shares_runs
@@ -71,6 +71,14 @@ def test_every_caramel_path_and_backend_runs_to_its_summary(caramel_run, api, ba
     assert len(summaries) == RANKS and all(summary["strategy"] == "caramel" for summary in summaries), stderr[-3000:]
     assert all(summary["backend"] == backend for summary in summaries), summaries
     assert len([event for event in events if event["event"] == "step"]) == 4, stderr[-3000:]  # rank 0's measured steps
+
+
+@shares_runs
+def test_a_fit_compiled_without_steps_per_execution_runs_several_steps_per_graph(caramel_run):
+    """As Horovod's Keras examples compile: the worker's own step log acts per execution, so Caramel
+    runs the most steps per graph, up to 4, that divide the fit's 10 steps."""
+    _, stderr = caramel_run("fit-plain", "horovod")
+    assert "2 steps per graph (compile gave steps_per_execution 1" in stderr, stderr[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -43,19 +43,24 @@ def test_a_hung_api_call_does_not_hang_the_reconcile_loop(emulator, tmp_path):
         operator.stop()
 
 
-def test_a_watch_that_delivers_nothing_fails_liveness(emulator, tmp_path):
+def test_a_watch_that_delivers_nothing_fails_liveness(tmp_path):
     """kopf#1276: a watch can stall unnoticed, and jobs go unserved while /healthz says ok."""
+    requests = tmp_path / "requests.jsonl"
+    emulator = Emulator(tmp_path, record=requests)
     api = emulator.api
     emulator.stall("GET", "/carameljobs$", 3600, watch=True)
     operator = operator_of(emulator, tmp_path, CARAMEL_WATCH_STALL_SECONDS="2")
     try:
         assert operator.healthy() and operator.ready()  # nothing missed yet
+        # Created before kopf's first list, the job would be served by that list, watch or not.
+        eventually(lambda: requests.exists() and '"verb": "watch", "group": "caramel.dev"' in requests.read_text(), what="kopf watching CaramelJobs")
         api.create_job("demo", SPEC)
         eventually(lambda: not operator.healthy(), timeout=30, what="liveness failing")
         assert "the watch has not delivered the latest change of CaramelJob default/demo" in operator.log.read_text()
         assert api.pods("demo") == []
     finally:
         operator.stop()
+        emulator.stop()
 
 
 def test_a_recreated_crd_whose_discovery_lags_is_served_after_the_probe_restarts_the_operator(tmp_path):

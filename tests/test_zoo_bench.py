@@ -31,7 +31,7 @@ def test_defaults_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     # Horovod's tape first, then every public path on Caramel's default backend: Horovod's loop
     # unchanged, Caramel's tape in it, ctf.function, Keras fit. MultiWorkerMirroredStrategy's fit
     # is the baseline only where a strategy runs on TensorFlow's collectives.
-    assert args.strategy_names == ("horovod-tape", "hvd-script", "caramel-tape", "caramel-function", "caramel")
+    assert args.strategy_names == ("horovod-tape", "hvd-script", "caramel-tape", "caramel-function", "caramel", "caramel-fit-plain")
     assert zoo_bench.parse_args(["--strategies", "caramel-tape@hvd"]).strategy_names == ("horovod-tape", "caramel-tape@hvd")
     assert zoo_bench.parse_args(["--strategies", "caramel@tf"]).strategy_names == ("horovod-tape", "mwms-fit", "caramel@tf")
     # The three compute modes: the h200 mode replays every timeline at 10 and 25 GbE (k = 10).
