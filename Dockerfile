@@ -97,6 +97,9 @@ RUN bash /src/scripts/horovod/build-wheel.sh python3 /wheels
 FROM app AS workers
 RUN apt-get update && apt-get install -y --no-install-recommends libtcmalloc-minimal4 \
     && apt-get clean && rm -rf /var/lib/apt/lists/*
+# The jobs' working directory is the user's: scripts write into it (Horovod's examples their
+# checkpoints, ./checkpoint-1.h5), so it belongs to the user the pods run as.
+RUN install -d -o 10001 -g 10001 /app
 
 # The workers' image.
 FROM workers AS runtime

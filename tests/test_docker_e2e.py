@@ -177,6 +177,9 @@ def test_worker_pods_train_in_containers(image: str, sandbox: Sandbox, tmp_path:
     assert user.isdigit() and int(user) > 0, f"the image runs as {user!r}"
     users = set(docker("inspect", "--format", "{{.Config.User}}", *names).stdout.split())
     assert users == {"10001:10001"}, f"workers ran as {users}"
+    # Scripts write into their working directory (Horovod's examples their checkpoints).
+    written = docker("run", "--rm", "--user", "10001:10001", "--entrypoint", "touch", image, "checkpoint-1.h5", check=False)
+    assert written.returncode == 0, f"the image's working directory is not its user's: {written.stdout}"
 
     print(f"--- {len(names)} workers, start to all exited: {elapsed:.1f} s")
     print(f"--- rank 0 final step time (median): {final[0].step_seconds * 1000:.1f} ms")

@@ -62,7 +62,8 @@ LIBRARIES        =+ $(_SPACE_) "-L$(TOP)/lib64"
 PROFILE
 "$cuda/bin/nvcc" --version | tail -1
 
-nccl=$("$PYTHON" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))")
+# nvidia.nccl is a namespace package (no __init__.py) in recent wheels: its path, not its file.
+nccl=$("$PYTHON" -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])")
 ln -s "$nccl/lib/libnccl.so.2" "$work/nccl/libnccl.so"
 echo "--- NCCL $(grep -m1 -E '^#define NCCL_VERSION_CODE' "$nccl/include/nccl.h" | awk '{print $3}') from $nccl"
 
