@@ -60,7 +60,19 @@ from benchmarks.worker_events import (
     caramel_details,
     print_summary,
 )
-from benchmarks.workloads import APIS, CARAMEL_WORKERS, COMPUTED, FIT, FIT_AS_HOROVOD_COMPILES, GRADIENTS, GRAPH_OPS, KERNELS, WORKER_APIS, WORKER_STRATEGIES
+from benchmarks.workloads import (
+    APIS,
+    CARAMEL_WORKERS,
+    COMPUTED,
+    FIT,
+    FIT_AS_HOROVOD_COMPILES,
+    GRADIENTS,
+    GRAPH_OPS,
+    KERNELS,
+    WORKER_APIS,
+    WORKER_STRATEGIES,
+    compiled_steps_per_execution,
+)
 from caramel.tensorflow.keras import TrainingCallback
 
 # Updates that leave the weights (and so the gradients) practically unchanged; they still cost
@@ -97,10 +109,8 @@ def main() -> None:
     elif args.strategy == "comm-only-tf":
         allreduce_all_at_once_tf(strategy, [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
     elif args.api in (FIT, FIT_AS_HOROVOD_COMPILES):
-        # fit-plain compiles as Horovod's Keras examples do, without steps_per_execution.
-        compiled = args.steps_per_execution if args.api == FIT else 1
         with joined.scope():
-            fit(model, args.strategy, total, compiled, times, strategy)
+            fit(model, args.strategy, total, compiled_steps_per_execution(args.api, args.steps_per_execution), times, strategy)
     else:
         loop(model, args.strategy, args.api, total, args.steps_per_execution, times, hvd, strategy)
     if args.strategy in CARAMEL_WORKERS:

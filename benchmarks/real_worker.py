@@ -45,7 +45,17 @@ from benchmarks.loops import train_in_executions, train_per_step, training_step
 from benchmarks.plain_horovod import variables_of
 from benchmarks.worker_args import add_run_arguments, parse_run_arguments
 from benchmarks.worker_events import StepLog, StepLogCallback, allreduce_all_at_once, allreduce_all_at_once_tf, caramel_details, print_summary, rank
-from benchmarks.workloads import FIT, FIT_AS_HOROVOD_COMPILES, REAL_MODELS, WORKER_APIS, WORKER_STRATEGIES, RealModel, example_script
+from benchmarks.workloads import (
+    APIS,
+    FIT,
+    FIT_AS_HOROVOD_COMPILES,
+    REAL_MODELS,
+    WORKER_APIS,
+    WORKER_STRATEGIES,
+    RealModel,
+    compiled_steps_per_execution,
+    example_script,
+)
 from caramel.tensorflow.keras import TrainingCallback
 
 LEARNING_RATE = 0.01
@@ -102,15 +112,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", required=True, choices=sorted(REAL_MODELS))
     parser.add_argument("--strategy", required=True, choices=WORKER_STRATEGIES)
     parser.add_argument(
-        "--api", choices=("fit", "tape", "function"),
+        "--api", choices=APIS,
         help="tape: a tf.function called once per step; function: ctf.function, Caramel only; fit: Keras fit, mwms and "
-        "caramel only (default: function for caramel, tape for the others)",
+        "caramel only; fit-plain: fit compiled without steps_per_execution, Caramel only (default: function for caramel, "
+        "tape for the others)",
     )  # fmt: skip
     add_run_arguments(parser, measured_steps=30)
-    apis = {
-        strategy: [api for api in WORKER_APIS[strategy] if (strategy != "compute-only" or api != FIT) and api != FIT_AS_HOROVOD_COMPILES]
-        for strategy in WORKER_STRATEGIES
-    }
+    apis = {strategy: [api for api in WORKER_APIS[strategy] if strategy != "compute-only" or api != FIT] for strategy in WORKER_STRATEGIES}
     return parse_run_arguments(parser, "real", apis)
 
 
@@ -135,8 +143,8 @@ def main() -> None:
             allreduce_all_at_once(hvd, gradients, total, times)
         else:
             allreduce_all_at_once_tf(strategy, gradients, total, times)
-    elif args.api == "fit":
-        fit(example, args.strategy, total, args.steps_per_execution, times, me, strategy)
+    elif args.api in (FIT, FIT_AS_HOROVOD_COMPILES):
+        fit(example, args.strategy, total, compiled_steps_per_execution(args.api, args.steps_per_execution), times, me, strategy)
     elif args.strategy == "mwms":
         with strategy.scope():
             example.optimizer.build(variables)

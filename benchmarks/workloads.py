@@ -87,6 +87,13 @@ CARAMEL_WORKERS = ("caramel", "hvd-script")
 FIT, FIT_AS_HOROVOD_COMPILES = "fit", "fit-plain"
 """Keras fit compiled with the run's steps_per_execution, and without (Horovod's examples' compile):
 Caramel then chooses the steps per graph (caramel.tensorflow.fit_steps)."""
+
+
+def compiled_steps_per_execution(api: str, steps_per_execution: int) -> int:
+    """What a worker's Keras `compile` is given: the run's steps_per_execution for fit, none (1)
+    for fit-plain, as Horovod's Keras examples compile."""
+    return 1 if api == FIT_AS_HOROVOD_COMPILES else steps_per_execution
+
 APIS = (FIT, FIT_AS_HOROVOD_COMPILES, "tape", "function")
 WORKER_APIS = {
     "horovod": ("tape",),
