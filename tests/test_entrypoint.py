@@ -20,6 +20,7 @@ from caramel.contract.progress import parse_report
 from caramel.contract.termination import TERMINATION_MESSAGE_BYTES, ScriptRaised, failure_cause, failure_time, script_raised
 from conftest import REPO, free_port
 
+NO_GPU = "E0000 00:00:1733440000.000000 cuda_executor.cc:1228] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)"
 REPORT = "caramel-progress step=7 total=7 loss=0.5 step_seconds=0.01 examples_per_second=100 final=1"
 
 
@@ -70,15 +71,19 @@ def test_a_failed_worker_leaves_its_first_error_and_last_lines(tmp_path):
         ("raise ValueError('learning_rate must be positive')", ScriptRaised(before_first_step=True)),
         (f"print({REPORT!r}, flush=True); raise ValueError('learning_rate must be positive')", ScriptRaised(before_first_step=False)),
         ("raise ConnectionResetError(104, 'Connection reset by peer')", None),  # a peer's failure, not the script's bug
+        # TensorFlow's log in the GPU image on a machine without one: an error line first, which
+        # neither ended the rank nor says why it ended.
+        (f"print({NO_GPU!r}, flush=True); raise ConnectionResetError(104, 'Connection reset by peer')", None),
         ("import sys; print('ValueError: learning_rate must be positive'); sys.exit(1)", None),  # no exception: the script chose to exit
     ],
-    ids=["before-the-first-step", "after-a-step", "a-peers-failure", "sys-exit"],
+    ids=["before-the-first-step", "after-a-step", "a-peers-failure", "a-peers-failure-after-a-logged-error", "sys-exit"],
 )
 def test_a_failed_worker_says_whether_its_script_raised_and_whether_before_rank_0s_first_step(tmp_path, training, said):
     code, message, _ = run_worker(tmp_path, training)
     assert code == 1
     assert script_raised(message) == said, message
     assert "ValueError" not in training or failure_cause(message) == "rank 0 | ValueError: learning_rate must be positive"
+    assert "ConnectionResetError" not in training or failure_cause(message) == "rank 0 | ConnectionResetError: [Errno 104] Connection reset by peer"
 
 
 def test_a_worker_whose_termination_log_cannot_be_written_still_succeeds(tmp_path):

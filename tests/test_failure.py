@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from caramel.contract.termination import (
     GAP,
+    RankOutput,
     ScriptRaised,
     failure_cause,
     failure_message,
@@ -102,6 +103,40 @@ def test_fit_cuts_a_head_larger_than_the_limit():
 )  # fmt: skip
 def test_a_script_raised_where_python_ended_on_its_own_exception_not_on_a_peers_failure(returncode, traceback_seen, first_error, raised):
     assert raised_by_the_script(returncode, traceback_seen, first_error) is raised
+
+
+# TensorFlow's log on a machine without a GPU, in the GPU image: an error line that stops nothing.
+NO_GPU = "rank 0 | E0000 00:00:1733440000.000000 cuda_executor.cc:1228] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)"
+PEER_RESET = [
+    "rank 0 | Traceback (most recent call last):",
+    'rank 0 |   File "/app/train.py", line 30, in <module>',
+    "rank 0 | ConnectionResetError: [Errno 104] Connection reset by peer",
+]
+
+
+@pytest.mark.parametrize(
+    ("lines", "causes", "raised"),
+    [
+        (PYTHON_TRACEBACK, [PYTHON_TRACEBACK[-1]], True),
+        ([NO_GPU, *PYTHON_TRACEBACK], [PYTHON_TRACEBACK[-1], NO_GPU], True),
+        ([NO_GPU, *PEER_RESET], [PEER_RESET[-1], NO_GPU], False),
+        ([*PEER_RESET[:2], "rank 0 | ValueError: bad shard 7"], ["rank 0 | ValueError: bad shard 7"], True),
+        # Python's chained exceptions: the rank ended on the last traceback's.
+        ([*PYTHON_TRACEBACK, "rank 1 | During handling of the above exception, another exception occurred:", *PEER_RESET],
+         [PEER_RESET[-1], PYTHON_TRACEBACK[-1]], False),
+        (GLOO_ABORT, [f"{GLOO_ABORT[0]} {GLOO_ABORT[1].strip()}"], False),
+        (["rank 0 | step 1"], [], False),
+    ],
+    ids=["traceback", "no-gpu-then-script", "no-gpu-then-peer", "traceback-only", "chained", "no-traceback", "no-error"],
+)  # fmt: skip
+def test_a_ranks_output_says_the_exception_it_ended_on_then_its_first_error(lines, causes, raised):
+    output = RankOutput()
+    for line in lines:
+        output.add(line)
+    assert output.causes == causes
+    assert output.raised_by_the_script(1) is raised
+    message = failure_message("rank 0 exited with code 1", datetime.now(UTC), output.causes, lines)
+    assert failure_cause(message) == (causes[0] if causes else "")
 
 
 @pytest.mark.parametrize("said", [ScriptRaised(before_first_step=True), ScriptRaised(before_first_step=False), None])

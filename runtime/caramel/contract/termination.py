@@ -5,12 +5,13 @@ keeps at most TERMINATION_MESSAGE_BYTES of it):
 - a worker that succeeded leaves rank 0's last progress report (`caramel.contract.progress`),
   from which the operator records the step the job ended at (`final_report`);
 - a worker whose rank failed leaves a failure summary: which rank, when it failed, whether the
-  script raised (`ScriptRaised`), the first line of its output that reads as an error, and its
-  last lines (`failure_message`).
+  script raised (`ScriptRaised`), the exception its rank ended on and the first line of its
+  output that reads as an error (`RankOutput`), and its last lines (`failure_message`).
 
 Why a summary: the last lines alone rarely say why. Gloo's abort ends with "See exception
 message above", a failed rank's peers end with their own follow-on errors, and a Python
-traceback's first lines are cut off. The first error line is the cause far more often. The
+traceback's first lines are cut off. The exception the rank ended on, or where it ended on none
+its first error line, is the cause far more often. The
 operator keeps the message whole in the job's status, finds the cause in it (`failure_cause`, or
 in the kubelet's tail of the log, where the worker wrote nothing), and puts the cause and the
 last lines into the Event of each restart (`fit`), so that a failed gang's logs outlive its
@@ -24,8 +25,8 @@ own record of when its rank ended (`failure_time`) is to the microsecond.
 Why whether the script raised: a script's own bug (a ValueError on a wrong argument, a feature
 Caramel does not serve) raises again at every restart, and the restart policy fails such a job at
 once (`caramel.contract.restart`). Only the worker can tell: its rank's process ended as Python
-ends on an exception (status 1 after a traceback), not killed, not stopped, and with a first error
-that is no peer's failure (a rank whose peer died raises too, of a connection reset or a collective
+ends on an exception (status 1 after a traceback), not killed, not stopped, and with neither that
+exception nor its first error a peer's failure (a rank whose peer died raises too, of a connection reset or a collective
 aborted: that is not its script's bug). And only rank 0's worker can tell whether a step was done:
 rank 0 alone reports progress, and a step is done by all ranks together.
 """
@@ -84,10 +85,12 @@ def is_peer_error(line: str) -> bool:
     return bool(_PEER_ERROR.search(line.split(" | ", 1)[-1]))
 
 
-def raised_by_the_script(returncode: int, traceback_seen: bool, first_error: str) -> bool:
+def raised_by_the_script(returncode: int, traceback_seen: bool, *errors: str) -> bool:
     """Whether a rank's training process ended as Python ends on an exception of its script's own:
-    status 1 after a traceback (not a signal, not sys.exit), its first error no peer's failure."""
-    return returncode == PYTHON_EXCEPTION_STATUS and traceback_seen and bool(first_error) and not is_peer_error(first_error)
+    status 1 after a traceback (not a signal, not sys.exit), none of its `errors` (its first error
+    line, the exception its traceback ended on) a peer's failure."""
+    said = [error for error in errors if error]
+    return returncode == PYTHON_EXCEPTION_STATUS and traceback_seen and bool(said) and not any(map(is_peer_error, said))
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,38 @@ def first_error_line(lines: Sequence[str]) -> str:
                 return f"{line.strip()} {following.strip()}"
             return line.strip()
     return ""
+
+
+class RankOutput:
+    """What a failure summary needs of one rank's output, read a line at a time: its first error
+    line, the error its last traceback ended on (the exception Python raised), and whether it wrote
+    a traceback at all. The two errors differ where a library logged an error that did not stop the
+    rank: TensorFlow's "failed call to cuInit" on a machine without a GPU comes first, and the
+    exception that ended the rank, a peer's connection reset say, only after it."""
+
+    def __init__(self) -> None:
+        self.traceback_seen = False
+        self._first_error: list[str] = []
+        self._since_traceback: list[str] = []
+
+    def add(self, line: str) -> None:
+        if TRACEBACK in line:
+            self.traceback_seen = True
+            self._since_traceback = []
+            return
+        for kept in (self._first_error, self._since_traceback if self.traceback_seen else None):
+            # An error line and the one after it (a C++ exception's what()).
+            if kept is not None and (is_error_line(line) if not kept else len(kept) == 1):
+                kept.append(line)
+
+    @property
+    def causes(self) -> list[str]:
+        """The exception the rank ended on, then its first error line where that is another."""
+        said = [first_error_line(self._since_traceback), first_error_line(self._first_error)]
+        return list(dict.fromkeys(line for line in said if line))
+
+    def raised_by_the_script(self, returncode: int) -> bool:
+        return raised_by_the_script(returncode, self.traceback_seen, *self.causes)
 
 
 def fit(head: Sequence[str], lines: Sequence[str], limit_bytes: int) -> str:
@@ -143,14 +178,13 @@ def success_message(report: ProgressReport) -> str:
 
 
 def failure_message(
-    headline: str, failed_at: datetime, output_head: Sequence[str], last_lines: Sequence[str], raised: ScriptRaised | None = None
+    headline: str, failed_at: datetime, causes: Sequence[str], last_lines: Sequence[str], raised: ScriptRaised | None = None
 ) -> str:
     """The termination message of a worker whose rank failed: `headline` (which rank, how it
-    ended), when (`failed_at`, UTC), whether its script raised (`raised`, where it did), the first
-    error line of the rank's output (`output_head`: its first lines that read as an error, with the
-    line after), and as many of its last lines as fit."""
+    ended), when (`failed_at`, UTC), whether its script raised (`raised`, where it did), the lines
+    that say why (`causes`: `RankOutput.causes`), and as many of its last lines as fit."""
     when = FAILED_AT + failed_at.astimezone(UTC).strftime(FAILED_AT_FORMAT)
-    return fit([headline, when, raised.line if raised else "", first_error_line(output_head)], last_lines, TERMINATION_MESSAGE_BYTES)
+    return fit([headline, when, raised.line if raised else "", *causes], last_lines, TERMINATION_MESSAGE_BYTES)
 
 
 def failure_time(message: str) -> datetime | None:

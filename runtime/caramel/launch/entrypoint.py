@@ -44,12 +44,9 @@ from caramel.contract.gpus import ASKED_FOR, CUDA_VISIBLE_DEVICES, worker_device
 from caramel.contract.progress import ProgressReport, parse_report
 from caramel.contract.termination import (
     TERMINATION_MESSAGE_PATH_VARIABLE,
-    TRACEBACK,
+    RankOutput,
     ScriptRaised,
     failure_message,
-    first_error_line,
-    is_error_line,
-    raised_by_the_script,
     success_message,
 )
 from caramel.launch.allocator import allocator_setup
@@ -185,12 +182,9 @@ def _run_slots(
     round joined), or all with the one given (join when ready), saying they run with `beats`
     while they do (until one fails: then they are stopped, and no survivor to wait for)."""
     reports: list[ProgressReport] = []
-    # Per rank, for a failure summary: its first error line and the line after it (a C++
-    # exception's what()), and its last lines.
-    first_errors: dict[int, list[str]] = {}
+    # Per rank, for a failure summary: what says why it failed, and its last lines.
+    outputs: dict[int, RankOutput] = collections.defaultdict(RankOutput)
     last_lines: dict[int, collections.deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=LAST_LINES_KEPT))
-    # The ranks that wrote a Python traceback: whether one that failed raised.
-    tracebacks: set[int] = set()
 
     allocator = allocator_setup(contract.memory_allocator, os.environ)
     say(f"training processes: {allocator.description}")
@@ -214,12 +208,8 @@ def _run_slots(
         report = parse_report(line) if rank == 0 else None
         if report:
             reports[:] = [report]
-        elif TRACEBACK in line:
-            tracebacks.add(rank)
-        elif rank not in first_errors and is_error_line(line):
-            first_errors[rank] = [prefixed]
-        elif len(first_errors.get(rank, ())) == 1:
-            first_errors[rank].append(prefixed)
+        else:
+            outputs[rank].add(prefixed)
         last_lines[rank].append(prefixed)
 
     def headline(slot: int, returncode: int) -> str:
@@ -249,12 +239,12 @@ def _run_slots(
             beats.end()
     if end.failed is not None and end.returncode is not None and end.failed_at is not None:
         rank = ranks[end.failed]
-        head = first_errors.get(rank, [])
+        output = outputs[rank]
         raised = None
         # A rank stopped with its worker may end as it will: that is no raise of its script's.
-        if not stop.event.is_set() and raised_by_the_script(end.returncode, rank in tracebacks, first_error_line(head)):
+        if not stop.event.is_set() and output.raised_by_the_script(end.returncode):
             raised = ScriptRaised(before_first_step=0 in ranks and not reports)
-        message = failure_message(headline(end.failed, end.returncode), end.failed_at, head, last_lines[rank], raised)
+        message = failure_message(headline(end.failed, end.returncode), end.failed_at, output.causes, last_lines[rank], raised)
         _leave_message(message, say)
         return exit_code(end.returncode)
     if end.stopped:
