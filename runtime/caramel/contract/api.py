@@ -670,13 +670,14 @@ class WorkerFailure(ApiModel):
     """Exit code of the worker's container, when it exited."""
 
     cause: str = ""
-    """The first line of the worker's output that reads as an error (an exception, an abort), which
-    says why more often than its last lines do."""
+    """What says why the worker failed: the exception its rank ended on, else the first line of its
+    output that reads as an error (an abort, a kill), which says why more often than its last
+    lines do."""
 
     message: str = ""
     """The worker's termination message, whole: its summary of the failure (the failed rank, when it
-    failed, the first error line, the last lines of output), or the end of its log where it wrote
-    none."""
+    failed, the exception it ended on and its first error line, the last lines of output), or the
+    end of its log where it wrote none."""
 
 
 class TrainingProgress(ApiModel):
