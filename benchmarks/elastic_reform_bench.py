@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.plots import draw
 from testbed.local_runs import REPO, BackgroundRun, digests
 from testbed.ports import free_port_block
 
@@ -179,12 +180,7 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.with_suffix(".txt").write_text(f"python -m benchmarks.elastic_reform_bench --repeat {args.repeat} --kill-at {args.kill_at}\n\n{text}\n")
-        try:
-            plot(results, args.out.with_suffix(".png"))
-        except ImportError:
-            print(f"written: {args.out.with_suffix('.txt')}; no plot: matplotlib is missing (make .venv/.bench-done installs the bench extra)")
-        else:
-            print(f"written: {args.out.with_suffix('.txt')}, {args.out.with_suffix('.png')}")
+        print(f"written: {args.out.with_suffix('.txt')}; {draw(lambda path: plot(results, path), args.out.with_suffix('.png'))}")
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ import yaml
 from caramel.contract.api import MemoryAllocator
 from caramel.contract.cpus import INTER_OP_VARIABLE, INTRA_OP_VARIABLE, machine_cpus, pool_sizes
 from benchmarks.plain_horovod_runner import TENSORFLOWS_OWN_POOLS
+from benchmarks.plots import draw
 from testbed.ports import free_port_block
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -653,11 +654,7 @@ def main(argv: list[str] | None = None, say: Callable[[str], None] = lambda text
         say("interrupted: the tables of the runs that finished")
     for line in report_lines(document):
         say(line)
-    try:
-        plot(document, output / "ratios.png")
-        say(f"results: {results}; plot: {output / 'ratios.png'}")
-    except ImportError:
-        say(f"results: {results}; no plot: matplotlib is missing (make .venv/.bench-done installs the bench extra)")
+    say(f"results: {results}; {draw(lambda path: plot(document, path), output / 'ratios.png')}")
     return 1 if any(run.error for run in runs) else 0
 
 

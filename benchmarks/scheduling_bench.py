@@ -96,6 +96,7 @@ from caramel.contract.lab import lab_variables
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
+from benchmarks.plots import draw
 from benchmarks.profiles import TUNED
 from benchmarks.step_bounds import ordered_bounds
 from benchmarks.accelerator_timelines import is_timeline
@@ -1028,11 +1029,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted: the tables and plot hold the runs that finished (also in {output / 'results.json'})", flush=True)
         print_tables(workloads, results, args)
         if results:
-            plot(results, args.strategy_names, output / "step_time_vs_bandwidth.png")
+            print(draw(lambda path: plot(results, args.strategy_names, path), output / "step_time_vs_bandwidth.png"))
         return 130
     print_tables(workloads, results, args)
-    plot(results, args.strategy_names, output / "step_time_vs_bandwidth.png")
-    print(f"\nplot: {output / 'step_time_vs_bandwidth.png'}; results: {output / 'results.json'}; logs in {output}\n")
+    drawn = draw(lambda path: plot(results, args.strategy_names, path), output / "step_time_vs_bandwidth.png")
+    print(f"\n{drawn}; results: {output / 'results.json'}; logs in {output}\n")
     for workload in workloads:
         for line in summary_lines(workload.name, results[workload.name][1], args.strategy_names):
             print(line)

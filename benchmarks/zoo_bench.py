@@ -85,6 +85,7 @@ from caramel.contract.api import MemoryAllocator
 
 from benchmarks.jobrun import REPOSITORY, bench_job, hostnames
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError
+from benchmarks.plots import draw
 from benchmarks.accelerator_timelines import BASE_RATE, is_timeline, timeline_names
 from benchmarks.profiles import NAMES
 from benchmarks.scheduling_bench import (
@@ -594,8 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]], kernels=args.kernels, gradients=args.gradients)[0] for key in results}
         print_table(results, workloads, args.strategy_names)
         print_summary(results, workloads, args.strategy_names)
-        plot(results, args.strategy_names, args.report.with_name("zoo.png"))
-        print(f"\nplot: {args.report.with_name('zoo.png')}")
+        print("\n" + draw(lambda path: plot(results, args.strategy_names, path), args.report.with_name("zoo.png")))
         return 0
     if os.geteuid() != 0:
         print("zoo_bench needs root: it builds network namespaces, veths, a bridge, tc shaping and an iptables rule", file=sys.stderr)
@@ -640,8 +640,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print_table(results, workloads, args.strategy_names)
         print_summary(results, workloads, args.strategy_names)
-        plot(results, args.strategy_names, output / "zoo.png")
-        print(f"\nplot: {output / 'zoo.png'}; results: {output / 'results.json'}; logs in {output}")
+        drawn = draw(lambda path: plot(results, args.strategy_names, path), output / "zoo.png")
+        print(f"\n{drawn}; results: {output / 'results.json'}; logs in {output}")
     return 0
 
 

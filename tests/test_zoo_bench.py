@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import zoo_bench
 from benchmarks.accelerator_timelines import timeline_names
+from benchmarks.plots import NO_MATPLOTLIB, draw
 from benchmarks.profiles import NAMES, TUNED, ZOO
 from benchmarks.scheduling_bench import Cell, Point, Run
 from benchmarks.workloads import make_workloads
@@ -127,3 +128,16 @@ def test_report_of_an_earlier_run_uses_its_strategies(tmp_path, capsys: pytest.C
     assert "caramel-function: geometric mean 0.900x horovod-tape over 1 points" in out
     assert next(line for line in out.splitlines() if line.startswith("densenet121")).split("|")[-1].strip() != "nan"  # best/bnd
     assert drawn == [(("horovod-tape", "caramel-function"), results.with_name("zoo.png"))]
+
+
+def test_a_benchmark_without_matplotlib_says_it_draws_no_plot_and_other_missing_modules_still_fail(tmp_path):
+    def without(module):
+        def plot(path):
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+        return plot
+
+    assert draw(without("matplotlib"), tmp_path / "zoo.png") == NO_MATPLOTLIB
+    assert draw(lambda path: path.write_text("drawn"), tmp_path / "zoo.png") == f"plot: {tmp_path / 'zoo.png'}"
+    with pytest.raises(ModuleNotFoundError):
+        draw(without("numpy"), tmp_path / "zoo.png")
