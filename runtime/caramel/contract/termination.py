@@ -10,12 +10,11 @@ keeps at most TERMINATION_MESSAGE_BYTES of it):
 
 Why a summary: the last lines alone rarely say why. Gloo's abort ends with "See exception
 message above", a failed rank's peers end with their own follow-on errors, and a Python
-traceback's first lines are cut off. The exception the rank ended on, or where it ended on none
-its first error line, is the cause far more often. The
-operator keeps the message whole in the job's status, finds the cause in it (`failure_cause`, or
-in the kubelet's tail of the log, where the worker wrote nothing), and puts the cause and the
-last lines into the Event of each restart (`fit`), so that a failed gang's logs outlive its
-deleted pods.
+traceback's first lines are cut off. The exception the rank ended on (or, where it ended on
+none, its first error line) is the cause far more often. The operator keeps the message whole
+in the job's status, finds the cause in it (`failure_cause`, or in the kubelet's tail of the
+log, where the worker wrote nothing), and puts the cause and the last lines into the Event of
+each restart (`fit`), so that a failed gang's logs outlive its deleted pods.
 
 Why the moment: when one worker fails its peers follow within milliseconds (a connection reset,
 a collective aborted), and the operator blames the one that failed first. The kubelet's
@@ -26,9 +25,10 @@ Why whether the script raised: a script's own bug (a ValueError on a wrong argum
 Caramel does not serve) raises again at every restart, and the restart policy fails such a job at
 once (`caramel.contract.restart`). Only the worker can tell: its rank's process ended as Python
 ends on an exception (status 1 after a traceback), not killed, not stopped, and with neither that
-exception nor its first error a peer's failure (a rank whose peer died raises too, of a connection reset or a collective
-aborted: that is not its script's bug). And only rank 0's worker can tell whether a step was done:
-rank 0 alone reports progress, and a step is done by all ranks together.
+exception nor its first error a peer's failure (a rank whose peer died raises too, of a
+connection reset or a collective aborted: that is not its script's bug). And only rank 0's
+worker can tell whether a step was done: rank 0 alone reports progress, and a step is done by all
+ranks together.
 """
 
 from __future__ import annotations
@@ -134,10 +134,15 @@ class RankOutput:
             self.traceback_seen = True
             self._since_traceback = []
             return
-        for kept in (self._first_error, self._since_traceback if self.traceback_seen else None):
-            # An error line and the one after it (a C++ exception's what()).
-            if kept is not None and (is_error_line(line) if not kept else len(kept) == 1):
-                kept.append(line)
+        self._keep(self._first_error, line)
+        if self.traceback_seen:
+            self._keep(self._since_traceback, line)
+
+    @staticmethod
+    def _keep(kept: list[str], line: str) -> None:
+        """Keep the first error line and the line after it (a C++ exception's what())."""
+        if (not kept and is_error_line(line)) or len(kept) == 1:
+            kept.append(line)
 
     @property
     def causes(self) -> list[str]:
