@@ -19,8 +19,7 @@ from caramel.contract.jobfile import parse_job
 from caramel.contract.progress import parse_report
 from caramel.contract.termination import TERMINATION_MESSAGE_BYTES, ScriptRaised, failure_cause, failure_time, script_raised
 from conftest import REPO, free_port
-
-NO_GPU = "E0000 00:00:1733440000.000000 cuda_executor.cc:1228] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)"
+from test_failure import NO_GPU_LOG
 REPORT = "caramel-progress step=7 total=7 loss=0.5 step_seconds=0.01 examples_per_second=100 final=1"
 
 
@@ -73,7 +72,7 @@ def test_a_failed_worker_leaves_its_first_error_and_last_lines(tmp_path):
         ("raise ConnectionResetError(104, 'Connection reset by peer')", None),  # a peer's failure, not the script's bug
         # TensorFlow's log in the GPU image on a machine without one: an error line first, which
         # neither ended the rank nor says why it ended.
-        (f"print({NO_GPU!r}, flush=True); raise ConnectionResetError(104, 'Connection reset by peer')", None),
+        (f"print({NO_GPU_LOG!r}, flush=True); raise ConnectionResetError(104, 'Connection reset by peer')", None),
         ("import sys; print('ValueError: learning_rate must be positive'); sys.exit(1)", None),  # no exception: the script chose to exit
     ],
     ids=["before-the-first-step", "after-a-step", "a-peers-failure", "a-peers-failure-after-a-logged-error", "sys-exit"],

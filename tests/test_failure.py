@@ -106,7 +106,8 @@ def test_a_script_raised_where_python_ended_on_its_own_exception_not_on_a_peers_
 
 
 # TensorFlow's log on a machine without a GPU, in the GPU image: an error line that stops nothing.
-NO_GPU = "rank 0 | E0000 00:00:1733440000.000000 cuda_executor.cc:1228] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)"
+NO_GPU_LOG = "E0000 00:00:1733440000.000000 cuda_executor.cc:1228] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)"
+NO_GPU = f"rank 0 | {NO_GPU_LOG}"
 PEER_RESET = [
     "rank 0 | Traceback (most recent call last):",
     'rank 0 |   File "/app/train.py", line 30, in <module>',
