@@ -10,7 +10,7 @@ from caramel.contract.api import Scheduling
 from caramel.contract.lab import Batching, LabScheduling, Ordering
 from caramel.planner.linkmodel import OBSERVATION_WINDOW, UNOBSERVED, LinkModel, LinkObserver
 from caramel.planner.search import Search
-from caramel.planner.timing import backward_seconds_from_releases
+from caramel.planner.timing import FORWARD_SHARE_OF_BACKWARD, backward_seconds_from_releases
 from caramel.planner.transfers import decode, encode
 from caramel.planner.schedule import (
     JOIN_SECONDS_PER_BYTE,
@@ -122,6 +122,18 @@ def test_measured_release_times_become_backward_times():
     # Tensor 0 came before tensor 1, out of backpropagation's order: released with it.
     backward = backward_seconds_from_releases([1.0, 2.0, 1.5])
     assert release_times([TensorCost(4, 4, 0.0, b) for b in backward]) == pytest.approx([1.0, 1.0, 0.5])
+
+
+def test_the_span_before_the_first_release_is_the_forward_pass_and_the_last_layers_backward():
+    # The last layer computes before its gradient exists (a transformer's projection onto its
+    # vocabulary); no gap between releases shows it, the span from the step's start does.
+    started, released = 9.0, [10.9, 10.5, 10.45, 10.0]
+    backward = backward_seconds_from_releases(released, started)
+    assert backward[:3] == pytest.approx([0.4, 0.05, 0.45])
+    costs_measured = [TensorCost(4, 4, FORWARD_SHARE_OF_BACKWARD * b, b) for b in backward]
+    assert release_times(costs_measured) == pytest.approx([t - started for t in released])
+    # A span the forward pass alone fills leaves the last layer's backward as the gaps say.
+    assert backward_seconds_from_releases(released, started=10.0 - 0.1)[3] == 0.0
 
 
 def test_simulation_overlaps_communication_with_the_next_forward_pass():

@@ -21,7 +21,9 @@ def test_transfers_are_timed_from_when_they_could_start():
     assert [t.seconds for t in times.transfers] == pytest.approx([0.3, 0.4])
     assert [t.nbytes for t in times.transfers] == [400, 300] and times.nbytes == 700
     assert times.communication_seconds == pytest.approx(0.7)
-    assert times.backward_seconds == pytest.approx((0.3, 0.2, 0.0))
+    # Gradient 2's backward pass: of the 1.0 s before it existed, what the forward pass (half of
+    # the whole backward pass, its own included) left: 0.5 s.
+    assert times.backward_seconds == pytest.approx((0.3, 0.2, 0.5))
     # The link waited 1.0 s for the first transfer's gradient and 0.2 s for the second's (1.3 -> 1.5).
     assert times.transfer_wait_seconds == pytest.approx(1.2)
     # One step, the last of its execution: waited after backprop for transfer 1 (1.5 -> 1.9).

@@ -16,6 +16,11 @@ import numpy as np
 
 from caramel.planner.transfers import Transfer
 
+# Forward passes are not timed, only the moments gradients exist: each layer's forward pass is
+# taken as this share of its backward pass (a layer's forward pass computes its output, its
+# backward pass the gradients of both its input and its weights).
+FORWARD_SHARE_OF_BACKWARD = 0.5
+
 
 @dataclass(frozen=True)
 class StepStamps:
@@ -67,15 +72,27 @@ class StepTimes:
         return sum(transfer.nbytes for transfer in self.transfers)
 
 
-def backward_seconds_from_releases(released: Sequence[float]) -> list[float]:
+def backward_seconds_from_releases(released: Sequence[float], started: float | None = None) -> list[float]:
     """Backward times that reproduce these release times (any origin), as far as they follow
     backpropagation's order (last tensor first): a gradient that came earlier than the one
-    after it in the model counts as released with it."""
+    after it in the model counts as released with it.
+
+    The backward pass of the last layer, before the first gradient exists, shows in no gap
+    between releases. With `started`, when the step started on the same clock (a step that
+    waited for no parameter: the first of an execution), it is what the span from the start to
+    the first release leaves beside the forward pass (`FORWARD_SHARE_OF_BACKWARD` of the whole
+    backward pass, that layer's included), and the last tensor's. A model whose last layer
+    computes much for few parameters (a transformer's projection onto its vocabulary: a sixth of
+    T5-small's step) otherwise looks as if its first gradient came at once, and its plans
+    expected the link to idle that much less each step than it does."""
     backward = [0.0] * len(released)
     later = min(released, default=0.0)  # when the gradient after this one was released
     for index in reversed(range(len(released))):
         backward[index] = max(0.0, released[index] - later)
         later = max(later, released[index])
+    if started is not None and backward:
+        span = min(released) - started  # the forward pass, and the last layer's backward pass
+        backward[-1] += max(0.0, (span - FORWARD_SHARE_OF_BACKWARD * sum(backward)) / (1 + FORWARD_SHARE_OF_BACKWARD))
     return backward
 
 
@@ -112,7 +129,7 @@ def execution_times(steps: Sequence[StepStamps], transfers: Sequence[Transfer]) 
         times.append(
             StepTimes(
                 transfers=tuple(timings),
-                backward_seconds=tuple(backward_seconds_from_releases(stamps.releases)) if stamps.releases else None,
+                backward_seconds=tuple(backward_seconds_from_releases(stamps.releases, stamps.started if index == 0 else None)) if stamps.releases else None,
                 communication_seconds=sum(timing.seconds for timing in timings),
                 transfer_wait_seconds=waited,
                 exposed_seconds=exposed,

@@ -246,7 +246,7 @@ class GradientCommunicator:
         """Hands the release times the own graph's last step stamped, if it did, to the replanner."""
         values = self._stamps.read(OWN_GRAPH_SLOT)
         if values is not None and values.size and values[0] == RELEASES:
-            self.control.replanner.observe_releases(backward_seconds_from_releases(values[2:].tolist()))
+            self.control.replanner.observe_releases(backward_seconds_from_releases(values[2:].tolist(), started=float(values[1])))
 
     @contextmanager
     def tracing_steps(self) -> Iterator[tf.Variable]:

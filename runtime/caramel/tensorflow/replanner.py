@@ -47,15 +47,13 @@ from caramel.planner.schedule import (
 )
 from caramel.collectives.backend import Backend, ReduceOp
 from caramel.planner.search import Search, plan_document, plan_from
-from caramel.planner.timing import StepTimes, typical_backward_seconds
+from caramel.planner.timing import FORWARD_SHARE_OF_BACKWARD, StepTimes, typical_backward_seconds
 
 # Steps whose timings the replanner remembers for release times.
 RECENT_STEPS = 16
 # A new plan must be predicted this much faster than the measured one in force (re-tracing costs
 # seconds, and a smaller gain may be noise).
 MIN_GAIN = 0.10
-# Forward passes are not timed: each layer's is taken as half its backward pass.
-FORWARD_SHARE_OF_BACKWARD = 0.5
 # Probe collectives at every re-plan: (elements, repeats). A one-element allreduce costs alpha;
 # a 4 MiB one adds bandwidth.
 PROBES = ((1, 3), (1024 * 1024, 2))
