@@ -132,7 +132,7 @@ def test_the_span_before_the_first_release_is_the_forward_pass_and_the_last_laye
     assert backward[:3] == pytest.approx([0.4, 0.05, 0.45])
     costs_measured = [TensorCost(4, 4, FORWARD_SHARE_OF_BACKWARD * b, b) for b in backward]
     assert release_times(costs_measured) == pytest.approx([t - started for t in released])
-    # A span the forward pass alone fills leaves the last layer's backward as the gaps say.
+    # A span no longer than the forward pass leaves the last layer's backward as the gaps say.
     assert backward_seconds_from_releases(released, started=10.0 - 0.1)[3] == 0.0
 
 

@@ -79,12 +79,12 @@ def backward_seconds_from_releases(released: Sequence[float], started: float | N
 
     The backward pass of the last layer, before the first gradient exists, shows in no gap
     between releases. With `started`, when the step started on the same clock (a step that
-    waited for no parameter: the first of an execution), it is what the span from the start to
-    the first release leaves beside the forward pass (`FORWARD_SHARE_OF_BACKWARD` of the whole
-    backward pass, that layer's included), and the last tensor's. A model whose last layer
-    computes much for few parameters (a transformer's projection onto its vocabulary: a sixth of
-    T5-small's step) otherwise looks as if its first gradient came at once, and its plans
-    expected the link to idle that much less each step than it does."""
+    waited for no parameter: the first of an execution), the last tensor's backward time holds
+    it: what the span from the start to the first release leaves beside the forward pass
+    (`FORWARD_SHARE_OF_BACKWARD` of the whole backward pass, that layer's included). A model
+    whose last layer computes much for few parameters (a transformer's projection onto its
+    vocabulary: a sixth of T5-small's step) otherwise looks as if its first gradient came at
+    once, and its plans expected the link to idle that much less each step than it does."""
     backward = [0.0] * len(released)
     later = min(released, default=0.0)  # when the gradient after this one was released
     for index in reversed(range(len(released))):
