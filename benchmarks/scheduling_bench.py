@@ -323,6 +323,7 @@ class Point:
     rate_mbit: float
     device_tflops: float | None  # None: real compute
     cells: dict[str, Cell] = field(default_factory=dict)
+    measured: str = ""  # when and at which commit, so that a report joining runs in parts can say
 
     def median(self, strategy: str) -> float:
         return self.cells[strategy].median if strategy in self.cells else math.nan

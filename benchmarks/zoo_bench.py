@@ -7,6 +7,7 @@
     python -m benchmarks.zoo_bench --calibrate --profiles vit_b16    # measure operating points (zoo_points.json)
     python -m benchmarks.zoo_bench --job-steps 200 --profiles resnet50,densenet121,t5_small --rates 4000
     python -m benchmarks.zoo_bench --report runs/zoo-<time>/results.json
+    python -m benchmarks.zoo_bench --report runs/zoo-a/results.json runs/zoo-b/results.json --output runs/zoo-joined
 
 Runs need root and the project's virtualenv, like `make bench` (benchmarks/README.md): 4 workers,
 each in its own network namespace, tbf-shaped links, an emulated accelerator per profile
@@ -211,7 +212,7 @@ def commit() -> str:
 def measure(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], repeats: int) -> Point:
     """Every strategy at the point, repeats interleaved, and compute-only and the comm-only runs
     (Horovod's, and TensorFlow's where a strategy runs on it) once."""
-    point = Point(rate, workload.device_tflops)
+    point = Point(rate, workload.device_tflops, measured=f"{time.strftime('%Y-%m-%d %H:%M')}, commit {commit()}")
     for repeat in range(repeats):
         for strategy in strategies:
             point.cells.setdefault(strategy, Cell()).runs.append(bench.run(workload, strategy, rate, repeat))
@@ -461,8 +462,49 @@ def load_results(path: Path) -> dict[str, Point]:
     results = {}
     for key, document in json.loads(path.read_text()).items():
         cells = {name: Cell([Run(**run) for run in cell["runs"]]) for name, cell in document["cells"].items()}
-        results[key] = Point(document["rate_mbit"], document["device_tflops"], cells)
+        results[key] = Point(document["rate_mbit"], document["device_tflops"], cells, document.get("measured", ""))
     return results
+
+
+def load_reports(paths: list[Path]) -> dict[str, Point]:
+    """The points of several runs' results.json as one zoo: the whole zoo does not fit one sitting,
+    so it runs in parts. A point measured in two of them is refused, naming both, rather than one
+    silently winning."""
+    results: dict[str, Point] = {}
+    origin: dict[str, Path] = {}
+    for path in paths:
+        for key, point in load_results(path).items():
+            if key in results:
+                raise ValueError(f"{key} is in both {origin[key]} and {path}: leave one of them out")
+            results[key], origin[key] = point, path
+    return results
+
+
+def print_provenance(results: dict[str, Point]) -> None:
+    print("\nmeasured: " + "; ".join(f"{key} {point.measured or 'when not recorded'}" for key, point in results.items()))
+
+
+def report(args: argparse.Namespace) -> int:
+    """The tables and plot of earlier runs, joined; with --output, the joined results.json and
+    the plot go there (else the plot goes beside the first file)."""
+    try:
+        results = load_reports(args.report)
+    except (OSError, ValueError, KeyError) as error:
+        print(f"zoo_bench: --report: {error}", file=sys.stderr)
+        return 2
+    if not args.strategies_given:
+        args.strategy_names = strategies_run(results)
+    workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]], kernels=args.kernels, gradients=args.gradients)[0] for key in results}
+    print_table(results, workloads, args.strategy_names)
+    print_summary(results, workloads, args.strategy_names)
+    print_provenance(results)
+    plot_path = args.report[0].with_name("zoo.png")
+    if args.output:
+        args.output.mkdir(parents=True, exist_ok=True)
+        save_results(args.output / "results.json", results)
+        plot_path = args.output / "zoo.png"
+    print("\n" + draw(lambda path: plot(results, args.strategy_names, path), plot_path))
+    return 0
 
 
 # -- short jobs ---------------------------------------------------------------------------------
@@ -543,7 +585,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="an environment variable for every worker of every strategy, such as HOROVOD_TIMELINE=<file> (rank 0 writes it); repeatable",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, help="directory for logs and results (default runs/zoo-<time>)")
-    parser.add_argument("--report", type=Path, metavar="RESULTS_JSON", help="print the table of an earlier run's results.json and draw its plot beside it (zoo.png), and run nothing")
+    parser.add_argument(
+        "--report", type=Path, nargs="+", metavar="RESULTS_JSON",
+        help="print the table of earlier runs' results.json, joined (a zoo run in parts), with when and at which commit each point "
+        "was measured, and draw their plot (zoo.png) beside the first, or with --output write both there; run nothing",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     known = timeline_names() if args.mode == "h200" else NAMES
@@ -589,14 +635,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report:
-        results = load_results(args.report)
-        if not args.strategies_given:
-            args.strategy_names = strategies_run(results)
-        workloads = {key.split("@")[0]: make_workloads("emulated", [key.split("@")[0]], kernels=args.kernels, gradients=args.gradients)[0] for key in results}
-        print_table(results, workloads, args.strategy_names)
-        print_summary(results, workloads, args.strategy_names)
-        print("\n" + draw(lambda path: plot(results, args.strategy_names, path), args.report.with_name("zoo.png")))
-        return 0
+        return report(args)
     if os.geteuid() != 0:
         print("zoo_bench needs root: it builds network namespaces, veths, a bridge, tc shaping and an iptables rule", file=sys.stderr)
         return 2

@@ -3,6 +3,8 @@ emulated cluster and hours of workers: `make bench-zoo`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import zoo_bench
@@ -128,6 +130,38 @@ def test_report_of_an_earlier_run_uses_its_strategies(tmp_path, capsys: pytest.C
     assert "caramel-function: geometric mean 0.900x horovod-tape over 1 points" in out
     assert next(line for line in out.splitlines() if line.startswith("densenet121")).split("|")[-1].strip() != "nan"  # best/bnd
     assert drawn == [(("horovod-tape", "caramel-function"), results.with_name("zoo.png"))]
+
+
+def test_a_report_joins_the_points_of_runs_in_parts_and_names_when_each_was_measured(
+    tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole zoo runs in parts: --report joins their results.json into one table, says when
+    and at which commit each point was measured, writes the joined results where --output says,
+    and refuses a point measured in two of them rather than keep one silently."""
+    drawn = []
+    monkeypatch.setattr(zoo_bench, "plot", lambda results, strategies, path: drawn.append((sorted(results), path)))
+
+    def part(name: str, key: str, measured: str) -> Path:
+        point = Point(1000.0, 1.0, {"horovod-tape": Cell([run(1.0)]), "caramel-function": Cell([run(0.8)]), "compute-only": Cell([run(0.6)]),
+                                    "comm-only": Cell([run(0.6)])}, measured)  # fmt: skip
+        (tmp_path / name).mkdir()
+        zoo_bench.save_results(tmp_path / name / "results.json", {key: point})
+        return tmp_path / name / "results.json"
+
+    first = part("a", "densenet121@1000", "2026-12-06 10:00, commit abc1234")
+    second = part("b", "mobilenet_v2@1000", "")
+    joined = tmp_path / "joined"
+    assert zoo_bench.main(["--report", str(first), str(second), "--output", str(joined)]) == 0
+    out = capsys.readouterr().out
+    assert "caramel-function: geometric mean 0.800x horovod-tape over 2 points" in out
+    assert "densenet121@1000 2026-12-06 10:00, commit abc1234; mobilenet_v2@1000 when not recorded" in out
+    assert drawn == [(["densenet121@1000", "mobilenet_v2@1000"], joined / "zoo.png")]
+    again = zoo_bench.load_results(joined / "results.json")
+    assert sorted(again) == ["densenet121@1000", "mobilenet_v2@1000"] and again["densenet121@1000"].measured.endswith("abc1234")
+
+    twice = part("c", "densenet121@1000", "")
+    assert zoo_bench.main(["--report", str(first), str(twice)]) == 2
+    assert f"densenet121@1000 is in both {first} and {twice}" in capsys.readouterr().err
 
 
 def test_a_benchmark_without_matplotlib_says_it_draws_no_plot_and_other_missing_modules_still_fail(tmp_path):
