@@ -157,6 +157,7 @@ def caramel_details() -> dict:
         "min_bucket_bytes": plan.batch.min_bytes,
         "deadline_span_seconds": plan.batch.deadline_span_seconds,
         "predicted_step_seconds": plan.predicted_step_seconds,
+        "plan_bytes_per_second": replanner.plan_link.bytes_per_second,  # the link the prediction was made for
     } if plan else {}  # fmt: skip
     return {
         "backend": caramel.backend.name,

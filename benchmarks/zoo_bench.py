@@ -278,6 +278,16 @@ def planner_error(cell: Cell) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def plan_link(cell: Cell, point: Point) -> float:
+    """The link the runs' last plans were made for over the link the point shapes, median over the
+    runs that report it (NaN where none does: no plan, or a run from before it was reported).
+    Beside the planner's error: a plan made for a faster link than its steps get predicts too
+    fast a step, and the estimate moves from run to run on one point."""
+    shaped_bytes_per_second = point.rate_mbit * 1e6 / 8
+    values = [run.details["plan_bytes_per_second"] / shaped_bytes_per_second for run in cell.runs if run.details.get("plan_bytes_per_second")]
+    return statistics.median(values) if values else math.nan
+
+
 def arms(cell: Cell) -> str:
     """How each run's steps ran at the end: P the plan, H the backend's own way in Caramel's graph,
     G the backend's own graph of one step (graph_choice.py; "horovod" in runs before the backends),
@@ -317,8 +327,8 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
     """One table per baseline that ran (each point's baseline step, every other strategy's over
     it, and the best Caramel path over the bound of any schedule, with the M of its backend), then
     one of Caramel's runs: per point and Caramel strategy its step over its bound, the plan's
-    predicted step over what its steps measured, the way each run ended on, and peak RSS and CPU
-    per step over each baseline's."""
+    predicted step over what its steps measured, the link the last plan was made for over the
+    shaped one, the way each run ended on, and peak RSS and CPU per step over each baseline's."""
     for baseline in baselines_of(strategies):
         others = compared(strategies, baseline)
         comm = COMM_ONLY[point_backend(results, baseline)]
@@ -349,12 +359,13 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
         return
     baselines = baselines_of(strategies)
     print("\nCaramel's runs: step over C + M (its backend's M) beside each baseline's, over the bound of any schedule, the "
-          "plan's predicted step over what its steps measured, how each run ended (P the plan, H the backend's own way in Caramel's "
-          "graph, G the backend's own graph of one step, - a per-step path), CPU per step and peak RSS over each baseline's")  # fmt: skip
+          "plan's predicted step over what its steps measured, the link the last plan was made for over the shaped one, how "
+          "each run ended (P the plan, H the backend's own way in Caramel's graph, G the backend's own graph of one step, - a "
+          "per-step path), CPU per step and peak RSS over each baseline's")  # fmt: skip
     header = (
         f"{'profile':18} {'Mbit/s':>6} {'strategy':22} | {'/(C+M)':>6}"
         + "".join(f" {b[0].upper() + ' /(C+M)':>8}" for b in baselines)
-        + f" | {'/bnd':>5} | {'pred/meas':>9} | {'arms':>5}"
+        + f" | {'/bnd':>5} | {'pred/meas':>9} | {'link/rate':>9} | {'arms':>5}"
         + "".join(f" | {'CPU /' + b[0].upper():>7} {'RSS /' + b[0].upper():>7}" for b in baselines)
     )
     print(header)
@@ -370,7 +381,8 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
                 f"{(cell.peak_rss_bytes or math.nan) / (point.cells.get(b, Cell()).peak_rss_bytes or math.nan):7.2f}"
                 for b in baselines
             )
-            print(f"{name:18} {point.rate_mbit:6g} {path:22} | {overlap} | {of_bound:5.2f} | {planner_error(cell):9.2f} | {arms(cell):>5}{resources}")
+            plan = f"{planner_error(cell):9.2f} | {plan_link(cell, point):9.2f} | {arms(cell):>5}"
+            print(f"{name:18} {point.rate_mbit:6g} {path:22} | {overlap} | {of_bound:5.2f} | {plan}{resources}")
 
 
 def geometric_mean(values: list[float]) -> float:
@@ -414,7 +426,10 @@ def print_summary(results: dict[str, Point], workloads: dict[str, Workload], str
     errors = [planner_error(point.cells.get(path, Cell())) for point in results.values() for path in caramel_paths(strategies)]
     errors = [abs(error - 1.0) for error in errors if not math.isnan(error)]
     if errors:
-        print(f"planner: predicted against measured off by {statistics.median(errors):.1%} (median over {len(errors)} points and paths)")
+        seen = [plan_link(point.cells.get(path, Cell()), point) for point in results.values() for path in caramel_paths(strategies)]
+        seen = [value for value in seen if not math.isnan(value)]
+        link = f"; the link the plans were made for: {min(seen):.2f}-{max(seen):.2f} of the shaped rate" if seen else ""
+        print(f"planner: predicted against measured off by {statistics.median(errors):.1%} (median over {len(errors)} points and paths){link}")
 
 
 def plot(results: dict[str, Point], strategies: tuple[str, ...], path: Path) -> None:

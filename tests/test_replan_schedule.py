@@ -75,3 +75,17 @@ def test_the_steps_time_a_search_took_beside_them_counts_as_the_re_plans_cost(on
     replanner.executed(4, 0.38)  # faster than usual: no credit
     assert replanner.seconds_per_step == pytest.approx(0.1)  # the usual step, not the slowed one
     assert replanner._beside_seconds == pytest.approx(0.2)  # noqa: SLF001
+
+
+def test_the_plan_is_described_with_the_link_it_was_made_for(one_rank):
+    """A re-plan that keeps the plan in force measures the link again; the plan's description
+    (its predicted step) stays with the link it was made for."""
+    from caramel.planner.linkmodel import LinkModel
+    from caramel.tensorflow.replanner import Replanner
+
+    made_for = LinkModel(alpha=1e-3, beta=1e-8)  # 100 MB/s
+    replanner = Replanner(Scheduling(), made_for, one_rank)
+    replanner.plan_for([(4 << 20, 4), (1 << 20, 4)])
+    replanner.link = LinkModel(alpha=2e-3, beta=2e-8)  # as a later re-plan that kept the plan measured it
+    assert replanner.plan_link == made_for
+    assert replanner.describe().endswith("link alpha 1 ms, 100 MB/s")

@@ -67,7 +67,8 @@ def test_table_and_summary_give_ratios_to_both_baselines(capsys: pytest.CaptureF
         "mwms-fit": Cell([run(1.76), run(1.76)]),
         "caramel-tape@hvd": Cell([run(1.1, backend="horovod"), run(1.1, backend="horovod")]),
         "caramel-function@tf": Cell([
-            run(0.88, backend="tensorflow", planned=True, predicted_step_seconds=0.8, planned_step_seconds=0.88),
+            run(0.88, backend="tensorflow", planned=True, predicted_step_seconds=0.8, planned_step_seconds=0.88,
+                plan_bytes_per_second=62.5e6),
             run(0.88, backend="tensorflow", planned=False),
             run(0.88, backend="tensorflow", planned=False, graph="own"),
         ]),
@@ -91,21 +92,22 @@ def test_table_and_summary_give_ratios_to_both_baselines(capsys: pytest.CaptureF
     # M is each baseline's own, and C + M beside it: Horovod's 0.6 s, TensorFlow's 0.7 s.
     assert against_horovod.split("|")[0].split()[-2:] == ["0.600", "1.200"] and against_mwms.split("|")[0].split()[-2:] == ["0.700", "1.300"]
     # Caramel's runs: step over C + M (0.88 / 1.3), beside Horovod's (1.1 / 1.2) and MWMS's (1.76 / 1.3);
-    # predicted over measured; how each caramel-function@tf run ended: the plan, the backend's own
-    # way in Caramel's graph, the backend's own graph.
+    # predicted over measured; the link the plan was made for (62.5 MB/s) over the shaped 1 Gbit/s; how each
+    # caramel-function@tf run ended: the plan, the backend's own way in Caramel's graph, the
+    # backend's own graph.
     function = next(row for row in rows[2:] if "caramel-function@tf" in row)
     columns = [column.strip() for column in function.split("|")]
     assert columns[1].split() == ["0.677", "0.917", "1.354"]
-    assert columns[3:5] == ["0.91", "PHG"]
-    assert columns[5].split() == ["1.00", "1.00"] and columns[6].split() == ["1.00", "1.00"]  # CPU and RSS over each baseline's
-    # A per-step path made no plan: its runs ended on the backend's own way, by construction.
+    assert columns[3:6] == ["0.91", "0.50", "PHG"]
+    assert columns[6].split() == ["1.00", "1.00"] and columns[7].split() == ["1.00", "1.00"]  # CPU and RSS over each baseline's
+    # A per-step path made no plan: no link of a plan, and its runs ended on the backend's own way, by construction.
     tape = next(row for row in rows[2:] if "caramel-tape@hvd" in row)
-    assert tape.split("|")[4].strip() == "--"
+    assert [column.strip() for column in tape.split("|")[4:6]] == ["nan", "--"]
     assert "caramel-function@tf: geometric mean 0.800x horovod-tape over 1 points (0.800-0.800); at most 1.0x on 1" in out
     assert "caramel-function@tf: geometric mean 0.500x mwms-fit over 1 points (0.500-0.500); at most 1.0x on 1; worst 0.500x (densenet121@1000)" in out
     assert "mwms-fit: geometric mean 1.600x horovod-tape" in out and "horovod-tape: geometric mean" not in out
     assert "best Caramel path: geometric mean 0.800x horovod-tape" in out and "best Caramel path: geometric mean 0.500x mwms-fit" in out
-    assert "planner: predicted against measured off by 9.1%" in out  # 0.8 / 0.88
+    assert "planner: predicted against measured off by 9.1% (median over 1 points and paths); the link the plans were made for: 0.50-0.50 of the shaped rate" in out
 
 
 def test_graph_names_are_the_runtimes() -> None:

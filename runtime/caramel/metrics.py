@@ -31,7 +31,7 @@ STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 @dataclass(frozen=True)
 class PlanRecord:
-    """The transfer plan in force and the link model it was made for."""
+    """The transfer plan in force and the link model as last measured."""
 
     bucket_bytes: int
     alpha_seconds: float

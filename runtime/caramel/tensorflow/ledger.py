@@ -159,7 +159,8 @@ def broadcast_variables(runtime: Runtime, variables: list[tf.Variable], root_ran
 
 
 def plan_record(runtime: Runtime) -> PlanRecord:
-    """The plan in force, the link it was made for, and whether the steps run it."""
+    """The plan in force, the link as last measured (what a restarted gang plans its first steps
+    from: docs/metrics.md), and whether the steps run it."""
     gradient_communicator = runtime.communicator
     replanner = gradient_communicator.control.replanner
     bucket = replanner.plan.batch.max_bytes if replanner.plan else 0

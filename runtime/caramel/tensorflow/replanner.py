@@ -86,7 +86,11 @@ class Replanner:
         self.lab = lab
         self.backend = backend
         self.link = link
+        """The link as last measured, at the last re-plan."""
         self.plan: Plan | None = None
+        self.plan_link = link
+        """The link the plan in force was made for (a later re-plan that keeps the plan measures the
+        link again, and its prediction was not made for that one)."""
         self.version = 0
         """Increases with every plan adopted; a graph traced for an older version is stale."""
         self.plan_changes = 0
@@ -137,6 +141,7 @@ class Replanner:
         if self.plan is None:
             self._tensors = [TensorCost(nbytes, item) for nbytes, item in sizes]
             self.plan = initial_plan(self._tensors, self.scheduling)
+            self.plan_link = self.link
             self.version += 1
         elif [(t.nbytes, t.item_size) for t in self._tensors] != list(sizes):
             raise ValueError(
@@ -238,7 +243,8 @@ class Replanner:
         largest = max(transfer.nbytes for transfer in plan.transfers) / 2**20
         return (
             f"plan {self.version}: {len(plan.transfers)} transfers per step (largest {largest:.3g} MiB), predicted step "
-            f"{plan.predicted_step_seconds:.3g} s; link alpha {self.link.alpha * 1e3:.3g} ms, {self.link.bytes_per_second / 1e6:.4g} MB/s"
+            f"{plan.predicted_step_seconds:.3g} s; link alpha {self.plan_link.alpha * 1e3:.3g} ms, "
+            f"{self.plan_link.bytes_per_second / 1e6:.4g} MB/s"
         )
 
     def _start_search(self, completed_steps: int) -> _PendingSearch:
@@ -298,7 +304,7 @@ class Replanner:
             )  # fmt: skip
         if chosen is None:
             return False
-        self.plan = chosen
+        self.plan, self.plan_link = chosen, self.link
         self.version += 1
         self.plan_changes += 1
         return True
