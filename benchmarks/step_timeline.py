@@ -22,10 +22,11 @@ several steps prints one table per step (its ops' names start with caramel_step_
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tensorflow.core.protobuf import config_pb2
@@ -35,6 +36,9 @@ from benchmarks.step_trace import GRAPHS_FILE, PROFILE_DIRECTORY
 
 COLLECTIVES = ("HorovodAllreduce", "HorovodGroupedAllreduce", "CollectiveReduceV2")
 BACKWARD = re.compile(r"(?:^|/)layer_(\d+)_backward$")
+FORWARD = re.compile(r"(?:^|/)layer_(\d+)_forward$")
+# Ops that join tensors into one a collective carries (TensorFlow's backend fuses a bucket).
+JOINS = ("ConcatV2", "Concat", "Pack")
 STEP_COPY = re.compile(r"^(caramel_step_\d+/)")
 PICOSECONDS = 1e-12
 ASYNC_START, ASYNC_DONE = "ExecutorState::ProcessAsync::Start", "ExecutorState::ProcessAsync::Done"
@@ -54,6 +58,10 @@ class Transfer:
     ready: float
     entered: float
     finished: float
+
+    needed: float = float("nan")
+    """When the next step's forward kernel of the first layer it carries started (nan where the
+    next step is not in the traced graph)."""
 
     @property
     def held(self) -> float:
@@ -107,24 +115,64 @@ def transfers(graphs: list, spans: dict[str, list[Span]]) -> list[Transfer]:
             if node.op not in COLLECTIVES or node.name not in spans:
                 continue
             copy = match.group(1) if (match := STEP_COPY.match(node.name)) else ""
-            carriers = data_ancestors(nodes, node.name) | {node.name}
-            inputs = {source.lstrip("^").split(":")[0] for carrier in carriers if carrier in nodes for source in nodes[carrier].input}
-            kernels = [name for name in inputs if name.startswith(copy) and BACKWARD.search(name) and name in spans]
-            if not kernels:
+            layers = {
+                layer
+                for tensor in carried_tensors(nodes, node.name)
+                if (layer := gradient_layer(nodes, tensor, copy, spans)) is not None
+            }
+            if not layers:
                 continue
+            kernels = [name for name in spans if name.startswith(copy) and (m := BACKWARD.search(name)) and int(m.group(1)) in layers]
             entered, done = spans[node.name][0].start, spans[node.name][0].end
             reads = [span.start for reader in consumers[node.name] for span in spans.get(reader, [])]
             found.append(
                 Transfer(
                     name=node.name.removeprefix(copy),
                     copy=copy,
-                    layers=tuple(sorted(int(BACKWARD.search(name).group(1)) for name in kernels)),  # type: ignore[union-attr]
+                    layers=tuple(sorted(layers)),
                     ready=max(spans[name][0].end for name in kernels),
                     entered=entered,
                     finished=done if done == done else min((start for start in reads if start >= entered), default=float("nan")),
                 )
             )
-    return found
+    return [replace(t, needed=forward_starts(spans, next_copy(t.copy)).get(t.layers[0], float("nan"))) for t in found]
+
+
+def next_copy(copy: str) -> str | None:
+    """The name prefix of the step after this one in a graph of several steps (None in a graph of one)."""
+    match = re.fullmatch(r"caramel_step_(\d+)/", copy)
+    return f"caramel_step_{int(match.group(1)) + 1}/" if match else None
+
+
+def forward_starts(spans: dict[str, list[Span]], copy: str | None) -> dict[int, float]:
+    """When each layer's forward kernel of one step started, by layer."""
+    if copy is None:
+        return {}
+    return {int(m.group(1)): node_spans[0].start for name, node_spans in spans.items() if name.startswith(copy) and (m := FORWARD.search(name))}
+
+
+def carried_tensors(nodes: dict, collective: str) -> list[str]:
+    """The producers of the tensors a collective carries: its data inputs, through the ops that
+    join several into one."""
+    carried, pending = [], [source for source in nodes[collective].input if not source.startswith("^")]
+    while pending:
+        producer = pending.pop().split(":")[0]
+        node = nodes.get(producer)
+        if node is not None and node.op in JOINS:
+            pending += [source for source in node.input if not source.startswith("^")]
+        else:
+            carried.append(producer)
+    return carried
+
+
+def gradient_layer(nodes: dict, tensor: str, copy: str, spans: dict[str, list[Span]]) -> int | None:
+    """The layer a carried tensor is the gradient of: the lowest whose backward kernel (of the
+    same step) it was computed from, by data or, one edge away, by a control dependency (a
+    gradient that is its weight's value, read once the kernel ran). None for no gradient."""
+    closure = data_ancestors(nodes, tensor) | {tensor}
+    sources = closure | {source.lstrip("^").split(":")[0] for name in closure if name in nodes for source in nodes[name].input}
+    layers = [int(m.group(1)) for name in sources if name.startswith(copy) and name in spans and (m := BACKWARD.search(name))]
+    return min(layers, default=None)
 
 
 def data_ancestors(nodes: dict, name: str) -> set[str]:
@@ -140,36 +188,122 @@ def data_ancestors(nodes: dict, name: str) -> set[str]:
     return seen
 
 
+@dataclass(frozen=True)
+class StepBudget:
+    """Where one step's time went, in seconds (see the module's docstring)."""
+
+    copy: str
+    seconds: float
+    forward: float
+    backward: float
+    parameter_wait: float
+    boundary: float
+    host: float
+    link_busy: float
+    """Of `seconds`, how long some transfer was in the backend."""
+
+
+def step_budgets(found: list[Transfer], spans: dict[str, list[Span]]) -> list[StepBudget]:
+    """Each traced step's time, kernel by kernel (see the module's docstring)."""
+    arrived: dict[tuple[str, int], float] = defaultdict(float)  # (step, layer) -> its parameters' last transfer's end
+    for transfer in found:
+        for layer in transfer.layers:
+            arrived[(transfer.copy, layer)] = max(arrived[(transfer.copy, layer)], transfer.finished)
+    previous_copy = {following: copy for copy in {t.copy for t in found} if (following := next_copy(copy))}
+    budgets = []
+    for copy in sorted({t.copy for t in found}, key=lambda name: min(t.entered for t in found if t.copy == name)):
+        chain = kernels(spans, copy)
+        if not chain:
+            continue
+        following = kernels(spans, next_copy(copy)) if next_copy(copy) else []
+        step_transfers = [t for t in found if t.copy == copy]
+        start = chain[0].span.start
+        end = following[0].span.start if following else max(chain[-1].span.end, *(t.finished for t in step_transfers))
+        waited = host = 0.0
+        for before, kernel in zip(chain, chain[1:] + following[:1]):
+            gap = max(0.0, kernel.span.start - before.span.end)
+            source = copy if kernel in following else previous_copy.get(copy)
+            late = arrived.get((source, kernel.layer), 0.0) - before.span.end if kernel.forward and source is not None else 0.0
+            waited += min(gap, max(0.0, late))
+            host += gap - min(gap, max(0.0, late))
+        budgets.append(
+            StepBudget(
+                copy=copy,
+                seconds=end - start,
+                forward=sum(k.span.end - k.span.start for k in chain if k.forward),
+                backward=sum(k.span.end - k.span.start for k in chain if not k.forward),
+                parameter_wait=waited,
+                boundary=0.0 if following else end - chain[-1].span.end,
+                host=host,
+                link_busy=busy_within([Span(t.entered, t.finished) for t in found], start, end),
+            )
+        )
+    return budgets
+
+
+@dataclass(frozen=True)
+class Kernel:
+    span: Span
+    layer: int
+    forward: bool
+
+
+def kernels(spans: dict[str, list[Span]], copy: str | None) -> list[Kernel]:
+    """One step's forward and backward kernels, as they ran."""
+    found = []
+    for name, node_spans in spans.items():
+        if copy is None or not name.startswith(copy) or STEP_COPY.match(name.removeprefix(copy)):
+            continue
+        if match := FORWARD.search(name) or BACKWARD.search(name):
+            found.append(Kernel(node_spans[0], int(match.group(1)), forward=name.endswith("_forward")))
+    return sorted(found, key=lambda kernel: kernel.span.start)
+
+
+def busy_within(intervals: list[Span], start: float, end: float) -> float:
+    """How much of [start, end) at least one of the intervals covers."""
+    busy, reached = 0.0, start
+    for interval in sorted(intervals, key=lambda span: span.start):
+        low, high = max(interval.start, reached), min(interval.end, end)
+        if high > low:
+            busy += high - low
+            reached = high
+    return busy
+
+
 def layer_range(layers: tuple[int, ...]) -> str:
     return f"{layers[0]}" if len(layers) == 1 else f"{layers[0]}-{layers[-1]} ({len(layers)})"
 
 
-def grouped(step: list[Transfer]) -> list[tuple[tuple[int, ...], int, float, float, float]]:
+def grouped(step: list[Transfer]) -> list[tuple[tuple[int, ...], int, float, float, float, float]]:
     """The step's transfers of the same layers as one row (Horovod's tape sends each tensor of a
-    layer in an allreduce of its own): layers, how many, ready, first entered, last finished."""
+    layer in an allreduce of its own): layers, how many, ready, first entered, last finished,
+    first needed."""
     rows: dict[tuple[int, ...], list[Transfer]] = defaultdict(list)
     for transfer in step:
         rows[transfer.layers].append(transfer)
     return sorted(
-        ((layers, len(group), max(t.ready for t in group), min(t.entered for t in group), max(t.finished for t in group)) for layers, group in rows.items()),
+        (
+            (layers, len(group), max(t.ready for t in group), min(t.entered for t in group), max(t.finished for t in group), min(t.needed for t in group))
+            for layers, group in rows.items()
+        ),
         key=lambda row: row[3],
     )
 
 
 def report(found: list[Transfer], spans: dict[str, list[Span]]) -> str:
-    kernels = [span for name, node_spans in spans.items() if BACKWARD.search(name) for span in node_spans]
-    origin = min(span.start for span in kernels)
+    kernel_spans = [span for name, node_spans in spans.items() if BACKWARD.search(name) for span in node_spans]
+    origin = min(span.start for span in kernel_spans)
     lines = []
     for copy in sorted({transfer.copy for transfer in found}):
         step_kernels = [span for name, node_spans in spans.items() if name.startswith(copy) and BACKWARD.search(name) for span in node_spans]
         backward = (min(s.start for s in step_kernels) - origin, max(s.end for s in step_kernels) - origin)
         step = [t for t in found if t.copy == copy]
         lines.append(f"\n{copy or 'the step'}: backward pass {backward[0] * 1e3:.1f}-{backward[1] * 1e3:.1f} ms, {len(step)} collectives")
-        lines.append(f"{'layers':>14} {'collectives':>11} {'ready':>8} {'entered':>8} {'finished':>9} {'held':>7}")
-        for layers, count, ready, entered, finished in grouped(step):
+        lines.append(f"{'layers':>14} {'collectives':>11} {'ready':>8} {'entered':>8} {'finished':>9} {'held':>7} {'needed':>8}")
+        for layers, count, ready, entered, finished, needed in grouped(step):
             lines.append(
                 f"{layer_range(layers):>14} {count:11d} {(ready - origin) * 1e3:8.1f} {(entered - origin) * 1e3:8.1f} "
-                f"{(finished - origin) * 1e3:9.1f} {(entered - ready) * 1e3:7.1f}"
+                f"{(finished - origin) * 1e3:9.1f} {(entered - ready) * 1e3:7.1f} {(needed - origin) * 1e3:8.1f}"
             )
         first_entered = min(t.entered for t in step) - origin
         held = sorted(t.held for t in step)
@@ -178,6 +312,19 @@ def report(found: list[Transfer], spans: dict[str, list[Span]]) -> str:
             f"pass ended; last finished at {(max(t.finished for t in step) - origin) * 1e3:.1f} ms; held: median "
             f"{held[len(held) // 2] * 1e3:.1f} ms, most {held[-1] * 1e3:.1f} ms"
         )
+    lines += ["", budget_table(step_budgets(found, spans))]
+    return "\n".join(lines)
+
+
+BUDGET_COLUMNS = ("step", "forward", "backward", "parameter wait", "boundary", "host", "link busy")
+
+
+def budget_table(budgets: list[StepBudget]) -> str:
+    """Where each step's time went, in ms, and the mean step."""
+    lines = ["where the time went (ms): " + ", ".join(BUDGET_COLUMNS), f"{'':>16}" + "".join(f"{column:>15}" for column in BUDGET_COLUMNS)]
+    for name, rows in [*((b.copy or "the step", [b]) for b in budgets), *([("mean step", budgets)] if len(budgets) > 1 else [])]:
+        values = [sum(getattr(b, field) for b in rows) / len(rows) for field in ("seconds", "forward", "backward", "parameter_wait", "boundary", "host", "link_busy")]
+        lines.append(f"{name:>16}" + "".join(f"{value * 1e3:15.1f}" for value in values))
     return "\n".join(lines)
 
 
@@ -187,15 +334,20 @@ def plot(found: list[Transfer], spans: dict[str, list[Span]], path: Path, title:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kernels = {name: node_spans[0] for name, node_spans in spans.items() if BACKWARD.search(name)}
-    origin = min(span.start for span in kernels.values())
+    backward = [node_spans[0] for name, node_spans in spans.items() if BACKWARD.search(name)]
+    forward = [node_spans[0] for name, node_spans in spans.items() if FORWARD.search(name)]
+    origin = min(span.start for span in backward)
     figure, axis = plt.subplots(figsize=(12, 0.22 * len(found) + 2.5))
     for row, transfer in enumerate(sorted(found, key=lambda t: (t.copy, t.entered))):
         axis.plot([(transfer.ready - origin) * 1e3], [row], "o", color="tab:green", markersize=3)
         axis.barh(row, (transfer.finished - transfer.entered) * 1e3, left=(transfer.entered - origin) * 1e3, height=0.6, color="tab:blue")
-    for name, span in kernels.items():
-        axis.axvspan((span.start - origin) * 1e3, (span.end - origin) * 1e3, color="tab:orange", alpha=0.08)
-    axis.set_xlabel("ms from the first backward kernel (shaded: backward kernels; dot: gradients ready; bar: in the backend)")
+        if not math.isnan(transfer.needed):
+            axis.plot([(transfer.needed - origin) * 1e3], [row], "|", color="tab:red", markersize=9)
+    for spans_of, color in ((backward, "tab:orange"), (forward, "tab:purple")):
+        for span in spans_of:
+            axis.axvspan((span.start - origin) * 1e3, (span.end - origin) * 1e3, color=color, alpha=0.08)
+    axis.set_xlabel("ms from the first backward kernel (shaded: backward kernels orange, forward purple; dot: gradients ready; "
+                    "bar: in the backend; tick: the next step's forward kernel needs it)")  # fmt: skip
     axis.set_ylabel("transfers, by entry")
     axis.set_title(title)
     figure.tight_layout()
