@@ -324,6 +324,10 @@ class Point:
     device_tflops: float | None  # None: real compute
     cells: dict[str, Cell] = field(default_factory=dict)
     measured: str = ""  # when and at which commit, so that a report joining runs in parts can say
+    workers: int = 0
+    """Ranks at the point (0: not recorded, as in results from before it was)."""
+    cores: int = 0
+    """CPU cores the ranks shared (0: not recorded)."""
 
     def median(self, strategy: str) -> float:
         return self.cells[strategy].median if strategy in self.cells else math.nan
@@ -351,6 +355,15 @@ class Point:
     def bound(self) -> float:
         """max(C, M) with Horovod's M, by which the operating points were chosen."""
         return max(self.median("compute-only"), self.comm(HOROVOD))
+
+    def cpu_floor(self, *strategies: str) -> float:
+        """The least step the cores allow a strategy, or a sum of strategies' work: every rank's
+        CPU per step (the mean over ranks, times the ranks) over the cores. Process CPU time: the
+        kernel's network work that softirq threads do is not in it, so the true floor is higher.
+        NaN where the ranks or cores were not recorded."""
+        if not (self.workers and self.cores):
+            return math.nan
+        return self.workers * sum(self.cells[name].cpu_seconds_per_step if name in self.cells else math.nan for name in strategies) / self.cores
 
     def efficiency(self, strategy: str) -> float:
         """TicTac's scheduling efficiency of the strategy's step, with its backend's M."""

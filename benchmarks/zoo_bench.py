@@ -212,7 +212,9 @@ def commit() -> str:
 def measure(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], repeats: int) -> Point:
     """Every strategy at the point, repeats interleaved, and compute-only and the comm-only runs
     (Horovod's, and TensorFlow's where a strategy runs on it) once."""
-    point = Point(rate, workload.device_tflops, measured=f"{time.strftime('%Y-%m-%d %H:%M')}, commit {commit()}")
+    point = Point(
+        rate, workload.device_tflops, measured=f"{time.strftime('%Y-%m-%d %H:%M')}, commit {commit()}", workers=bench.args.workers, cores=len(os.sched_getaffinity(0))
+    )
     for repeat in range(repeats):
         for strategy in strategies:
             point.cells.setdefault(strategy, Cell()).runs.append(bench.run(workload, strategy, rate, repeat))
@@ -265,6 +267,15 @@ def bound_of_any_schedule(point: Point, workload: Workload, strategy: str) -> fl
     if math.isnan(compute) or math.isnan(comm):
         return math.nan
     return ordered_bounds(workload.profile, compute, comm).any_schedule
+
+
+def cpu_bound_of_any_schedule(point: Point, strategy: str) -> float:
+    """The least step the cores allow any schedule: the CPU per step of the compute alone and of
+    the strategy's backend's communication alone (comm-only), on the cores the ranks share
+    (Point.cpu_floor). Where the collectives' own CPU keeps the cores busy (comm-only alone used
+    most of two cores at 4 Gbit/s), it binds above the bound of any schedule, which takes the
+    link's rate to be the same with the compute beside it as without."""
+    return point.cpu_floor("compute-only", COMM_ONLY[point.backend_of(strategy)])
 
 
 def planner_error(cell: Cell) -> float:
@@ -325,21 +336,24 @@ def ratio_cell(point: Point, strategy: str, baseline: str, width: int = 22) -> s
 
 def print_table(results: dict[str, Point], workloads: dict[str, Workload], strategies: tuple[str, ...]) -> None:
     """One table per baseline that ran (each point's baseline step, every other strategy's over
-    it, and the best Caramel path over the bound of any schedule, with the M of its backend), then
-    one of Caramel's runs: per point and Caramel strategy its step over its bound, the plan's
-    predicted step over what its steps measured, the link the last plan was made for over the
-    shaped one, the way each run ended on, and peak RSS and CPU per step over each baseline's."""
+    it, and the best Caramel path over the bound of any schedule, with the M of its backend, and
+    over the CPU floor of any schedule), then one of Caramel's runs: per point and Caramel
+    strategy its step over its bound and over its own CPU floor (its CPU per step on the cores),
+    the plan's predicted step over what its steps measured, the link the last plan was made for
+    over the shaped one, the way each run ended on, and peak RSS and CPU per step over each
+    baseline's."""
     for baseline in baselines_of(strategies):
         others = compared(strategies, baseline)
         comm = COMM_ONLY[point_backend(results, baseline)]
         print(f"\nstep over {baseline}'s: median (min-max over the runs); M is {comm}'s; best/bnd is the best Caramel path "
-              "over the bound of any schedule")  # fmt: skip
+              "over the bound of any schedule, best/cpu over the CPU floor of any schedule (compute-only's and "
+              f"{comm}'s CPU per step, every rank's, over the cores)")  # fmt: skip
         titles = {name: f"{name} /{baseline[0].upper()}" for name in others}
         widths = {name: max(22, len(title)) for name, title in titles.items()}
         header = (
             f"{'profile':18} {'regime':18} {'Mbit/s':>6} {'device':>7} {'C':>6} {'M':>6} {'C+M':>6} | {baseline + ' s':^22} | "
             + " | ".join(f"{title:^{widths[name]}}" for name, title in titles.items())
-            + f" | {'best/bnd':>8}"
+            + f" | {'best/bnd':>8} {'best/cpu':>8}"
         )
         print(header)
         print("-" * len(header))
@@ -347,25 +361,27 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
             name = key.split("@")[0]
             best = best_path(point, strategies)
             bound = point.median(best) / bound_of_any_schedule(point, workloads[name], best) if best else math.nan
+            cpu = point.median(best) / cpu_bound_of_any_schedule(point, best) if best else math.nan
             compute, communication = point.median("compute-only"), point.median(comm)
             print(
                 f"{name:18} {regime(name):18} {point.rate_mbit:6g} {device_cell(point, name):>7} {compute:6.3f} "
                 f"{communication:6.3f} {compute + communication:6.3f} | {point.cells.get(baseline, Cell()).describe()} | "
                 + " | ".join(ratio_cell(point, other, baseline, widths[other]) for other in others)
-                + f" | {bound:8.2f}"
+                + f" | {bound:8.2f} {cpu:8.2f}"
             )
     paths = caramel_paths(strategies)
     if not paths:
         return
     baselines = baselines_of(strategies)
-    print("\nCaramel's runs: step over C + M (its backend's M) beside each baseline's, over the bound of any schedule, the "
+    print("\nCaramel's runs: step over C + M (its backend's M) beside each baseline's, over the bound of any schedule, "
+          "over its own CPU floor (its CPU per step, every rank's, over the cores: 1.00 keeps every core busy), the "
           "plan's predicted step over what its steps measured, the link the last plan was made for over the shaped one, how "
           "each run ended (P the plan, H the backend's own way in Caramel's graph, G the backend's own graph of one step, - a "
           "per-step path), CPU per step and peak RSS over each baseline's")  # fmt: skip
     header = (
         f"{'profile':18} {'Mbit/s':>6} {'strategy':22} | {'/(C+M)':>6}"
         + "".join(f" {b[0].upper() + ' /(C+M)':>8}" for b in baselines)
-        + f" | {'/bnd':>5} | {'pred/meas':>9} | {'link/rate':>9} | {'arms':>5}"
+        + f" | {'/bnd':>5} {'/cpu':>5} | {'pred/meas':>9} | {'link/rate':>9} | {'arms':>5}"
         + "".join(f" | {'CPU /' + b[0].upper():>7} {'RSS /' + b[0].upper():>7}" for b in baselines)
     )
     print(header)
@@ -382,7 +398,8 @@ def print_table(results: dict[str, Point], workloads: dict[str, Workload], strat
                 for b in baselines
             )
             plan = f"{planner_error(cell):9.2f} | {plan_link(cell, point):9.2f} | {arms(cell):>5}"
-            print(f"{name:18} {point.rate_mbit:6g} {path:22} | {overlap} | {of_bound:5.2f} | {plan}{resources}")
+            own_cpu = point.median(path) / point.cpu_floor(path)
+            print(f"{name:18} {point.rate_mbit:6g} {path:22} | {overlap} | {of_bound:5.2f} {own_cpu:5.2f} | {plan}{resources}")
 
 
 def geometric_mean(values: list[float]) -> float:
@@ -415,14 +432,20 @@ def print_summary(results: dict[str, Point], workloads: dict[str, Workload], str
         if best:
             print(f"best Caramel path: geometric mean {geometric_mean(list(best.values())):.3f}x {baseline}; at most 1.0x on "
                   f"{sum(r <= 1.0 for r in best.values())} of {len(best)} points")  # fmt: skip
-    near = []
+    near, near_either = [], []
     for key, point in results.items():
         name, chosen = key.split("@")[0], best_path(point, strategies)
         bound = bound_of_any_schedule(point, workloads[name], chosen) if chosen else math.nan
         if not math.isnan(bound):
             near.append(point.median(chosen) / bound <= NEAR_BOUND)
+            cpu = cpu_bound_of_any_schedule(point, chosen)
+            if not math.isnan(cpu):
+                near_either.append(point.median(chosen) / max(bound, cpu) <= NEAR_BOUND)
     if near:
         print(f"best path within {NEAR_BOUND}x of the bound of any schedule on {sum(near)} of {len(near)} points")
+    if near_either:
+        print(f"best path within {NEAR_BOUND}x of the larger of that bound and the CPU floor of any schedule on {sum(near_either)} "
+              f"of {len(near_either)} points where the cores were recorded")  # fmt: skip
     errors = [planner_error(point.cells.get(path, Cell())) for point in results.values() for path in caramel_paths(strategies)]
     errors = [abs(error - 1.0) for error in errors if not math.isnan(error)]
     if errors:
@@ -477,7 +500,9 @@ def load_results(path: Path) -> dict[str, Point]:
     results = {}
     for key, document in json.loads(path.read_text()).items():
         cells = {name: Cell([Run(**run) for run in cell["runs"]]) for name, cell in document["cells"].items()}
-        results[key] = Point(document["rate_mbit"], document["device_tflops"], cells, document.get("measured", ""))
+        results[key] = Point(
+            document["rate_mbit"], document["device_tflops"], cells, document.get("measured", ""), document.get("workers", 0), document.get("cores", 0)
+        )
     return results
 
 

@@ -3,6 +3,7 @@ emulated cluster and hours of workers: `make bench-zoo`)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,30 @@ def test_a_benchmark_without_matplotlib_says_it_draws_no_plot_and_other_missing_
     assert draw(lambda path: path.write_text("drawn"), tmp_path / "zoo.png") == f"plot: {tmp_path / 'zoo.png'}"
     with pytest.raises(ModuleNotFoundError):
         draw(without("numpy"), tmp_path / "zoo.png")
+
+
+def test_the_cpu_floor_is_every_ranks_cpu_per_step_over_the_cores(capsys: pytest.CaptureFixture[str]) -> None:
+    def timed(seconds: float, cpu: float, **details) -> Run:
+        return Run(steps=[seconds] * 3, cpu_seconds_per_step=cpu, details=details)
+
+    point = Point(4000.0, 1.0, {
+        "horovod-tape": Cell([timed(1.0, 0.4)]),
+        "caramel-function": Cell([timed(0.8, 0.3, backend="horovod", planned=True)]),
+        "compute-only": Cell([timed(0.5, 0.05)]),
+        "comm-only": Cell([timed(0.6, 0.25)]),
+    }, workers=4, cores=2)  # fmt: skip
+    # 4 ranks of 0.3 CPU-s per step on 2 cores: no step under 0.6 s; any schedule: the compute's
+    # and the communication's CPU alone, (0.05 + 0.25) x 4 / 2
+    assert point.cpu_floor("caramel-function") == pytest.approx(0.6)
+    assert zoo_bench.cpu_bound_of_any_schedule(point, "caramel-function") == pytest.approx(0.6)
+    unrecorded = Point(4000.0, 1.0, point.cells)  # a point saved before ranks and cores were
+    assert math.isnan(zoo_bench.cpu_bound_of_any_schedule(unrecorded, "caramel-function"))
+    workloads = {"resnet50": make_workloads("emulated", ["resnet50"])[0]}
+    strategies = ("horovod-tape", "caramel-function")
+    zoo_bench.print_table({"resnet50@4000": point}, workloads, strategies)
+    zoo_bench.print_summary({"resnet50@4000": point}, workloads, strategies)
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("resnet50")]
+    assert rows[0].split()[-1] == "1.33"  # best/cpu: 0.8 s over 0.6 s
+    assert [column.strip() for column in rows[1].split("|")][2].split()[1] == "1.33"  # /cpu, its own floor
+    assert "the CPU floor of any schedule on 0 of 1 points where the cores were recorded" in out
