@@ -346,7 +346,7 @@ def plot(found: list[Transfer], spans: dict[str, list[Span]], path: Path, title:
     for spans_of, color in ((backward, "tab:orange"), (forward, "tab:purple")):
         for span in spans_of:
             axis.axvspan((span.start - origin) * 1e3, (span.end - origin) * 1e3, color=color, alpha=0.08)
-    axis.set_xlabel("ms from the first backward kernel (shaded: backward kernels orange, forward purple; dot: gradients ready; "
+    axis.set_xlabel("ms from the first backward kernel\n(shaded: backward kernels orange, forward purple; dot: gradients ready; "
                     "bar: in the backend; tick: the next step's forward kernel needs it)")  # fmt: skip
     axis.set_ylabel("transfers, by entry")
     axis.set_title(title)
