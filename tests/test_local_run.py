@@ -182,9 +182,12 @@ def test_a_lost_worker_shrinks_the_gang_which_resumes_from_its_checkpoint_with_t
     # step 40 or later, is at most 13 steps behind it.
     assert 40 - 13 <= restored < 600, restored
     # The smaller gang goes on from the checkpoint: its first steps follow it, at a loss near the
-    # one the whole gang had reached, far below where training began.
+    # one the whole gang had reached, far below where training began (2.1; a gang started over
+    # reports about that). A report's loss is one batch's on rank 0, which varies about twofold
+    # between reports at this stage (0.36-0.81 over one run's reports after the restart; a run
+    # failed 2x with 0.747 after a last report of 0.337), hence 3x the last report.
     assert restored < resumed.step <= restored + 10
-    assert resumed.loss < 0.7 * first.loss and resumed.loss < 2 * last.loss, (first, last, resumed)
+    assert resumed.loss < 0.7 * first.loss and resumed.loss < 3 * last.loss, (first, last, resumed)
     assert reports_after[-1].step == 600 and reports_after[-1].final
     assert sorted(digests(after)) == [0, 1] and len(set(digests(after).values())) == 1
     assert "after 1 whole-gang restart(s), with 2 of 3 workers" in after
