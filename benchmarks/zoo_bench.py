@@ -55,8 +55,10 @@ the M of the backend that moves its gradients.
 
 One table per baseline gives per point C, M, C + M and the baseline's step (median and min-max
 over the runs), every other strategy's step over it (and its runs' min-max), and the best Caramel
-path over the bound of any schedule; a table of Caramel's runs gives per point and Caramel
-strategy its step over C + M beside the baseline's, over its bound, what the plan predicted
+path over the bound of any schedule and over the CPU floor of any schedule (compute-only's and
+comm-only's CPU per step, every rank's, over the cores the ranks share); a table of Caramel's runs
+gives per point and Caramel strategy its step over C + M beside the baseline's, over its bound and
+over its own CPU floor (its CPU per step, every rank's, over the cores), what the plan predicted
 against what the plan's steps measured, the way each run ended on (P the plan, H the backend's
 own way in Caramel's graph, as its selector measured, G the backend's own graph of one step, as
 the graph choice measured, - a per-step path, which runs the backend's own way), and CPU per
@@ -272,9 +274,9 @@ def bound_of_any_schedule(point: Point, workload: Workload, strategy: str) -> fl
 def cpu_bound_of_any_schedule(point: Point, strategy: str) -> float:
     """The least step the cores allow any schedule: the CPU per step of the compute alone and of
     the strategy's backend's communication alone (comm-only), on the cores the ranks share
-    (Point.cpu_floor). Where the collectives' own CPU keeps the cores busy (comm-only alone used
-    most of two cores at 4 Gbit/s), it binds above the bound of any schedule, which takes the
-    link's rate to be the same with the compute beside it as without."""
+    (Point.cpu_floor). Where the collectives' own CPU keeps the cores busy, it can bind above the
+    bound of any schedule, which takes the link's rate to be the same with the compute beside it
+    as without."""
     return point.cpu_floor("compute-only", COMM_ONLY[point.backend_of(strategy)])
 
 
