@@ -135,7 +135,8 @@ def transfers(graphs: list, spans: dict[str, list[Span]]) -> list[Transfer]:
                     finished=done if done == done else min((start for start in reads if start >= entered), default=float("nan")),
                 )
             )
-    return [replace(t, needed=forward_starts(spans, next_copy(t.copy)).get(t.layers[0], float("nan"))) for t in found]
+    starts = {copy: forward_starts(spans, next_copy(copy)) for copy in {t.copy for t in found}}
+    return [replace(t, needed=starts[t.copy].get(t.layers[0], float("nan"))) for t in found]
 
 
 def next_copy(copy: str) -> str | None:
@@ -146,9 +147,7 @@ def next_copy(copy: str) -> str | None:
 
 def forward_starts(spans: dict[str, list[Span]], copy: str | None) -> dict[int, float]:
     """When each layer's forward kernel of one step started, by layer."""
-    if copy is None:
-        return {}
-    return {int(m.group(1)): node_spans[0].start for name, node_spans in spans.items() if name.startswith(copy) and (m := FORWARD.search(name))}
+    return {kernel.layer: kernel.span.start for kernel in kernels(spans, copy) if kernel.forward}
 
 
 def carried_tensors(nodes: dict, collective: str) -> list[str]:
