@@ -45,6 +45,8 @@ class RunFailed(Exception):
 class RunResult:
     events: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    last_event_seconds: float = 0.0
+    """When the last event of any worker arrived, from the start: what follows it is the workers' exit."""
 
 
 def bench_job(
@@ -115,6 +117,7 @@ def run_job(
     started = time.monotonic()
     deadline = started + timeout_seconds
     events: list[dict] = []
+    last_event_seconds = 0.0
     last_lines: dict[int, list[str]] = {index: [] for index in range(len(peers))}
 
     def start_worker(index: int) -> subprocess.Popen[bytes]:
@@ -128,8 +131,10 @@ def run_job(
             """Log the line and collect the event it may be."""
             log.write(f"worker {index} | {line}\n")
             last_lines[index] = (last_lines[index] + [line])[-LAST_LINES_KEPT:]
+            nonlocal last_event_seconds
             event = parse_event(line)
             if event:
+                last_event_seconds = time.monotonic() - started
                 events.append(event)
                 on_event(event)
 
@@ -153,7 +158,7 @@ def run_job(
                 for index in end.still_running
             )
         )
-    return RunResult(events=events, seconds=time.monotonic() - started)
+    return RunResult(events=events, seconds=time.monotonic() - started, last_event_seconds=last_event_seconds)
 
 
 def _indented(lines: list[str]) -> str:

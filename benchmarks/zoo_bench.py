@@ -554,13 +554,16 @@ def report(args: argparse.Namespace) -> int:
 
 def job_wall_times(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], steps: int, repeats: int) -> None:
     """Each strategy `repeats` times, interleaved, as a whole job of `steps` steps from a cold
-    start (told its length): the median wall time and its spread, over each baseline's."""
+    start (told its length): the median wall time and its spread, over each baseline's, and the
+    spread of the runs' exits (from the last worker's summary to the job's end)."""
     walls: dict[str, list[float]] = {strategy: [] for strategy in strategies}
+    exits: dict[str, list[float]] = {strategy: [] for strategy in strategies}
     for repeat in range(repeats):
         for strategy in strategies:
             run = bench.run(workload, strategy, rate, repeat, steps=steps, warmup=0, whole_job=True)
             if not math.isnan(run.wall_seconds):
                 walls[strategy].append(run.wall_seconds)
+                exits[strategy].append(run.exit_seconds)
     baselines = [name for name in baselines_of(strategies) if walls[name]]
     for name in baselines_of(strategies):
         if not walls[name]:
@@ -570,7 +573,9 @@ def job_wall_times(bench: Bench, workload: Workload, rate: float, strategies: tu
     medians = {name: statistics.median(seconds) for name, seconds in walls.items() if seconds}
 
     def wall(name: str) -> str:
-        return f"{name} {medians[name]:.0f} s ({min(walls[name]):.0f}-{max(walls[name]):.0f})" if walls[name] else f"{name} failed"
+        if not walls[name]:
+            return f"{name} failed"
+        return f"{name} {medians[name]:.0f} s ({min(walls[name]):.0f}-{max(walls[name]):.0f}; exits {min(exits[name]):.1f}-{max(exits[name]):.1f} s)"
 
     parts = [
         wall(name) + "".join(f", {medians[name] / medians[baseline]:.3f}x {baseline}" for baseline in baselines if baseline != name and name in medians)
