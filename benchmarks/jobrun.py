@@ -112,6 +112,7 @@ def run_job(
 
     The workers are a gang (`caramel.launch.gang`), stopped by the cluster, which also clears
     their namespaces: whatever happens, no process of the run is left when this returns or raises.
+    Each line of the log starts with when it came, in seconds from the start: where a job's time went.
     """
     peers = [cluster.address(index) for index in range(job.spec.workers.replicas)]
     started = time.monotonic()
@@ -128,8 +129,8 @@ def run_job(
     with open(log_path, "w") as log:
 
         def follow(index: int, line: str) -> None:
-            """Log the line and collect the event it may be."""
-            log.write(f"worker {index} | {line}\n")
+            """Log the line, with when it came, and collect the event it may be."""
+            log.write(f"{time.monotonic() - started:8.2f} s  worker {index} | {line}\n")
             last_lines[index] = (last_lines[index] + [line])[-LAST_LINES_KEPT:]
             nonlocal last_event_seconds
             event = parse_event(line)
