@@ -45,8 +45,9 @@ class RunFailed(Exception):
 class RunResult:
     events: list[dict] = field(default_factory=list)
     seconds: float = 0.0
-    last_event_seconds: float = 0.0
-    """When the last event of any worker arrived, from the start: what follows it is the workers' exit."""
+    last_step_seconds: float = 0.0
+    """When the last step any worker reported came, from the start: what follows is the end of the
+    workers' training loops (their input pipelines' teardown), their summaries and their exit."""
 
 
 def bench_job(
@@ -118,7 +119,7 @@ def run_job(
     started = time.monotonic()
     deadline = started + timeout_seconds
     events: list[dict] = []
-    last_event_seconds = 0.0
+    last_step_seconds = 0.0
     last_lines: dict[int, list[str]] = {index: [] for index in range(len(peers))}
 
     def start_worker(index: int) -> subprocess.Popen[bytes]:
@@ -132,10 +133,11 @@ def run_job(
             """Log the line, with when it came, and collect the event it may be."""
             log.write(f"{time.monotonic() - started:8.2f} s  worker {index} | {line}\n")
             last_lines[index] = (last_lines[index] + [line])[-LAST_LINES_KEPT:]
-            nonlocal last_event_seconds
+            nonlocal last_step_seconds
             event = parse_event(line)
             if event:
-                last_event_seconds = time.monotonic() - started
+                if event.get("event") == "step":
+                    last_step_seconds = time.monotonic() - started
                 events.append(event)
                 on_event(event)
 
@@ -159,7 +161,7 @@ def run_job(
                 for index in end.still_running
             )
         )
-    return RunResult(events=events, seconds=time.monotonic() - started, last_event_seconds=last_event_seconds)
+    return RunResult(events=events, seconds=time.monotonic() - started, last_step_seconds=last_step_seconds)
 
 
 def _indented(lines: list[str]) -> str:

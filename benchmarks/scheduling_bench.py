@@ -261,9 +261,9 @@ class Run:
     error: str = ""
     wall_seconds: float = math.nan
     """The whole run, start-up included."""
-    exit_seconds: float = math.nan
-    """From the last worker's last report (its summary, after its last step) to the run's end: the
-    workers' exit (exit handlers, the interpreter's and TensorFlow's teardown)."""
+    after_steps_seconds: float = math.nan
+    """From the last step any worker reported to the run's end: the end of the training loops
+    (their input pipelines' teardown), the summaries, the exit."""
 
     @property
     def step_seconds(self) -> float:
@@ -432,14 +432,14 @@ class Bench:
             return Run(error=str(failure))
         run = collect(result.events)
         run.wall_seconds = result.seconds
-        run.exit_seconds = result.seconds - result.last_event_seconds
+        run.after_steps_seconds = result.seconds - result.last_step_seconds
         note = ""
         if strategy.startswith("autotune"):
             run.details["autotune"] = read_autotune(self.output / f"{tag}.autotune.csv", self.output / f"{tag}.log")
             note = f"; autotune: {run.details['autotune']['samples']} settings scored, " + (
                 "done" if run.details["autotune"]["done"] else "NOT done (raise --autotune-warmup)"
             )
-        self.say(f"  {result.seconds:.0f} s ({run.exit_seconds:.1f} s of it the exit), median step {run.step_seconds:.3f} s over {len(run.steps)} steps{note}")
+        self.say(f"  {result.seconds:.0f} s ({run.after_steps_seconds:.1f} s of it after the last step), median step {run.step_seconds:.3f} s over {len(run.steps)} steps{note}")
         return run
 
     def timeout(self, workload: Workload, rate_mbit: float, steps: int) -> float:

@@ -555,15 +555,15 @@ def report(args: argparse.Namespace) -> int:
 def job_wall_times(bench: Bench, workload: Workload, rate: float, strategies: tuple[str, ...], steps: int, repeats: int) -> None:
     """Each strategy `repeats` times, interleaved, as a whole job of `steps` steps from a cold
     start (told its length): the median wall time and its spread, over each baseline's, and the
-    spread of the runs' exits (from the last worker's summary to the job's end)."""
+    spread of the time after the runs' last steps (their loops' end, summaries and exit)."""
     walls: dict[str, list[float]] = {strategy: [] for strategy in strategies}
-    exits: dict[str, list[float]] = {strategy: [] for strategy in strategies}
+    tails: dict[str, list[float]] = {strategy: [] for strategy in strategies}
     for repeat in range(repeats):
         for strategy in strategies:
             run = bench.run(workload, strategy, rate, repeat, steps=steps, warmup=0, whole_job=True)
             if not math.isnan(run.wall_seconds):
                 walls[strategy].append(run.wall_seconds)
-                exits[strategy].append(run.exit_seconds)
+                tails[strategy].append(run.after_steps_seconds)
     baselines = [name for name in baselines_of(strategies) if walls[name]]
     for name in baselines_of(strategies):
         if not walls[name]:
@@ -575,7 +575,7 @@ def job_wall_times(bench: Bench, workload: Workload, rate: float, strategies: tu
     def wall(name: str) -> str:
         if not walls[name]:
             return f"{name} failed"
-        return f"{name} {medians[name]:.0f} s ({min(walls[name]):.0f}-{max(walls[name]):.0f}; exits {min(exits[name]):.1f}-{max(exits[name]):.1f} s)"
+        return f"{name} {medians[name]:.0f} s ({min(walls[name]):.0f}-{max(walls[name]):.0f}; after the last step {min(tails[name]):.1f}-{max(tails[name]):.1f} s)"
 
     parts = [
         wall(name) + "".join(f", {medians[name] / medians[baseline]:.3f}x {baseline}" for baseline in baselines if baseline != name and name in medians)

@@ -111,13 +111,13 @@ class ShapedLinks:
         self.rate_mbit = rate_mbit
 
 
-def test_a_runs_exit_is_the_time_after_its_last_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_runs_tail_is_the_time_after_its_last_step(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     summary = {"event": "summary", "rank": 0, "cpu_seconds_per_step": 0.5}
-    monkeypatch.setattr(bench, "run_job", lambda *args: RunResult(events=[summary], seconds=40.0, last_event_seconds=28.5))
+    monkeypatch.setattr(bench, "run_job", lambda *args: RunResult(events=[summary], seconds=40.0, last_step_seconds=28.5))
     runner = bench.Bench(bench.parse_args(["--strategies", "horovod-tape"]), ShapedLinks(), tmp_path)
     workload, = make_workloads("emulated", ["resnet50"])
     run = runner.run(workload, "horovod-tape", 1000, 0, whole_job=True)
-    assert (run.wall_seconds, run.exit_seconds) == (40.0, 11.5)
+    assert (run.wall_seconds, run.after_steps_seconds) == (40.0, 11.5)
 
 
 def test_worker_env_and_allocator_reach_every_strategys_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
