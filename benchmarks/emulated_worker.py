@@ -145,7 +145,7 @@ def loop(
     mwms_strategy: tf.distribute.Strategy | None,
 ) -> None:
     # Every path reads the same input pipeline through a live iterator, as Horovod's TF2 examples
-    # do (`for images, labels in dataset`): a whole job's time then includes its teardown at exit
+    # do (`for images, labels in dataset`): a whole job's time then includes the iterator's teardown
     # on every path, not only on those that take a dataset (ctf.function's and Keras fit's).
     batches = iter(emulated_model.dataset())
 

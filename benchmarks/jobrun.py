@@ -131,9 +131,9 @@ def run_job(
 
         def follow(index: int, line: str) -> None:
             """Log the line, with when it came, and collect the event it may be."""
+            nonlocal last_step_seconds
             log.write(f"{time.monotonic() - started:8.2f} s  worker {index} | {line}\n")
             last_lines[index] = (last_lines[index] + [line])[-LAST_LINES_KEPT:]
-            nonlocal last_step_seconds
             event = parse_event(line)
             if event:
                 if event.get("event") == "step":
