@@ -14,6 +14,7 @@ lines among them are the benchmark's events.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -45,9 +46,10 @@ class RunFailed(Exception):
 class RunResult:
     events: list[dict] = field(default_factory=list)
     seconds: float = 0.0
-    last_step_seconds: float = 0.0
-    """When the last step any worker reported came, from the start: what follows is the end of the
-    workers' training loops (their input pipelines' teardown), their summaries and their exit."""
+    last_step_seconds: float = math.nan
+    """When the last step any worker reported came, from the start (NaN if none did): what follows
+    is the end of the workers' training loops (their input pipelines' teardown), their summaries and
+    their exit."""
 
 
 def bench_job(
@@ -119,7 +121,7 @@ def run_job(
     started = time.monotonic()
     deadline = started + timeout_seconds
     events: list[dict] = []
-    last_step_seconds = 0.0
+    last_step_seconds = math.nan
     last_lines: dict[int, list[str]] = {index: [] for index in range(len(peers))}
 
     def start_worker(index: int) -> subprocess.Popen[bytes]:
