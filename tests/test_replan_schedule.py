@@ -52,15 +52,37 @@ def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one
     replanner = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9), one_rank)
     replanner.seconds_per_step, replanner.retrace_seconds = 0.5, 20.0  # one step per graph; the estimated build
     plan = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.45)  # 50 ms faster a step
-    assert not replanner.worth_several_steps(plan, steps_left=200)  # 10 s gained: less than the build
-    assert "keeping one step per graph: predicted 50 ms faster per step, the change would not repay its rebuild (20 s) within the 200 steps left" in capsys.readouterr().err
-    assert replanner.worth_several_steps(plan, steps_left=1000)  # 50 s
-    assert replanner.worth_several_steps(plan, steps_left=None)  # not said: as many steps per graph as asked
+    assert not replanner.worth_several_steps(plan, steps_left=200, own_way_seconds=0.5)  # 10 s gained: less than the build
+    assert (
+        "keeping one step per graph: predicted 50 ms faster per step (the plan 450 ms, TensorFlow's collectives in buckets "
+        "as the gradients come 500 ms predicted and 500 ms measured), the change would not repay its rebuild (20 s) within "
+        "the 200 steps left"
+    ) in capsys.readouterr().err
+    assert replanner.worth_several_steps(plan, steps_left=1000, own_way_seconds=0.5)  # 50 s
+    assert replanner.worth_several_steps(plan, steps_left=None, own_way_seconds=0.5)  # not said: as many steps per graph as asked
     slower = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.55)
-    assert not replanner.worth_several_steps(slower, steps_left=10**6)
+    assert not replanner.worth_several_steps(slower, steps_left=10**6, own_way_seconds=0.5)
     assert "keeping one step per graph: the change is predicted 50 ms slower per step" in capsys.readouterr().err
     replanner.assume_long_training = True  # as the benchmarks' few steps stand for a long training
-    assert replanner.worth_several_steps(plan, steps_left=200)
+    assert replanner.worth_several_steps(plan, steps_left=200, own_way_seconds=0.5)
+
+
+def test_the_gain_that_must_repay_the_build_is_the_models_difference_where_it_is_optimistic(one_rank, capsys):
+    from caramel.planner.linkmodel import LinkModel
+    from caramel.planner.schedule import Batch, Plan
+    from caramel.tensorflow.replanner import Replanner
+
+    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9), one_rank)
+    replanner.seconds_per_step, replanner.retrace_seconds = 0.9, 20.0
+    plan = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.6)
+    # The model predicts the own way 0.2 s faster than it measures (what it misses slows every
+    # way alike): the plan gains 0.1 s a step, not 0.3 s, and 150 steps do not repay the build.
+    assert not replanner.worth_several_steps(plan, steps_left=150, own_way_seconds=0.7)
+    assert "predicted 100 ms faster per step (the plan 600 ms, " in capsys.readouterr().err
+    assert replanner.worth_several_steps(plan, steps_left=250, own_way_seconds=0.7)  # 25 s
+    # A model pessimistic about the own way credits no more than the measured step leaves.
+    assert not replanner.worth_several_steps(plan, steps_left=60, own_way_seconds=1.2)  # 0.3 s x 60 = 18 s
+    assert replanner.worth_several_steps(plan, steps_left=70, own_way_seconds=1.2)  # 21 s
 
 
 def test_the_steps_time_a_search_took_beside_them_counts_as_the_re_plans_cost(one_rank):

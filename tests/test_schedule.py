@@ -24,6 +24,7 @@ from caramel.planner.schedule import (
     candidate_batches,
     deadlines,
     initial_plan,
+    own_way_transfers,
     release_times,
     replan_interval,
     repays_retrace,
@@ -294,6 +295,26 @@ def test_the_first_plan_sends_in_backpropagations_order_in_buckets():
     assert [len(t.pieces) for t in plan.transfers] == [2, 2, 2]  # 25 MiB buckets hold two
     small = initial_plan(tensors, Scheduling(maxBucketBytes=4 * MiB, minBucketBytes=1024))
     assert all(t.nbytes <= 4 * MiB for t in small.transfers)
+
+
+def test_the_own_way_sends_what_is_ready_whole_in_backpropagations_order_up_to_its_fusion():
+    # Backward compute 0.3 s over six 10 MiB tensors (20 ms of link each): the link is free when
+    # each gradient comes, so each goes alone, in the order backpropagation releases them.
+    tensors = costs([10 * MiB] * 6, forward=0.15, backward=0.30)
+    one_by_one = own_way_transfers(tensors, LINK, fusion_bytes=64 * MiB)
+    assert [[p.tensor for p in t.pieces] for t in one_by_one] == [[5], [4], [3], [2], [1], [0]]
+    # Released together, they fuse up to the buffer, and a tensor larger than it goes whole.
+    together = own_way_transfers(costs([10 * MiB] * 5 + [100 * MiB]), LINK, fusion_bytes=25 * MiB)
+    assert [[p.tensor for p in t.pieces] for t in together] == [[5], [4, 3], [2, 1], [0]]
+    assert_exact_cover(costs([10 * MiB] * 5 + [100 * MiB]), together)
+    assert simulate(tensors, one_by_one, LINK, 1) == pytest.approx(0.45 + LINK.seconds(10 * MiB))
+    # Where the link lags the backward pass, what queues meanwhile goes fused; in one step per
+    # graph nothing overlaps the next forward pass, so the same model predicts a plan of the
+    # cross-iteration window faster.
+    lagging = costs([40 * MiB] * 6, forward=0.15, backward=0.30)
+    queued = own_way_transfers(lagging, LINK, fusion_bytes=128 * MiB)
+    assert [[p.tensor for p in t.pieces] for t in queued] == [[5], [4], [3, 2], [1, 0]]
+    assert best_schedule(lagging, LINK, Scheduling(), 4).predicted_step_seconds < simulate(lagging, queued, LINK, 1)
 
 
 def test_transfers_travel_as_integers_and_back():

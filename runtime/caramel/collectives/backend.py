@@ -61,6 +61,11 @@ class Backend(ABC):
         (the collective then starts once every tensor exists) or eagerly (it returns once done).
         `name` tells this collective from the others of the graph, the same on every rank."""
 
+    @property
+    @abstractmethod
+    def own_way_fusion_bytes(self) -> int:
+        """The most bytes `own_way` sends in one collective, for the planner's prediction of it."""
+
     @abstractmethod
     def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
         """A step's gradients averaged (or summed) as the backend's own API does it (Horovod's tape,

@@ -29,6 +29,8 @@ OPS = {ReduceOp.SUM: mpi_ops.Sum, ReduceOp.AVERAGE: mpi_ops.Average, ReduceOp.MI
 # steps per graph names some 6,000. Beyond the cache, every tensor is negotiated in full, every
 # step. A cache this size costs nothing while unused: Horovod's ranks agree on the entries in use.
 RESPONSE_CACHE_CAPACITY = 16384
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+"""Horovod's fusion buffer where HOROVOD_FUSION_THRESHOLD is not set (0.28.1)."""
 
 
 class HorovodBackend(Backend):
@@ -47,6 +49,11 @@ class HorovodBackend(Backend):
             return list(mpi_ops._grouped_allreduce(group, name=group_name, op=OPS[op]))
 
         return per_dtype([tf.convert_to_tensor(tensor) for tensor in tensors], name, grouped)
+
+    @property
+    def own_way_fusion_bytes(self) -> int:
+        """Horovod's fusion buffer: HOROVOD_FUSION_THRESHOLD, where the job sets it."""
+        return int(os.environ.get("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD))
 
     def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
         """Each gradient its own allreduce, as `hvd.DistributedGradientTape` sends them."""

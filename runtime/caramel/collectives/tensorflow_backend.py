@@ -141,6 +141,10 @@ class TensorFlowBackend(Backend):
         with self._placed(path):
             return joined(tensors, name, lambda flat, _: self._collective(flat, op, path))
 
+    @property
+    def own_way_fusion_bytes(self) -> int:
+        return BUCKET_BYTES
+
     def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
         """As Horovod's tape sends them, with TensorFlow's collectives: in the order
         backpropagation releases them (the sources' order reversed), in buckets of about

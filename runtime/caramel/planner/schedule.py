@@ -227,6 +227,14 @@ def replan_interval(interval_steps: int, replan_seconds: float, seconds_per_step
     return max(interval_steps, math.ceil(replan_seconds / (REPLAN_BUDGET * seconds_per_step)))
 
 
+def own_way_transfers(tensors: Sequence[TensorCost], link: LinkModel, fusion_bytes: int) -> tuple[Transfer, ...]:
+    """The backend's own way, as the planner can predict it: each gradient sent once it exists, in
+    backpropagation's order, what is ready when the link frees fused up to `fusion_bytes`
+    (Horovod's fusion buffer, the tensorflow backend's buckets), no tensor cut."""
+    whole = max(tensor.nbytes for tensor in tensors)
+    return build_schedule(tensors, link, Batch(min_bytes=0, max_bytes=fusion_bytes, chunk_bytes=whole), Ordering.ARRIVAL, Batching.FIXED)
+
+
 def initial_plan(tensors: Sequence[TensorCost], scheduling: Scheduling) -> Plan:
     """The plan before anything was measured: Horovod's order (backpropagation's, last tensor
     first) in buckets of up to INITIAL_BUCKET_BYTES (PyTorch DDP's default), within the job's

@@ -16,8 +16,8 @@ moment each gradient exists stamped beside them, for the replanner, which search
 plan from those releases beside the steps. A graph of several steps costs several times what
 the own graph cost to build (its copies, TensorFlow's optimization of the larger graph and its
 first run), which a short training cannot win back: the steps go on to Caramel's graph of
-several steps, with the plan found, only if its predicted gain over the own graph's measured
-step repays that build within the steps left (the replanner); otherwise the own graph runs on,
+several steps, with the plan found, only if its predicted gain over the own graph's step
+repays that build within the steps left (the replanner); otherwise the own graph runs on,
 its stamps switched off, and a short job costs what the backend's own API costs. Steps run one
 per graph (`steps_per_execution` 1) run the own graph alone: no order of the transfers has a
 window to gain in there. Between executions the replanner may
