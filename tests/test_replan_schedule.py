@@ -80,6 +80,7 @@ def test_the_gain_that_must_repay_the_build_is_the_models_difference_where_it_is
     assert not replanner.worth_several_steps(plan, steps_left=150, own_way_seconds=0.7)
     assert "predicted 100 ms faster per step (the plan 600 ms, " in capsys.readouterr().err
     assert replanner.worth_several_steps(plan, steps_left=250, own_way_seconds=0.7)  # 25 s
+    assert "going on to several steps per graph: predicted 100 ms faster per step (the plan 600 ms, " in capsys.readouterr().err
     # A model pessimistic about the own way credits no more than the measured step leaves.
     assert not replanner.worth_several_steps(plan, steps_left=60, own_way_seconds=1.2)  # 0.3 s x 60 = 18 s
     assert replanner.worth_several_steps(plan, steps_left=70, own_way_seconds=1.2)  # 21 s

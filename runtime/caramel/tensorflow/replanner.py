@@ -331,7 +331,11 @@ class Replanner:
             f" (the plan {found.predicted_step_seconds * 1e3:.4g} ms, {self.backend.own_way_name} "
             f"{own_way_seconds * 1e3:.4g} ms predicted and {self.seconds_per_step * 1e3:.4g} ms measured)"
         )
-        return self._repays_rebuild(gain, steps_left, "one step per graph", basis)
+        if not self._repays_rebuild(gain, steps_left, "one step per graph", basis):
+            return False
+        build = "" if self.retrace_seconds is None else f", repaying its build ({self.retrace_seconds:.3g} s) within the {steps_left} steps left"
+        print(f"caramel: going on to several steps per graph: predicted {gain * 1e3:.3g} ms faster per step{basis}{build}", file=sys.stderr, flush=True)
+        return True
 
     def _worth_retracing(self, found: Plan, current_seconds: float, steps_left: int | None) -> Plan | None:
         """The plan found, unless its gain would not repay the re-trace."""
