@@ -187,5 +187,10 @@ def loss(_: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
 
 
 def dataset() -> tf.data.Dataset:
-    """Endless [1, 1] batches; the values do not matter, only that they reach the graph at run time."""
-    return tf.data.Dataset.from_tensors((tf.ones([1, 1]), tf.zeros([1, 1]))).repeat()
+    """Endless [1, 1] batches; the values do not matter, only that they reach the graph at run time.
+    tf.data's autotuner is off: this pipeline has nothing to tune, and its thread held the
+    iterator's teardown at the end of a job for up to a minute, on every path alike (TensorFlow's;
+    benchmarks/results/2026-12-07-zoo-jobs200-autotune-off.txt)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return tf.data.Dataset.from_tensors((tf.ones([1, 1]), tf.zeros([1, 1]))).repeat().with_options(options)
