@@ -299,7 +299,8 @@ class Replanner:
         interval = replan_interval(self.scheduling.replan_interval_steps, replan_seconds, self.seconds_per_step)
         previous_interval = self._interval_steps
         self.link, chosen, self._interval_steps, self.several_steps = _share_decision(self.backend, pending.link, chosen, interval, several)
-        if self._interval_steps != previous_interval and self.seconds_per_step is not None and self.backend.rank == 0:
+        # Steps kept one per graph are not re-planned: no interval to speak of.
+        if self.several_steps and self._interval_steps != previous_interval and self.seconds_per_step is not None and self.backend.rank == 0:
             print(
                 f"caramel: re-planning every {self._interval_steps} steps (a re-plan costs {replan_seconds * 1e3:.4g} ms at "
                 f"steps of {self.seconds_per_step * 1e3:.4g} ms; spec.caramel.replanIntervalSteps is the least)",
