@@ -63,6 +63,9 @@ def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one
     slower = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.55)
     assert not replanner.worth_several_steps(slower, steps_left=10**6, own_way_seconds=0.5)
     assert "keeping one step per graph: the change is predicted 50 ms slower per step" in capsys.readouterr().err
+    same = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.5 + 1e-12)  # the own way, as a lone rank's plan is
+    assert not replanner.worth_several_steps(same, steps_left=10**6, own_way_seconds=0.5)
+    assert "keeping one step per graph: the change is predicted no faster per step (the plan 500 ms" in capsys.readouterr().err
     replanner.assume_long_training = True  # as the benchmarks' few steps stand for a long training
     assert replanner.worth_several_steps(plan, steps_left=200, own_way_seconds=0.5)
 

@@ -36,10 +36,11 @@ def test_each_plan_traces_its_step_once(tmp_path):
 
 def test_a_run_too_short_to_repay_a_graph_of_several_steps_keeps_one_step_per_graph(tmp_path):
     command = [sys.executable, "-m", "testbed.trace_count_worker", "--say-total-steps"]
-    manifest = job_manifest(script=None, command=command, args=[], workers={"replicas": 1})
+    # Two ranks: a lone rank sends nothing, so a graph of several steps would gain it nothing at all.
+    manifest = job_manifest(script=None, command=command, args=[], workers={"replicas": 2})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode == 0, result.stderr
-    (report,) = [json.loads(line.split("| ", 1)[1]) for line in result.stderr.splitlines() if "steps_per_traced_graph" in line]
+    reports = [json.loads(line.split("| ", 1)[1]) for line in result.stderr.splitlines() if "steps_per_traced_graph" in line]
     # Only the own graph of one step (traced twice, see above): no graph of several steps.
-    assert report == {"steps_per_traced_graph": [1, 1]}, result.stderr
+    assert reports == [{"steps_per_traced_graph": [1, 1]}] * 2, result.stderr
     assert "caramel: keeping one step per graph" in result.stderr and "steps left" in result.stderr, result.stderr

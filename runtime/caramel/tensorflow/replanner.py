@@ -348,7 +348,9 @@ class Replanner:
         where it does not, and the `basis` of the gain."""
         if repays_retrace(gain_seconds, self.retrace_seconds, steps_left):
             return True
-        if gain_seconds <= 0:
+        if abs(gain_seconds) < 0.5e-6:  # a plan that is the own way (a lone rank sends nothing)
+            why = f"the change is predicted no faster per step{basis}"
+        elif gain_seconds < 0:
             why = f"the change is predicted {-gain_seconds * 1e3:.3g} ms slower per step{basis}"
         else:
             steps = f"the {steps_left} steps left" if steps_left is not None else f"{PAYBACK_STEPS} steps"
