@@ -2,8 +2,8 @@
 of its graphs. Prints, for each graph the step was traced into, how many times it was traced
 there (Caramel's graph of several steps traces the step once and copies its graph, `unrolled.py`).
 With --say-total-steps, `ctf.function` is told the run takes 400 steps: too few to repay a graph
-of several steps of this small model, on two ranks or more (a lone rank sends nothing, so it has
-nothing to gain).
+of several steps of this small model, whose plan is at most a few ms a step faster than the
+backend's own way (and no faster on one rank, which sends nothing).
 
 A variable made while tf.function traces makes it trace the whole function a second time; the
 stamps' variables once were, so every new plan traced its multi-step graph twice (four unrolled

@@ -5,6 +5,7 @@ and each plan's step is traced once, however many steps its graph holds (testbed
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -34,13 +35,15 @@ def test_each_plan_traces_its_step_once(tmp_path):
     assert report == {"steps_per_traced_graph": [1, 1, 1]}, result.stderr
 
 
-def test_a_run_too_short_to_repay_a_graph_of_several_steps_keeps_one_step_per_graph(tmp_path):
+def test_a_run_whose_steps_left_do_not_repay_a_graph_of_several_steps_keeps_one_step_per_graph(tmp_path):
     command = [sys.executable, "-m", "testbed.trace_count_worker", "--say-total-steps"]
-    # Two ranks: a lone rank sends nothing, so a graph of several steps would gain it nothing at all.
     manifest = job_manifest(script=None, command=command, args=[], workers={"replicas": 2})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode == 0, result.stderr
     reports = [json.loads(line.split("| ", 1)[1]) for line in result.stderr.splitlines() if "steps_per_traced_graph" in line]
     # Only the own graph of one step (traced twice, see above): no graph of several steps.
     assert reports == [{"steps_per_traced_graph": [1, 1]}] * 2, result.stderr
-    assert "caramel: keeping one step per graph" in result.stderr and "steps left" in result.stderr, result.stderr
+    # Rank 0 says why, with the figures: the plan found on a busy machine may be the own way itself
+    # (no faster), or faster by a few ms a step, which the steps left do not repay.
+    why = re.search(r"caramel: keeping one step per graph: (.*)", result.stderr)
+    assert why and ("no faster per step" in why[1] or re.search(r"within the \d+ steps left$", why[1])), result.stderr
