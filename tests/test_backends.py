@@ -102,6 +102,18 @@ def test_the_own_way_of_tensorflows_collectives_sends_buckets_in_the_order_backp
     assert release_buckets([], bucket_bytes=4) == []
 
 
+def test_horovods_fusion_buffer_is_read_from_its_variable_as_horovod_reads_it():
+    pytest.importorskip("horovod.tensorflow.mpi_ops", reason="Horovod is not installed here")
+    from caramel.collectives.horovod_backend import DEFAULT_FUSION_THRESHOLD, fusion_threshold_bytes
+
+    assert fusion_threshold_bytes(None) == DEFAULT_FUSION_THRESHOLD
+    assert fusion_threshold_bytes("67108864") == 64 * 1024 * 1024
+    # strtol's reading: the leading integer, none at all is 0 (fusion off), never an error.
+    assert fusion_threshold_bytes("64MB") == 64
+    assert fusion_threshold_bytes(" 0") == 0
+    assert fusion_threshold_bytes("off") == 0
+
+
 def test_tensorflow_collectives_in_a_graph_wait_for_their_inputs_and_the_collectives_traced_before_only():
     backend = TensorFlowBackend(rank=0, size=2, local_rank=0, local_size=1, timeout_seconds=1.0)
     sizes = [BUCKET_BYTES // 4, BUCKET_BYTES // 4, BUCKET_BYTES // 4]  # float32 elements: a bucket each

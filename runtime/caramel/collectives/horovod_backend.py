@@ -10,6 +10,7 @@ each by name.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -52,8 +53,7 @@ class HorovodBackend(Backend):
 
     @property
     def own_way_fusion_bytes(self) -> int:
-        """Horovod's fusion buffer: HOROVOD_FUSION_THRESHOLD, where the job sets it."""
-        return int(os.environ.get("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD))
+        return fusion_threshold_bytes(os.environ.get("HOROVOD_FUSION_THRESHOLD"))
 
     def own_way(self, gradients: Sequence[tf.Tensor], op: ReduceOp = ReduceOp.AVERAGE) -> list[tf.Tensor]:
         """Each gradient its own allreduce, as `hvd.DistributedGradientTape` sends them."""
@@ -112,3 +112,12 @@ def start(process_sets: Sequence[object] | str = ()) -> None:
     in Horovod (until its shutdown), so a script's process sets stay when `set_up` follows."""
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", str(RESPONSE_CACHE_CAPACITY))
     mpi_ops.init(process_sets=process_sets or None)
+
+
+def fusion_threshold_bytes(setting: str | None) -> int:
+    """Horovod's fusion buffer from HOROVOD_FUSION_THRESHOLD, read as Horovod reads it (C's
+    strtol: the leading integer, 0 where there is none, "64MB" 64 bytes), its default unset."""
+    if setting is None:
+        return DEFAULT_FUSION_THRESHOLD
+    leading = re.match(r"\s*[+-]?\d+", setting)
+    return max(int(leading[0]), 0) if leading else 0

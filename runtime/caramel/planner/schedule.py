@@ -231,7 +231,7 @@ def own_way_transfers(tensors: Sequence[TensorCost], link: LinkModel, fusion_byt
     """The backend's own way, as the planner can predict it: each gradient sent once it exists, in
     backpropagation's order, what is ready when the link frees fused up to `fusion_bytes`
     (Horovod's fusion buffer, the tensorflow backend's buckets), no tensor cut."""
-    whole = max(tensor.nbytes for tensor in tensors)
+    whole = max((tensor.nbytes for tensor in tensors), default=1)
     return build_schedule(tensors, link, Batch(min_bytes=0, max_bytes=fusion_bytes, chunk_bytes=whole), Ordering.ARRIVAL, Batching.FIXED)
 
 
