@@ -4,7 +4,7 @@
     python helm/chart_readme.py --check    # exit 1 if the committed README differs
 
 Each value's description, allowed values and type come from values.schema.json, which `helm`
-checks values against; its default comes from values.yaml. tests/test_chart.py fails when the
+checks values against; its default comes from values.yaml. tests/deploy/test_chart.py fails when the
 committed README drifts from them.
 """
 

@@ -1,4 +1,4 @@
-"""The API surface of the real Horovod's TensorFlow 2 modules, as data for tests/test_horovod_api.py.
+"""The API surface of the real Horovod's TensorFlow 2 modules, as data for tests/horovod/test_horovod_api.py.
 
     .venv/bin/python scripts/horovod_api_names.py > tests/data/horovod-0.28.1-api.json
 

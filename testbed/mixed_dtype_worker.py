@@ -1,4 +1,4 @@
-"""A training process for tests/test_correctness.py: the gradients of a float32 and a float16
+"""A training process for tests/tensorflow/test_correctness.py: the gradients of a float32 and a float16
 variable, which the first plan puts in one transfer, averaged over the ranks through
 `ctf.DistributedGradientTape` in a graph. Prints whether every rank got the exact average.
 

@@ -1,4 +1,4 @@
-"""A lone rank for tests/test_replan_schedule.py: drives the real `Replanner` through
+"""A lone rank for tests/tensorflow/test_replan_schedule.py: drives the real `Replanner` through
 the execution boundaries of a training run at several steps per execution, with real probes
 and plan searches, and prints at which completed step it decided each plan, as JSON
 {"decided": {steps_per_execution: [steps]}, "back_to_back": [steps], "beside": [steps]}: "decided"

@@ -1,5 +1,5 @@
 """How soon the operator restarts a gang after a worker goes, against the Kubernetes API emulator:
-the measurement that tests/test_operator_restarts.py bounds and benchmarks/operator_restart.py
+the measurement that tests/operator/test_operator_restarts.py bounds and benchmarks/operator_restart.py
 reports.
 
 Times come from the emulator's watch streams (operator_harness.Watch), taken as each event

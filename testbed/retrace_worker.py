@@ -1,4 +1,4 @@
-"""A training process for tests/test_retrace.py: step graphs traced through Caramel's optimizer
+"""A training process for tests/tensorflow/test_retrace.py: step graphs traced through Caramel's optimizer
 are freed once their function is dropped, as after a re-plan. Prints how many are still alive.
 
 Two things once kept every traced graph alive, about 50 MB per step of an emulated ResNet-50:

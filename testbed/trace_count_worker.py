@@ -1,4 +1,4 @@
-"""A training process for tests/test_retrace.py: how many times `ctf.function` traces the step
+"""A training process for tests/tensorflow/test_retrace.py: how many times `ctf.function` traces the step
 of its graphs. Prints, for each graph the step was traced into, how many times it was traced
 there (Caramel's graph of several steps traces the step once and copies its graph, `unrolled.py`).
 With --say-total-steps, `ctf.function` is told the run takes 400 steps: too few to repay a graph

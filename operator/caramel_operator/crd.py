@@ -16,7 +16,7 @@ from caramel.contract.api import GROUP, JOB_NAME_MAX_LENGTH, KIND, VERSION, Cara
 
 PLURAL = "carameljobs"
 SINGULAR = "carameljob"
-# Built-in resources win over a CRD's short names (`cj` is CronJob's): tests/test_crd.py checks
+# Built-in resources win over a CRD's short names (`cj` is CronJob's): tests/contract/test_crd.py checks
 # these against a real API server's discovery.
 SHORT_NAMES = ["cmj"]
 

@@ -1,10 +1,10 @@
 """The operator's RBAC, from one place: each rule it needs, with why, and every copy made from them.
 
-The rules grant exactly what the operator uses: tests/test_operator_permissions.py records the
+The rules grant exactly what the operator uses: tests/operator/test_operator_permissions.py records the
 requests the operator makes through a job's life and compares them with PERMISSIONS and the
-reads below, and tests/test_chart.py checks that every RBAC variant grants exactly them. The
+reads below, and tests/deploy/test_chart.py checks that every RBAC variant grants exactly them. The
 copies are generated: `python -m caramel_operator.rbac VARIANT` prints one, `make rbac` writes the
-committed ones, and tests/test_rbac.py fails when one drifts from these rules.
+committed ones, and tests/operator/test_rbac.py fails when one drifts from these rules.
 
 - `chart`: helm/caramel/files/rbac-rules.yaml, the rules by role, which the chart's templates
   read (rbac.yaml: a ClusterRole, or a Role per served namespace and a discovery ClusterRole);

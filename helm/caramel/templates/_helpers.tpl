@@ -92,8 +92,8 @@ with rbac.scope=cluster; rbac.watchNamespaces or the release's namespace with rb
 
 {{/*
 The operator's RBAC rules, by role, from files/rbac-rules.yaml, which `make rbac` generates from
-caramel_operator.rbac, as it does manifests/rbac.yaml and manifests/namespaced/ (tests/test_rbac.py
-fails when a copy drifts; tests/test_operator_permissions.py records what the operator uses):
+caramel_operator.rbac, as it does manifests/rbac.yaml and manifests/namespaced/ (tests/operator/test_rbac.py
+fails when a copy drifts; tests/operator/test_operator_permissions.py records what the operator uses):
 - operator: what it does in the namespaces it serves, granted cluster-wide by a ClusterRole, or
   in each served namespace by a Role;
 - crdRead: kopf watches CRDs, to notice the CaramelJob CRD being installed or upgraded while it runs;

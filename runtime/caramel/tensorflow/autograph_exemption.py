@@ -15,7 +15,7 @@ written, as it does when Keras calls it.
 The rules are a tuple in TensorFlow's AutoGraph configuration, which has no public setter;
 `tf.autograph.experimental.do_not_convert` would exempt functions one by one, and miss the next
 one written. Where a TensorFlow release moved the tuple, nothing is exempted and Caramel traces as
-before, only slower (tests/test_autograph_exemption.py says so).
+before, only slower (tests/tensorflow/test_autograph_exemption.py says so).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Models that Keras builds in their first step (a Sequential without an input shape, a subclassed
 model taking a tuple of features) train under Horovod's Keras API and Caramel's own callback:
 Keras' own first execution builds them, Caramel's steps run the rest. One rank here (that two end
-alike is tests/test_horovod_api.py's)."""
+alike is tests/horovod/test_horovod_api.py's)."""
 
 from __future__ import annotations
 

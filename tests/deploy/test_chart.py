@@ -15,7 +15,7 @@ validated:
 kubectl cannot help: without an API server it validates nothing, even client-side.
 
 The operator's RBAC rules must grant exactly what the operator uses (caramel_operator.cluster,
-checked against its recorded requests in tests/test_operator_permissions.py), and the chart's
+checked against its recorded requests in tests/operator/test_operator_permissions.py), and the chart's
 README must be the one helm/chart_readme.py generates from the values schema.
 """
 

@@ -87,7 +87,7 @@ def test_settings_from_the_process_environment_and_only_from_a_given_one(monkeyp
 
 
 def test_the_settings_class_documents_every_variable_and_the_docs_list_them():
-    readme = (Path(__file__).parents[1] / "docs" / "operator.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "operator.md").read_text()
     for name, field in OperatorSettings.model_fields.items():
         assert field.validation_alias.startswith("CARAMEL_") and field.description, name
         assert f"`{field.validation_alias}`" in readme, field.validation_alias

@@ -1,7 +1,7 @@
 """The operator's RBAC comes from one place, caramel_operator.rbac: the committed copies (the
 chart's rules, the cluster-wide and the namespaced manifests) must not drift from it. That the
 rules are exactly what the operator uses, and that every variant grants exactly them, is
-tests/test_operator_permissions.py's and tests/test_chart.py's."""
+tests/operator/test_operator_permissions.py's and tests/deploy/test_chart.py's."""
 
 from __future__ import annotations
 

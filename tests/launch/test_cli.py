@@ -110,7 +110,7 @@ def test_bad_topology_flag_is_named_and_nothing_starts(tmp_path, capsys, no_spaw
 
 def test_a_topology_for_a_gang_that_may_shrink_is_the_whole_gangs(tmp_path, capsys, recorded_run):
     """The file has a host for each rank of the whole gang; a gang of fewer workers runs on its
-    first workers' hosts, and re-formed ranks on their round's (tests/test_contract.py)."""
+    first workers' hosts, and re-formed ranks on their round's (tests/contract/test_contract.py)."""
     (tmp_path / "racks.yaml").write_text(RACKS_TOPOLOGY)
     manifest = write_manifest(tmp_path, job_manifest(workers={"replicas": 4, "minReplicas": 2}))
     code, _ = run_cli(capsys, "run", str(manifest), "--topology", str(tmp_path / "racks.yaml"))

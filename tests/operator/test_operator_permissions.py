@@ -1,7 +1,7 @@
 """The permissions the operator declares (caramel_operator.cluster) are the ones it uses: every
 request the operator process makes to the Kubernetes API emulator, through a job's whole life and
 its CRD's deletion, is recorded as (API group, resource, verb), and the set must equal what the
-code declares, which tests/test_chart.py checks every RBAC variant grants exactly.
+code declares, which tests/deploy/test_chart.py checks every RBAC variant grants exactly.
 
 What this cannot show: the emulator enforces no RBAC (tests/cluster asks a real API server with
 `kubectl auth can-i`); a request the operator makes only on a path this run does not take would

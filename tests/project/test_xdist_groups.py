@@ -1,5 +1,5 @@
 """`make test` runs on pytest-xdist with `--dist loadgroup`, and tests that share a module's run of a
-job (tests/test_emulated_worker.py) are an `xdist_group`, so that one worker runs them and the job
+job (tests/benchmarks/test_emulated_worker.py) are an `xdist_group`, so that one worker runs them and the job
 once. A pytest and xdist pair that stops grouping says nothing: the tests still pass, and the job
 runs again on the other worker (pytest 9.2 with xdist 3.8 did, pytest-dev/pytest-xdist#1386; the
 pin in pyproject.toml says so). This runs the installed pair as `make test` does."""

@@ -2,7 +2,7 @@
 the others (their apply_gradients takes its own keyword for skipping the replicas' sum, they
 make their state in `_create_all_weights`), trained under fit, checkpointed and restored as the
 ledger does it, and loaded by hvd.load_model(legacy_opts=True). Keras 3 has none (refused by name:
-tests/test_horovod_api.py's REFUSED)."""
+tests/horovod/test_horovod_api.py's REFUSED)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The collective backends' seam (`caramel.collectives.backend`): which backend a job gets, and
 what every backend derives from its all-reduce. Collectives between real ranks are checked
-end to end (tests/test_correctness.py, tests/test_horovod_api.py)."""
+end to end (tests/tensorflow/test_correctness.py, tests/horovod/test_horovod_api.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the two images install, checked without docker (tests/test_docker_e2e.py builds them).
+"""What the two images install, checked without docker (tests/deploy/test_docker_e2e.py builds them).
 
 The operator's image installs Caramel's wheel without its dependencies and, beside it, the
 `operator` extra of pyproject.toml at the pins of the dependencies (scripts/image_pins.py writes

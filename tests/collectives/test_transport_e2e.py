@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 def test_multitree_averages_like_horovod_in_every_dtype(tmp_path, racks, hosts_per_rack):
     workers = racks * hosts_per_rack
     manifest = job_manifest(
-        script=str(REPO / "tests" / "transport_worker.py"), args=[], workers={"replicas": workers},
+        script=str(REPO / "tests" / "collectives" / "transport_worker.py"), args=[], workers={"replicas": workers},
         caramel={"allreduce": "multitree", "transportPort": free_port_block(workers)},
         runPolicy={"backoffLimit": 0}, metrics={"enabled": False},
     )  # fmt: skip

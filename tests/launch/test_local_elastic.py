@@ -1,6 +1,6 @@
 """`caramel run` with spec.workers.minReplicas: which gang follows which failure, with real worker
 processes (the entrypoint, its rendezvous) running a scripted stand-in for training, so that no
-TensorFlow is needed. tests/test_local_run.py resumes a real training run at a smaller size."""
+TensorFlow is needed. tests/launch/test_local_run.py resumes a real training run at a smaller size."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ What this shows: the decisions (when a gang runs smaller, when it grows, what th
 Events say) and the pods sent (how many, their world size). What it cannot: the emulator has no
 scheduler and no kubelet, so the tests play them, binding or refusing pods and reporting a lost
 node; rank 0's metrics endpoint is a real one, fed as the runtime feeds it. The cluster suite
-(tests/cluster) runs a shrinking gang on a real cluster, and tests/test_local_run.py one resumed
+(tests/cluster) runs a shrinking gang on a real cluster, and tests/launch/test_local_run.py one resumed
 from its checkpoint with real workers.
 """
 

@@ -1,6 +1,6 @@
 """The decisions between executions (`caramel.tensorflow.step_control`): what each execution of a
 step function runs, driven as `StepFunction` drives it, on a backend of one rank. The steps these
-decisions are for are run end to end in tests/test_correctness.py and tests/test_overlap_graph.py."""
+decisions are for are run end to end in tests/tensorflow/test_correctness.py and tests/tensorflow/test_overlap_graph.py."""
 
 from __future__ import annotations
 

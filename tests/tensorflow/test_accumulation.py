@@ -2,7 +2,7 @@
 gradients of N passes summed on each rank, one reduction and one update every N passes, the
 optimizer's `iterations` counting every pass; eagerly, in a tf.function, in Caramel's graph of
 several copies of one trace, and in Keras' fit under Caramel's callback. One rank here (what
-two give is tests/test_horovod_api.py's synchronous SGD)."""
+two give is tests/horovod/test_horovod_api.py's synchronous SGD)."""
 
 from __future__ import annotations
 

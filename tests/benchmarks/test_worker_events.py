@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from benchmarks import worker_events
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

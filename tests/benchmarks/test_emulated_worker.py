@@ -59,7 +59,7 @@ def caramel_run(tmp_path_factory):
 
 
 # Each API the worker measures and each backend, not every pair: the worker's code for an API is
-# the same on both backends, and tests/test_correctness.py runs every pair through real training.
+# the same on both backends, and tests/tensorflow/test_correctness.py runs every pair through real training.
 CARAMEL_PATHS = [("tape", "horovod"), ("fit-plain", "horovod"), *SETTLED_PATHS]
 
 
