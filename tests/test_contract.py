@@ -92,8 +92,7 @@ def test_contract_round_trips_scheduling_and_checkpoint():
 
 def test_lab_settings_reach_the_worker_through_the_jobs_environment_and_a_bad_one_is_named():
     default = lab_policy(worker_env(job(), 0, CLUSTER_PEERS))
-    assert default == PlanningPolicy()
-    assert (default.ordering, default.batching, default.collective, default.first_plan_waits) == (Ordering.TIC, Batching.AUTO, Collective.ALLREDUCE, False)
+    assert default == PlanningPolicy(Ordering.TIC, Batching.AUTO, Collective.ALLREDUCE, first_plan_waits=False)
     variables = lab_variables(ordering="arrival", batching="off", collective="split")
     worker = worker_env(job(env=[{"name": name, "value": value} for name, value in variables.items()]), 0, CLUSTER_PEERS)
     assert lab_policy(worker) == PlanningPolicy(ordering=Ordering.ARRIVAL, batching=Batching.OFF, collective=Collective.SPLIT)
