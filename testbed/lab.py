@@ -34,7 +34,15 @@ def lab_variables(**settings: Any) -> dict[str, str]:
 def lab_policy(environ: Mapping[str, str] = os.environ) -> PlanningPolicy:
     """The policy CARAMEL_LAB_SCHEDULING sets (unset or empty: Caramel's own)."""
     text = environ.get(LAB_SCHEDULING)
-    return parsed(json.loads(text)) if text else PlanningPolicy()
+    if not text:
+        return PlanningPolicy()
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RuntimeError(f"{LAB_SCHEDULING}: not JSON ({error})") from None
+    if not isinstance(settings, dict):
+        raise RuntimeError(f"{LAB_SCHEDULING}: a JSON object of settings ({', '.join(SETTINGS)}), not {text}")
+    return parsed(settings)
 
 
 def parsed(settings: Mapping[str, Any]) -> PlanningPolicy:

@@ -16,7 +16,7 @@ from caramel.launch.rendezvous import Host, Round
 from caramel.network.synthetic import racks, torus
 from caramel.network.wire import from_wire, job_topology, to_wire
 from caramel.planner.policy import Batching, Collective, Ordering, PlanningPolicy
-from testbed.lab import lab_policy, lab_variables
+from testbed.lab import LAB_SCHEDULING, lab_policy, lab_variables
 
 
 def job(replicas=3, slots=2, min_replicas=None, **spec):
@@ -100,6 +100,8 @@ def test_lab_settings_reach_the_worker_through_the_jobs_environment_and_a_bad_on
         lab_policy({**worker, "CARAMEL_LAB_SCHEDULING": '{"batching": "sometimes"}'})
     with pytest.raises(RuntimeError, match="CARAMEL_LAB_SCHEDULING: order: not a setting"):
         lab_variables(order="arrival")
+    with pytest.raises(RuntimeError, match="CARAMEL_LAB_SCHEDULING: not JSON"):
+        lab_policy({LAB_SCHEDULING: "ordering=arrival"})
 
 
 def test_the_memory_allocator_reaches_the_worker_and_a_bad_one_is_named():
