@@ -6,6 +6,9 @@
     horovod, comm-only      plain Horovod's `hvd.init()`
     mwms, comm-only-tf      a MultiWorkerMirroredStrategy from the worker contract
     compute-only            nothing to join
+
+Caramel's two (CARAMEL_WORKERS) plan with the run's lab settings (testbed/lab.py: an anchor's or
+ablation's policy, and whether the first plan's search is waited for), given before they join.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ import caramel.tensorflow as ctf
 from benchmarks import mwms
 from benchmarks.loops import for_a_long_training
 from benchmarks.plain_horovod import caramels_horovod_tensorflow, horovod_tensorflow
+from benchmarks.workloads import CARAMEL_WORKERS
+from caramel.tensorflow.runtime import plan_with
+from testbed.lab import lab_policy
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ def join(strategy: str, whole_job: bool) -> Joined:
     # plain Horovod and MWMS leave TensorFlow's own, and the zoo compares strategies, not pools.
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
+    if strategy in CARAMEL_WORKERS:
+        plan_with(lab_policy())
     if strategy in ("horovod", "comm-only"):
         hvd = horovod_tensorflow()
         hvd.init()

@@ -92,7 +92,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from caramel.contract.api import MemoryAllocator
-from caramel.contract.lab import lab_variables
+from testbed.lab import lab_variables
 
 from benchmarks.jobrun import REPOSITORY, RunFailed, bench_job, hostnames, run_job
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError, Names
@@ -118,8 +118,8 @@ MiB = 1024 * 1024
 class Strategy:
     """What a benchmark strategy runs: the worker's strategy, the public API that trains
     (workloads.APIS), and Caramel's settings (the job's spec.caramel, through the public API, and
-    the ablations of `caramel.contract.lab`, through the job's environment) where the worker runs
-    Caramel."""
+    the anchors' and ablations' planning policies, through the job's environment: testbed/lab.py)
+    where the worker runs Caramel."""
 
     worker: str
     api: str | None = None
@@ -129,7 +129,7 @@ class Strategy:
     backend: str = HOROVOD
     """Whose collectives move the gradients (HOROVOD or TENSORFLOW): the M of its bound."""
     lab: dict = field(default_factory=dict)
-    """The lab settings (`caramel.contract.lab.LabScheduling`) of an anchor or ablation."""
+    """The lab settings (testbed/lab.py, `caramel.planner.policy.PlanningPolicy`'s fields) of an anchor or ablation."""
 
 
 HVD, TF = {"backend": HOROVOD}, {"backend": TENSORFLOW}

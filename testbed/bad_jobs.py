@@ -118,7 +118,7 @@ HAND_WRITTEN: list[BadJob] = [
     _mutated("unknown placement policy", "spec.placement.policy", _set("spec.placement", {"policy": "Nearby"})),
     _mutated("unknown backend", "spec.caramel.backend", _set("spec.caramel.backend", "fastest")),
     _mutated("unknown all-reduce", "spec.caramel.allreduce", _set("spec.caramel.allreduce", "sometimes")),
-    # The benchmarks' ablations are lab settings (caramel.contract.lab), not fields of a job.
+    # The benchmarks' ablations are planning policies (caramel.planner.policy), not fields of a job.
     _mutated("a lab setting as a field", "spec.caramel.collective", _set("spec.caramel.collective", "split")),
     _mutated("smallest bucket above the largest", "spec.caramel", _set("spec.caramel.minBucketBytes", 2**30)),
     _mutated("zero re-plan interval", "spec.caramel.replanIntervalSteps", _set("spec.caramel.replanIntervalSteps", 0)),

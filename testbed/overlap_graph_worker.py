@@ -34,7 +34,8 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.python.eager import context
 
 import caramel.tensorflow as ctf
-from caramel.tensorflow.runtime import current
+from caramel.tensorflow.runtime import current, plan_with
+from testbed.lab import lab_policy
 
 # Layers of 4 MiB each: as large as the tensorflow backend's buckets, so that each is a
 # collective of its own there too.
@@ -113,6 +114,7 @@ def main() -> None:
     parser.add_argument("--unshaped", type=int, nargs="*", default=[], help="layers whose gradients have no static shape")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
+    plan_with(lab_policy())  # a test's (testbed/lab.py)
     if args.api == "hvd-script":
         import horovod.tensorflow as hvd  # Caramel's, first on the path of every training process
 

@@ -2,7 +2,7 @@
 the execution boundaries of a training run at several steps per execution, with real probes
 and plan searches, and prints at which completed step it decided each plan, as JSON
 {"decided": {steps_per_execution: [steps]}, "back_to_back": [steps], "beside": [steps]}: "decided"
-and "back_to_back" with the first plan's search waited for (the lab setting `first_plan_waits`,
+and "back_to_back" with the first plan's search waited for (the planning policy's `first_plan_waits`,
 as the benchmarks and tests run), the latter where boundaries come back to back while a search
 runs; "beside" with boundaries back to back and the first plan's search beside them, as in a job.
 
@@ -17,8 +17,8 @@ import time
 
 from caramel.collectives.tensorflow_backend import TensorFlowBackend
 from caramel.contract.api import Scheduling
-from caramel.contract.lab import LabScheduling
 from caramel.planner.linkmodel import LinkModel
+from caramel.planner.policy import PlanningPolicy
 from caramel.planner.timing import StepTimes, TransferTiming
 from caramel.tensorflow.replanner import Replanner
 
@@ -30,8 +30,8 @@ STEPS_PER_EXECUTION = (1, 4, 8)
 def decision_steps(steps_per_execution: int, search_ends_first: bool = True, first_plan_waits: bool = True) -> list[int]:
     """The steps at which the replanner decided. With `search_ends_first`, each boundary comes only once a running search has ended, as
     where steps take longer than a search; without, boundaries come back to back."""
-    lab = LabScheduling(first_plan_waits=first_plan_waits)
-    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-4, beta=1e-9), TensorFlowBackend(0, 1, 0, 1, timeout_seconds=10.0), lab)
+    policy = PlanningPolicy(first_plan_waits=first_plan_waits)
+    replanner = Replanner(Scheduling(), LinkModel(alpha=1e-4, beta=1e-9), TensorFlowBackend(0, 1, 0, 1, timeout_seconds=10.0), policy)
     replanner.plan_for(GRADIENT_SIZES)
     step = StepTimes(
         transfers=tuple(TransferTiming(nbytes, 0.002) for nbytes, _ in GRADIENT_SIZES),

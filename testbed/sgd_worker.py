@@ -21,7 +21,9 @@ import tensorflow as tf
 
 import caramel.tensorflow as ctf
 from caramel.tensorflow.keras import TrainingCallback
+from caramel.tensorflow.runtime import plan_with
 from caramel.tensorflow.training import TrainingRun
+from testbed.lab import lab_policy
 from testbed.small_model import DEFAULT_LEARNING_RATE, LOSS, SEED, batch, build_model, build_optimizer
 
 APIS = ("tape-fit", "optimizer-fit", "tape-loop", "eager", "keras")
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--output", required=True, help="where rank 0 saves the final weights (.npz)")
     args = parser.parse_args()
+    plan_with(lab_policy())  # a test's (testbed/lab.py)
     runtime = ctf.init()
     # These runs are far too short for a graph of several steps to repay its build, so the
     # replanner would keep one step per graph; the graphs of several steps are what must be

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from caramel.contract.lab import lab_variables
 from caramel.planner.rounds import settled_step
 from conftest import job_manifest, run_caramel, write_manifest
+from testbed.lab import lab_variables
 
 pytestmark = pytest.mark.e2e
 

@@ -4,8 +4,8 @@ import pytest
 
 from benchmarks.profiles import BYTES_PER_PARAMETER, NAMES, Profile, TensorProfile, load_profile, tensor_costs
 from benchmarks.step_bounds import ordered_bounds
-from caramel.contract.lab import Batching, Ordering
 from caramel.planner.linkmodel import LinkModel
+from caramel.planner.policy import Batching, Ordering
 from caramel.planner.schedule import Batch, build_schedule, simulate
 
 MB = 1_000_000

@@ -9,13 +9,14 @@ from caramel.allreduce.simulate import choose_allreduce
 from caramel.contract.api import MemoryAllocator
 from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract, slot_env, worker_command, worker_env, worker_name
 from caramel.contract.jobfile import parse_job
-from caramel.contract.lab import Batching, Collective, LabScheduling, Ordering, lab_variables
 from caramel.contract.ports import PortMap
 from caramel.contract.restart import SCRIPT_ERROR_WAIT_SECONDS, RestartPolicy
 from caramel.contract.termination import ScriptRaised
 from caramel.launch.rendezvous import Host, Round
 from caramel.network.synthetic import racks, torus
 from caramel.network.wire import from_wire, job_topology, to_wire
+from caramel.planner.policy import Batching, Collective, Ordering, PlanningPolicy
+from testbed.lab import LAB_SCHEDULING, lab_policy, lab_variables
 
 
 def job(replicas=3, slots=2, min_replicas=None, **spec):
@@ -90,13 +91,17 @@ def test_contract_round_trips_scheduling_and_checkpoint():
 
 
 def test_lab_settings_reach_the_worker_through_the_jobs_environment_and_a_bad_one_is_named():
-    default = WorkerContract.from_env(worker_env(job(), 0, CLUSTER_PEERS)).lab
-    assert (default.ordering, default.batching, default.collective) == (Ordering.AUTO, Batching.AUTO, Collective.ALLREDUCE)
+    default = lab_policy(worker_env(job(), 0, CLUSTER_PEERS))
+    assert default == PlanningPolicy(Ordering.TIC, Batching.AUTO, Collective.ALLREDUCE, first_plan_waits=False)
     variables = lab_variables(ordering="arrival", batching="off", collective="split")
     worker = worker_env(job(env=[{"name": name, "value": value} for name, value in variables.items()]), 0, CLUSTER_PEERS)
-    assert WorkerContract.from_env(worker).lab == LabScheduling(ordering=Ordering.ARRIVAL, batching=Batching.OFF, collective=Collective.SPLIT)
+    assert lab_policy(worker) == PlanningPolicy(ordering=Ordering.ARRIVAL, batching=Batching.OFF, collective=Collective.SPLIT)
     with pytest.raises(RuntimeError, match="CARAMEL_LAB_SCHEDULING: batching: Input should be 'auto', 'fixed' or 'off'"):
-        WorkerContract.from_env({**worker, "CARAMEL_LAB_SCHEDULING": '{"batching": "sometimes"}'})
+        lab_policy({**worker, "CARAMEL_LAB_SCHEDULING": '{"batching": "sometimes"}'})
+    with pytest.raises(RuntimeError, match="CARAMEL_LAB_SCHEDULING: order: not a setting"):
+        lab_variables(order="arrival")
+    with pytest.raises(RuntimeError, match="CARAMEL_LAB_SCHEDULING: not JSON"):
+        lab_policy({LAB_SCHEDULING: "ordering=arrival"})
 
 
 def test_the_memory_allocator_reaches_the_worker_and_a_bad_one_is_named():

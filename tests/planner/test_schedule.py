@@ -7,8 +7,8 @@ import random
 import pytest
 
 from caramel.contract.api import Scheduling
-from caramel.contract.lab import Batching, LabScheduling, Ordering
 from caramel.planner.linkmodel import OBSERVATION_WINDOW, UNOBSERVED, LinkModel, LinkObserver
+from caramel.planner.policy import Batching, Ordering, PlanningPolicy
 from caramel.planner.search import Search
 from caramel.planner.timing import FORWARD_SHARE_OF_BACKWARD, backward_seconds_from_releases
 from caramel.planner.transfers import decode, encode
@@ -212,7 +212,7 @@ def test_planner_takes_the_fewest_transfers_among_plans_about_as_fast():
 
 def test_fixed_batching_uses_max_bucket_bytes():
     tensors = costs([MiB] * 10)
-    plan = best_schedule(tensors, LINK, Scheduling(minBucketBytes=1024, maxBucketBytes=3 * MiB), lab=LabScheduling(batching=Batching.FIXED))
+    plan = best_schedule(tensors, LINK, Scheduling(minBucketBytes=1024, maxBucketBytes=3 * MiB), policy=PlanningPolicy(batching=Batching.FIXED))
     assert plan.batch.max_bytes == 3 * MiB and all(t.nbytes <= 3 * MiB for t in plan.transfers)
 
 
@@ -327,8 +327,8 @@ def test_the_search_process_finds_the_plan_this_process_would():
     tensors = costs([random.Random(11).randint(1, 10**6) * 4 for _ in range(40)], 0.1, 0.2)
     scheduling = Scheduling(maxBucketBytes=8 * MiB)
     assert Search(tensors, LINK, scheduling).result() == best_schedule(tensors, LINK, scheduling)
-    lab = LabScheduling(ordering=Ordering.ARRIVAL, batching=Batching.OFF)
-    assert Search(tensors, LINK, scheduling, lab=lab).result() == best_schedule(tensors, LINK, scheduling, lab=lab)
+    policy = PlanningPolicy(ordering=Ordering.ARRIVAL, batching=Batching.OFF)
+    assert Search(tensors, LINK, scheduling, policy=policy).result() == best_schedule(tensors, LINK, scheduling, policy=policy)
 
 
 def test_a_new_plan_must_repay_its_retrace_within_the_steps_left():

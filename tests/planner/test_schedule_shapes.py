@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from caramel.contract.api import Scheduling
-from caramel.contract.lab import Batching, Ordering
 from caramel.planner.linkmodel import LinkModel
+from caramel.planner.policy import Batching, Ordering
 from caramel.planner.schedule import (
     Batch,
     best_schedule,

@@ -12,15 +12,15 @@ import sys
 import numpy as np
 import pytest
 
-from caramel.contract.lab import lab_variables
 from caramel.planner.rounds import settled_step
 from conftest import KERAS_2, REPO, job_manifest, run_caramel, write_manifest
+from testbed.lab import lab_variables
 from testbed.sgd_reference import synchronous_sgd
 
 pytestmark = pytest.mark.e2e
 
 MODES = {
-    # Each mode: spec.caramel, and the benchmarks' ablations (caramel.contract.lab) in the job's environment.
+    # Each mode: spec.caramel, and the benchmarks' ablations (lab settings, testbed/lab.py) in the job's environment.
     "automatic": ({}, {}),
     "horovod-order-unbatched": ({}, {"ordering": "arrival", "batching": "off"}),
     "small-chunks": ({"minBucketBytes": 1024, "maxBucketBytes": 4096}, {"batching": "fixed"}),
@@ -32,6 +32,7 @@ MODES = {
 APIS = ("tape-fit", "optimizer-fit", "tape-loop", "eager", "keras")
 BACKENDS = ("tensorflow", "horovod")
 RANKS, STEPS, BATCH, HIDDEN = 2, 15, 16, 32
+WEIGHTS = "weights.npz"
 
 
 @pytest.fixture(scope="module")
@@ -66,25 +67,30 @@ def train(
     steps: int = STEPS,
 ) -> tuple[list[np.ndarray], str]:
     """Rank 0's weights after training `steps` steps through `api` with these spec.caramel
-    settings, lab settings and extra environment variables, and the job's standard error. The
-    steps wait for the first plan's search (a lab setting: these steps take milliseconds, the
-    search's process about a second to start), so that Caramel's graph of several steps runs
-    from the second execution on."""
-    env = {**lab_variables(first_plan_waits=True, **(lab or {})), **(env or {})}
-    output = tmp_path / "weights.npz"
-    command = [
-        sys.executable, "-m", "testbed.sgd_worker", "--api", api, "--steps", str(steps), "--batch-size", str(BATCH),
-        "--hidden", str(HIDDEN), "--steps-per-execution", str(steps_per_execution), "--output", str(output),
-    ]  # fmt: skip
-    extra_env = [{"name": name, "value": value} for name, value in (env or {}).items()]
-    manifest = job_manifest(script=None, command=command, args=[], caramel=caramel, workers={"replicas": RANKS}, env=extra_env)
-    result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
+    settings, lab settings and extra environment variables, and the job's standard error."""
+    result = run_caramel("run", str(write_manifest(tmp_path, sgd_job(tmp_path, api, caramel, steps_per_execution, lab, env, steps))))
     assert result.returncode == 0, result.stderr
     if api != "eager":
         algorithm = "multitree" if caramel.get("allreduce") == "multitree" else "ring"
         assert f"gradients all-reduced by {algorithm}" in result.stderr
-    saved = np.load(output)
+    saved = np.load(tmp_path / WEIGHTS)
     return [saved[f"arr_{index}"] for index in range(len(saved.files))], result.stderr
+
+
+def sgd_job(
+    tmp_path, api: str, caramel: dict, steps_per_execution: int, lab: dict | None = None, env: dict | None = None, steps: int = STEPS, **spec
+) -> dict:
+    """The job of testbed/sgd_worker.py's training (rank 0 saves its weights in `tmp_path`). The
+    steps wait for the first plan's search (a lab setting: these steps take milliseconds, the
+    search's process about a second to start), so that Caramel's graph of several steps runs
+    from the second execution on."""
+    env = {**lab_variables(first_plan_waits=True, **(lab or {})), **(env or {})}
+    command = [
+        sys.executable, "-m", "testbed.sgd_worker", "--api", api, "--steps", str(steps), "--batch-size", str(BATCH),
+        "--hidden", str(HIDDEN), "--steps-per-execution", str(steps_per_execution), "--output", str(tmp_path / WEIGHTS),
+    ]  # fmt: skip
+    extra_env = [{"name": name, "value": value} for name, value in env.items()]
+    return job_manifest(script=None, command=command, args=[], caramel=caramel, workers={"replicas": RANKS}, env=extra_env, **spec)
 
 
 def assert_same_weights(actual: list[np.ndarray], expected: list[np.ndarray]) -> None:
@@ -132,12 +138,11 @@ def test_every_scheduling_mode_matches_synchronous_sgd(tmp_path, expected, mode,
 
 
 def test_split_collectives_are_refused_on_tensorflow(tmp_path):
-    env = [{"name": name, "value": value} for name, value in lab_variables(collective="split").items()]
     # No restarts (backoffLimit 0): each would refuse the same job again.
-    manifest = job_manifest(caramel={"backend": "tensorflow"}, workers={"replicas": RANKS}, env=env, runPolicy={"backoffLimit": 0})
+    manifest = sgd_job(tmp_path, "tape-fit", {"backend": "tensorflow"}, 4, {"collective": "split"}, runPolicy={"backoffLimit": 0})
     result = run_caramel("run", str(write_manifest(tmp_path, manifest)))
     assert result.returncode != 0
-    assert "CARAMEL_LAB_SCHEDULING collective split needs reduce-scatter, which the tensorflow backend has not on the CPU" in result.stderr
+    assert "the planning policy's collective split needs reduce-scatter, which the tensorflow backend has not on the CPU" in result.stderr
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

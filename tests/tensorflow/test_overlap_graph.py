@@ -20,8 +20,8 @@ import sys
 
 import pytest
 
-from caramel.contract.lab import lab_variables
 from conftest import job_manifest, run_caramel, write_manifest
+from testbed.lab import lab_variables
 
 pytestmark = pytest.mark.e2e
 

@@ -61,7 +61,7 @@ class HorovodBackend(Backend):
 
     def reduce_scatter(self, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """Each tensor averaged over the ranks, each rank keeping a share of it along its first
-        axis (the lab setting collective split, `caramel.contract.lab`)."""
+        axis (the planning policy's collective split, `caramel.planner.policy`)."""
         return mpi_ops._grouped_reducescatter(list(tensors), op=mpi_ops.Average)
 
     def gather_shards(self, shards: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from caramel.contract.api import CaramelJob, Checkpoint, MemoryAllocator, Scheduling, Tuning
 from caramel.contract.gpus import GPUS_PER_WORKER
-from caramel.contract.lab import LAB_SCHEDULING, LabScheduling
 from caramel.contract.ports import (
     COLLECTIVE_PORT,
     METRICS_PORT,
@@ -170,8 +169,6 @@ class WorkerContract:
     """How long to wait for the other workers (HOROVOD_GLOO_TIMEOUT_SECONDS, which worker 0's Gloo
     obeys too)."""
     scheduling: Scheduling
-    lab: LabScheduling
-    """The benchmarks' ablations (CARAMEL_LAB_SCHEDULING, `caramel.contract.lab`); the defaults otherwise."""
     memory_allocator: MemoryAllocator
     gpus_per_worker: int
     """The GPUs each worker asks for (spec.workers.resources.limits nvidia.com/gpu): each of its
@@ -283,7 +280,6 @@ class WorkerContract:
             rendezvous_port=int(environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
             rendezvous_timeout_seconds=float(environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or RENDEZVOUS_TIMEOUT_SECONDS),
             scheduling=Scheduling.model_validate_json(environ.get("CARAMEL_SCHEDULING", "{}")),
-            lab=LabScheduling.parse(environ.get(LAB_SCHEDULING)),
             memory_allocator=_memory_allocator(environ.get("CARAMEL_MEMORY_ALLOCATOR")),
             gpus_per_worker=int(environ.get(GPUS_PER_WORKER) or 0),
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,

@@ -9,7 +9,11 @@ import pydantic
 import yaml
 
 from caramel.contract.api import PATTERN_MEANINGS, CaramelJob
-from caramel.contract.lab import LAB_SCHEDULING, LabScheduling
+
+
+FORMER_ABLATION_FIELDS = ("ordering", "batching", "collective")
+"""spec.caramel's fields until the ablations left the CaramelJob API for the benchmarks' planning
+policies (`caramel.planner.policy`): a job file written for an earlier version names them."""
 
 
 class JobFileError(Exception):
@@ -23,9 +27,8 @@ def _field_path(location: tuple[str | int, ...]) -> str:
     return path or "(document)"
 
 
-def _is_lab_setting(location: tuple[str | int, ...]) -> bool:
-    # spec.caramel's former ablation fields: a job file written for an earlier version names them.
-    return location[:2] == ("spec", "caramel") and len(location) == 3 and location[2] in LabScheduling.model_fields
+def _is_former_ablation(location: tuple[str | int, ...]) -> bool:
+    return location[:2] == ("spec", "caramel") and len(location) == 3 and location[2] in FORMER_ABLATION_FIELDS
 
 
 def describe_validation_error(error: pydantic.ValidationError) -> list[str]:
@@ -33,11 +36,8 @@ def describe_validation_error(error: pydantic.ValidationError) -> list[str]:
     lines = []
     for problem in error.errors(include_url=False):
         message = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "extra_forbidden" and _is_lab_setting(problem["loc"]):
-            message = (
-                "no longer a CaramelJob field (remove it: Caramel chooses; benchmarks set this "
-                f"ablation through {LAB_SCHEDULING} in spec.env, see benchmarks/README.md)"
-            )
+        if problem["type"] == "extra_forbidden" and _is_former_ablation(problem["loc"]):
+            message = "no longer a CaramelJob field (remove it: Caramel chooses; the benchmarks run this ablation, see benchmarks/README.md)"
         elif problem["type"] == "extra_forbidden":
             message = "unknown field (check its spelling)"
         elif problem["type"] == "string_pattern_mismatch":

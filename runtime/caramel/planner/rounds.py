@@ -37,8 +37,8 @@ def settled_step(steps_per_execution: int) -> int:
 
 def first_decision_step(steps_per_execution: int) -> int:
     """The last step before a `caramel.tensorflow.function` runs the arm its first measured plan's
-    round chose, where the steps wait for the first plan's search (the lab setting
-    `first_plan_waits`, which the benchmarks' steady-state runs and the tests set): its first
+    round chose, where the steps wait for the first plan's search (the planning
+    policy's `first_plan_waits`, which the benchmarks' steady-state runs and the tests set): its first
     execution runs the backend's own graph and stamps the gradients' releases, the first plan is
     decided at its end, the plan's first execution (a new graph) settles, and its blocks follow.
     Where the search runs beside the steps (every job), all of it comes as many executions later

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from caramel.contract.api import Scheduling
-from caramel.contract.lab import Batching, LabScheduling, Ordering
 from caramel.planner.linkmodel import LinkModel
+from caramel.planner.policy import Batching, Ordering, PlanningPolicy
 from caramel.planner.transfers import Piece, Transfer
 
 KiB = 1024
@@ -247,12 +247,12 @@ def initial_plan(tensors: Sequence[TensorCost], scheduling: Scheduling) -> Plan:
     return Plan(transfers, batch, math.nan)
 
 
-def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling, lab: LabScheduling = LabScheduling()) -> list[Batch]:
+def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling, batching: Batching = Batching.AUTO) -> list[Batch]:
     low, high = scheduling.min_bucket_bytes, scheduling.max_bucket_bytes
     sizes = sorted({min(high, max(low, size)) for size in CANDIDATE_SIZES})
     few_enough = [size for size in sizes if sum(-(-t.nbytes // size) for t in tensors) <= MAX_PIECES]
     sizes = few_enough or sizes[-1:]
-    if lab.batching is not Batching.AUTO:
+    if batching is not Batching.AUTO:
         return [Batch(min_bytes=0, max_bytes=high, chunk_bytes=high)]
     forward = sum(tensor.forward_seconds for tensor in tensors)
     spans = sorted({fraction * forward for fraction in CANDIDATE_SPANS}) if forward > 0 else [math.inf]
@@ -268,16 +268,19 @@ def candidate_batches(tensors: Sequence[TensorCost], scheduling: Scheduling, lab
 
 
 def best_schedule(
-    tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling, steps_per_execution: int | None = None, lab: LabScheduling = LabScheduling()
+    tensors: Sequence[TensorCost],
+    link: LinkModel,
+    scheduling: Scheduling,
+    steps_per_execution: int | None = None,
+    policy: PlanningPolicy = PlanningPolicy(),
 ) -> Plan:
     """Among the candidate batchings' schedules predicted (`simulate`, for executions of
     `steps_per_execution` steps where given) within PREDICTION_TOLERANCE of the fastest, the one
     with the fewest transfers (the fastest of those; the first candidate of equals, so every
-    rank picks the same)."""
-    ordering = Ordering.ARRIVAL if lab.ordering is Ordering.ARRIVAL else Ordering.TIC
+    rank picks the same), ordered and batched as `policy` says."""
     plans = []
-    for batch in candidate_batches(tensors, scheduling, lab):
-        transfers = build_schedule(tensors, link, batch, ordering, lab.batching)
+    for batch in candidate_batches(tensors, scheduling, policy.batching):
+        transfers = build_schedule(tensors, link, batch, policy.ordering, policy.batching)
         plans.append(Plan(transfers, batch, simulate(tensors, transfers, link, steps_per_execution)))
     fastest = min(plan.predicted_step_seconds for plan in plans)
     good_enough = [plan for plan in plans if plan.predicted_step_seconds <= fastest * (1 + PREDICTION_TOLERANCE) + 1e-9]

@@ -21,21 +21,21 @@ from dataclasses import asdict
 from typing import Any
 
 from caramel.contract.api import Scheduling
-from caramel.contract.lab import LabScheduling
 from caramel.planner.linkmodel import LinkModel
+from caramel.planner.policy import POLICY, PlanningPolicy
 from caramel.planner.schedule import Batch, Plan, TensorCost, best_schedule
 from caramel.planner.transfers import decode, encode
 
 
 def request(
-    tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling, lab: LabScheduling, steps_per_execution: int | None
+    tensors: Sequence[TensorCost], link: LinkModel, scheduling: Scheduling, policy: PlanningPolicy, steps_per_execution: int | None
 ) -> str:
     return json.dumps(
         {
             "tensors": [asdict(t) for t in tensors],
             "link": asdict(link),
             "scheduling": scheduling.model_dump(mode="json", by_alias=True),
-            "lab": lab.model_dump(mode="json"),
+            "policy": POLICY.dump_python(policy, mode="json"),
             "steps_per_execution": steps_per_execution,
         }
     )
@@ -45,7 +45,7 @@ def answer(text: str) -> str:
     document = json.loads(text)
     plan = best_schedule(
         [TensorCost(**t) for t in document["tensors"]], LinkModel(**document["link"]), Scheduling.model_validate(document["scheduling"]),
-        document["steps_per_execution"], LabScheduling.model_validate(document["lab"]),
+        document["steps_per_execution"], POLICY.validate_python(document["policy"]),
     )  # fmt: skip
     return json.dumps(plan_document(plan))
 
@@ -67,7 +67,7 @@ class Search:
         link: LinkModel,
         scheduling: Scheduling,
         steps_per_execution: int | None = None,
-        lab: LabScheduling = LabScheduling(),
+        policy: PlanningPolicy = PlanningPolicy(),
     ) -> None:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "caramel.planner.search"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -75,7 +75,7 @@ class Search:
         stdin = self._process.stdin
         assert stdin is not None  # stdin=PIPE
         # One line: the search starts as soon as it has read it.
-        stdin.write(request(tensors, link, scheduling, lab, steps_per_execution) + "\n")
+        stdin.write(request(tensors, link, scheduling, policy, steps_per_execution) + "\n")
         stdin.flush()
 
     def done(self) -> bool:

@@ -49,9 +49,9 @@ from caramel.collectives.multitree import MultitreeReduce
 from caramel.collectives.tree_transport import SUPPORTED_DTYPES
 from caramel.contract.api import Allreduce, Tuning
 from caramel.contract.env import WorkerContract
-from caramel.contract.lab import LAB_SCHEDULING, Collective
 from caramel.network.wire import job_topology
 from caramel.planner.linkmodel import LinkModel
+from caramel.planner.policy import Collective, PlanningPolicy
 from caramel.planner.timing import StepStamps, StepTimes, backward_seconds_from_releases, execution_times
 from caramel.tensorflow.graph_choice import CARAMEL
 from caramel.tensorflow.planned_transfers import Chain, run_split_transfers, run_transfers
@@ -80,16 +80,17 @@ def initial_link(tuning: Tuning | None) -> LinkModel:
 class GradientCommunicator:
     """Averages gradients across all ranks, by the arm the selector picks: the backend's own way,
     or the plan in force with the job's all-reduce algorithm (the backend's ring, or MULTITREE's
-    trees over the job's topology)."""
+    trees over the job's topology), as `policy` says (Caramel's own way unless a benchmark or test
+    gave another: `caramel.tensorflow.runtime.plan_with`)."""
 
-    def __init__(self, contract: WorkerContract, backend: Backend) -> None:
+    def __init__(self, contract: WorkerContract, backend: Backend, policy: PlanningPolicy = PlanningPolicy()) -> None:
         self.contract = contract
         self.backend = backend
         self.scheduling = contract.scheduling
-        self.lab = contract.lab
-        if self.lab.collective is Collective.SPLIT and not hasattr(backend, "reduce_scatter"):
+        self.policy = policy
+        if policy.collective is Collective.SPLIT and not hasattr(backend, "reduce_scatter"):
             raise ValueError(
-                f"{LAB_SCHEDULING} collective split needs reduce-scatter, which the {backend.name} backend has not on the CPU "
+                f"the planning policy's collective split needs reduce-scatter, which the {backend.name} backend has not on the CPU "
                 "(TensorFlow's CollectiveReduceScatterV2 has no CPU kernel); use collective allreduce or backend horovod"
             )
         self.algorithm: str | None = None
@@ -110,7 +111,7 @@ class GradientCommunicator:
             self._stamps.reserve(slot)
         self._stamps.flag(OWN_GRAPH_SLOT, True)
         self.stamp_releases(0)
-        self.control = StepControl(contract, backend, initial_link(contract.tuning), lambda: self.stamp_own_releases.assign(False))
+        self.control = StepControl(contract, backend, initial_link(contract.tuning), lambda: self.stamp_own_releases.assign(False), policy)
         """The decisions between executions: the plan in force (its replanner), the arm of each
         step (its selector), Caramel's graph or the own (its graph choice)."""
 
@@ -143,7 +144,7 @@ class GradientCommunicator:
             return [*self.backend.own_way(gradients, op), *(tf.zeros([1], gradients[t.pieces[0].tensor].dtype) for t in transfers)]
 
         def planned() -> list[tf.Tensor]:
-            if self.lab.collective is Collective.SPLIT:
+            if self.policy.collective is Collective.SPLIT:
                 averaged, done = run_split_transfers(gradients, transfers, Chain(), self.backend)
             else:
                 averaged, done = run_transfers(gradients, transfers, Chain(), reduce)

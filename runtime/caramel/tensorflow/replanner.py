@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from caramel.contract.api import Scheduling
-from caramel.contract.lab import LabScheduling
 from caramel.planner.linkmodel import LinkModel, LinkObserver
+from caramel.planner.policy import PlanningPolicy
 from caramel.planner.schedule import (
     PAYBACK_STEPS,
     PLAN_LAG_STEPS,
@@ -83,9 +83,10 @@ class _PendingSearch:
 class Replanner:
     """The plan in force for one model's gradients, and its re-planning."""
 
-    def __init__(self, scheduling: Scheduling, link: LinkModel, backend: Backend, lab: LabScheduling = LabScheduling()) -> None:
+    def __init__(self, scheduling: Scheduling, link: LinkModel, backend: Backend, policy: PlanningPolicy = PlanningPolicy()) -> None:
         self.scheduling = scheduling
-        self.lab = lab
+        self.policy = policy
+        """How the searches order and batch, and whether the steps wait for the first one."""
         self.backend = backend
         self.link = link
         """The link as last measured, at the last re-plan."""
@@ -211,7 +212,7 @@ class Replanner:
             if typical_backward_seconds(self._recent) is None:
                 return False
             self._pending = self._start_search(completed_steps)
-            if not self.lab.first_plan_waits:
+            if not self.policy.first_plan_waits:
                 return False
         elif completed_steps < self._pending.adopt_at or not self._search_done(self._pending):
             return False
@@ -258,7 +259,7 @@ class Replanner:
         link = self._observer.model(previous=self.link, transfer_seconds=least.numpy())
         measured = typical_backward_seconds(self._recent)
         tensors = measured_costs(self._tensors, measured) if measured else self._tensors
-        search = Search(tensors, link, self.scheduling, self.steps_per_execution, self.lab) if self.backend.rank == 0 else None
+        search = Search(tensors, link, self.scheduling, self.steps_per_execution, self.policy) if self.backend.rank == 0 else None
         self._search_start_seconds = time.perf_counter() - started
         return _PendingSearch(completed_steps + PLAN_LAG_STEPS, link, tensors, search)
 

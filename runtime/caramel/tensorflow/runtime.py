@@ -5,6 +5,10 @@ the collective backend, the gradient communicator (the replanner, the arm select
 choice) and the process's metrics. It is made once per process; the public entry points (the
 drop-ins, `caramel.tensorflow.function`, `TrainingRun`, the Keras callback, Horovod's API as
 Caramel serves it) find it with `current()` and hand it to everything below them.
+
+Its communicators plan and send the gradients by Caramel's own policy, unless the process's
+training script gave another before it joined (`plan_with`): the one seam through which the
+benchmarks and tests run another method's piece of scheduling (testbed/lab.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from caramel.collectives.backend import Backend, chosen, set_up
 from caramel.contract.env import WorkerContract
 from caramel.metrics import WorkerMetrics
+from caramel.planner.policy import PlanningPolicy
 from caramel.tensorflow import stopping
 from caramel.tensorflow.devices import training_device
 from caramel.tensorflow.communicator import GradientCommunicator
@@ -68,7 +73,7 @@ class Runtime:
         meet()
         self.contract = WorkerContract.from_env()
         self.backend = self.backend.reform(self.contract)
-        self.communicator = GradientCommunicator(self.contract, self.backend)
+        self.communicator = GradientCommunicator(self.contract, self.backend, _policy)
 
     def say(self, message: str) -> None:
         """A line for people, from rank 0 only."""
@@ -77,6 +82,17 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_policy = PlanningPolicy()
+
+
+def plan_with(policy: PlanningPolicy) -> None:
+    """For benchmarks and tests only (no job chooses one: `caramel.planner.policy`): plan and send
+    this process's gradients by `policy` instead of Caramel's own. Before `init()`, whose
+    communicator is built with it."""
+    global _policy
+    if _runtime is not None:
+        raise RuntimeError("plan_with comes before caramel.tensorflow.init() (or hvd.init()): the communicator is built with the policy")
+    _policy = policy
 
 
 def init() -> Runtime:
@@ -92,7 +108,7 @@ def init() -> Runtime:
         metrics = WorkerMetrics(backend.rank)
         if contract.metrics_port:
             metrics.serve(contract.metrics_port)
-        _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend), metrics)
+        _runtime = Runtime(contract, backend, GradientCommunicator(contract, backend, _policy), metrics)
         keras = "Keras 2 (tf-keras, TF_USE_LEGACY_KERAS)" if keras_2() else "Keras 3"
         _runtime.say(f"{backend.size} ranks on the {backend.name} backend (spec.caramel.backend: {contract.scheduling.backend.value}); tf.keras is {keras}")
         if contract.gpus_per_worker:

@@ -22,6 +22,7 @@ from enum import Enum
 from caramel.collectives.backend import Backend
 from caramel.contract.env import WorkerContract
 from caramel.planner.linkmodel import LinkModel
+from caramel.planner.policy import PlanningPolicy
 from caramel.planner.rounds import MIN_BLOCK_STEPS, block_steps
 from caramel.tensorflow.graph_choice import CARAMEL, OWN_GRAPH, GraphChoice
 from caramel.tensorflow.replanner import ProbeAllreduce, Replanner
@@ -61,9 +62,16 @@ class StepControl:
     replanner, the arm selector and the graph choice, which the communicator reads while the step
     is traced."""
 
-    def __init__(self, contract: WorkerContract, backend: Backend, link: LinkModel, stop_stamping_releases: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        contract: WorkerContract,
+        backend: Backend,
+        link: LinkModel,
+        stop_stamping_releases: Callable[[], None],
+        policy: PlanningPolicy = PlanningPolicy(),
+    ) -> None:
         self._backend = backend
-        self.replanner = Replanner(contract.scheduling, link, backend, contract.lab)
+        self.replanner = Replanner(contract.scheduling, link, backend, policy)
         self.selector = ArmSelector(backend)
         self.graphs = GraphChoice(MIN_BLOCK_STEPS, backend)
         self._stop_stamping_releases = stop_stamping_releases
