@@ -46,11 +46,13 @@ def train(profile_name: str, calls: int) -> None:
 
     import caramel.tensorflow as ctf
     from benchmarks import emulated_model
-    from benchmarks.loops import for_a_long_training, training_step
+    from benchmarks.loops import training_step
     from benchmarks.profiles import load_profile
+    from caramel.planner.policy import PlanningPolicy
+    from caramel.tensorflow.runtime import plan_with
 
+    plan_with(PlanningPolicy(long_training=True))  # its few calls stand for a long training's first ones
     ctf.init()
-    for_a_long_training()
     model = emulated_model.build_model(load_profile(profile_name))
     optimizer = tf.keras.optimizers.SGD(1e-9)
     optimizer.build(model.trainable_variables)

@@ -1,7 +1,7 @@
 """How a benchmark worker joins its job's ranks, as a user of each strategy's API does.
 
     caramel                 `ctf.init()`; a measured run stands for a long training's steady state
-                            (`loops.for_a_long_training`) unless it is a whole job
+                            (the policy's `long_training`) unless it is a whole job
     hvd-script              `hvd.init()` of the `horovod.tensorflow` the script imports: Caramel's
     horovod, comm-only      plain Horovod's `hvd.init()`
     mwms, comm-only-tf      a MultiWorkerMirroredStrategy from the worker contract
@@ -14,14 +14,13 @@ ablation's policy, and whether the first plan's search is waited for), given bef
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
 from benchmarks import mwms
-from benchmarks.loops import for_a_long_training
 from benchmarks.plain_horovod import caramels_horovod_tensorflow, horovod_tensorflow
 from benchmarks.workloads import CARAMEL_WORKERS
 from caramel.tensorflow.runtime import plan_with
@@ -52,7 +51,7 @@ def join(strategy: str, whole_job: bool) -> Joined:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     if strategy in CARAMEL_WORKERS:
-        plan_with(lab_policy())
+        plan_with(replace(lab_policy(), long_training=strategy == "caramel" and not whole_job))
     if strategy in ("horovod", "comm-only"):
         hvd = horovod_tensorflow()
         hvd.init()
@@ -65,6 +64,4 @@ def join(strategy: str, whole_job: bool) -> Joined:
         return Joined(strategy, mwms_strategy=mwms.strategy())
     if strategy == "caramel":
         ctf.init()  # joins the job's ranks on its backend and makes the communicator from the worker contract
-        if not whole_job:
-            for_a_long_training()
     return Joined(strategy)

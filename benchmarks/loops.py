@@ -10,8 +10,9 @@
               cross-iteration window), as `TrainingRun.fit` runs it.
 
 Both time each step into a StepLog; an execution's steps share its time. A measured run stands
-for the steady state of a long training (`for_a_long_training`); a run of a whole short job
-leaves every decision to the runtime, which is told the job's length.
+for the steady state of a long training (its planning policy's `long_training`, given when it
+joins: joining.py); a run of a whole short job leaves every decision to the runtime, which is told
+the job's length.
 """
 
 from __future__ import annotations
@@ -59,13 +60,6 @@ def train_per_step(train_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], batc
         started = time.perf_counter()
         step_function(inputs, labels).numpy()  # the step has ended once its loss exists
         times.append(time.perf_counter() - started)
-
-
-def for_a_long_training() -> None:
-    """The runtime's decisions as for a long training, whose steps left repay a graph of several
-    steps: the measured steps of a benchmark run stand for such a training's steady state, not
-    for a job as short as the run itself."""
-    runtime.current().communicator.control.assume_long_training()
 
 
 def train_in_executions(

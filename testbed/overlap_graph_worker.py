@@ -27,6 +27,7 @@ import argparse
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import tensorflow as tf
@@ -114,7 +115,8 @@ def main() -> None:
     parser.add_argument("--unshaped", type=int, nargs="*", default=[], help="layers whose gradients have no static shape")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
-    plan_with(lab_policy())  # a test's (testbed/lab.py)
+    # A run this short would keep one step per graph; the graphs of several steps are the ones to see.
+    plan_with(replace(lab_policy(), long_training=True))  # with a test's lab settings (testbed/lab.py)
     if args.api == "hvd-script":
         import horovod.tensorflow as hvd  # Caramel's, first on the path of every training process
 
@@ -124,8 +126,6 @@ def main() -> None:
         ctf.init()
         tape_of, broadcast = ctf.DistributedGradientTape, ctf.broadcast_variables
     runtime = current()
-    # A run this short would keep one step per graph; the graphs of several steps are the ones to see.
-    runtime.communicator.control.assume_long_training()
     context.context().enable_graph_collection()  # graphs are collected as functions are instantiated
     model = tf.keras.Sequential([ReleasingLayer(index in args.unshaped, name=f"layer_{index}") for index in range(LAYERS)])
     model.build((None, WIDTH))

@@ -15,6 +15,7 @@ or an update applied twice or not at all, would change them.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import numpy as np
 import tensorflow as tf
@@ -38,12 +39,11 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--output", required=True, help="where rank 0 saves the final weights (.npz)")
     args = parser.parse_args()
-    plan_with(lab_policy())  # a test's (testbed/lab.py)
-    runtime = ctf.init()
     # These runs are far too short for a graph of several steps to repay its build, so the
     # replanner would keep one step per graph; the graphs of several steps are what must be
     # checked here (the first steps of every run still go one per graph).
-    runtime.communicator.control.assume_long_training()
+    plan_with(replace(lab_policy(), long_training=True))  # with a test's lab settings (testbed/lab.py)
+    ctf.init()
     tf.keras.utils.set_random_seed(SEED)
     model = build_model(args.hidden)
     optimizer = build_optimizer(DEFAULT_LEARNING_RATE)

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from caramel.contract.api import Scheduling
+from caramel.planner.policy import PlanningPolicy
 from caramel.planner.schedule import PLAN_LAG_STEPS
 from conftest import REPO
 
@@ -66,8 +67,10 @@ def test_several_steps_per_graph_only_where_the_steps_left_repay_their_build(one
     same = Plan((), Batch(0, 0, 0), predicted_step_seconds=0.5 + 1e-12)  # the own way, as a lone rank's plan is
     assert not replanner.worth_several_steps(same, steps_left=10**6, own_way_seconds=0.5)
     assert "keeping one step per graph: the change is predicted no faster per step (the plan 500 ms" in capsys.readouterr().err
-    replanner.assume_long_training = True  # as the benchmarks' few steps stand for a long training
-    assert replanner.worth_several_steps(plan, steps_left=200, own_way_seconds=0.5)
+    # As a benchmark's few steps stand for a long training's, by the policy it plans with.
+    long_training = Replanner(Scheduling(), LinkModel(alpha=1e-3, beta=1e-9), one_rank, PlanningPolicy(long_training=True))
+    long_training.seconds_per_step, long_training.retrace_seconds = replanner.seconds_per_step, replanner.retrace_seconds
+    assert long_training.worth_several_steps(plan, steps_left=200, own_way_seconds=0.5)
 
 
 def test_the_gain_that_must_repay_the_build_is_the_models_difference_where_it_is_optimistic(one_rank, capsys):

@@ -64,6 +64,10 @@ class PlanningPolicy:
     started; otherwise it runs beside them and is decided at the first boundary after it ended.
     For tests and steady-state benchmark runs, whose steps of a few milliseconds must reach
     Caramel's graph at a known step."""
+    long_training: bool = False
+    """The first plan goes on to several steps per graph whatever the steps left: the few
+    measured steps of a benchmark or test stand for a long training's steady state, not for a job
+    as short as they are."""
 
 
 POLICY = TypeAdapter(PlanningPolicy)

@@ -128,9 +128,6 @@ class Replanner:
         """What adopting the last plan cost: its first execution's time beyond an ordinary one's.
         Before the first measured plan, the caller's estimate of what building its graphs of
         several steps will cost (None: nothing to weigh). Set by `rebuild_cost`."""
-        self.assume_long_training = False
-        """Whether the first plan goes on to several steps per graph whatever the steps left (a
-        benchmark's or test's few steps standing for a long training's)."""
         self.decided_at: list[int] = []
         """The completed steps at which a search's plan was decided (adopted or not), in order."""
 
@@ -326,7 +323,7 @@ class Replanner:
         where 0.06-0.13 s came: benchmarks/results/2026-12-07-zoo-jobs200-input-pipeline.txt).
         Where nobody said how many steps are left, the steps per execution asked for are taken
         as they are."""
-        if self.assume_long_training or self.seconds_per_step is None or steps_left is None:
+        if self.policy.long_training or self.seconds_per_step is None or steps_left is None:
             return True
         gain = min(self.seconds_per_step, own_way_seconds) - found.predicted_step_seconds
         basis = (

@@ -89,11 +89,6 @@ class StepControl:
         if probe is not None:
             self.replanner.probe_allreduce = probe
 
-    def assume_long_training(self) -> None:
-        """Decide as for a training long enough to repay a graph of several steps whatever the
-        steps left: what a benchmark's or test's few measured steps stand for."""
-        self.replanner.assume_long_training = True
-
     @property
     def wants_releases(self) -> bool:
         """Whether the own graph's steps should hand their gradients' releases over (until the
