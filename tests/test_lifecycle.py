@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from caramel.contract.api import CaramelJobStatus, Phase, Tuning, WorkerFailure, WorkerNode
+from caramel.contract.api import CaramelJobStatus, Phase, TrainingProgress, Tuning, WorkerFailure, WorkerNode
 from caramel.contract.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
 from caramel.contract.progress import ProgressReport
@@ -28,6 +28,7 @@ from caramel_operator.lifecycle import (
     Observed,
     PlaceGang,
     ReadGroup,
+    ReadProgress,
     due,
     expires_at,
     reject_invalid,
@@ -1041,3 +1042,45 @@ def test_an_elastic_gang_waits_for_worker_0_then_replaces_a_worker_whose_script_
     assert waiting.status.phase is Phase.RUNNING and not waiting.actions
     later = decide(job(workers=ELASTIC), running, [*workers[:3], raised(3, ago=SCRIPT_ERROR_WAIT_SECONDS)], ALL, NOW, SETTINGS)
     assert later.status.phase is Phase.RUNNING and later.status.replacing == ["demo-worker-3"]
+
+
+# -- what a pass asks to be read (Pass.reads), and decides from once read ---------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "last", "workers", "asks"),
+    [
+        (VOLCANO, status(), [], True),
+        (VOLCANO, status(phase=Phase.PENDING), [worker(0, WorkerState.PENDING)], False),
+        ({"runPolicy": {**VOLCANO["runPolicy"], "suspend": True}}, status(phase=Phase.RUNNING), [worker(0), worker(1)], False),
+        (VOLCANO, status(phase=Phase.SUCCEEDED, completion_time=timestamp(NOW)), [], False),
+        ({"runPolicy": {"schedulingPolicy": {"queue": "research"}}}, status(), [], False),
+    ],
+    ids=["new-gang", "gang-created", "suspended", "finished", "kueue"],
+)
+def test_decide_asks_for_the_group_exactly_when_the_gang_waits_for_admission(spec, last, workers, asks):
+    decision = decide(job(**spec), last, workers, ALL, NOW, SETTINGS)
+    assert decision.reads == ([ReadGroup(PODGROUPS, "demo-gang-0", 0)] if asks else [])
+
+
+def test_a_resumed_volcano_gang_asks_for_its_new_group_in_the_pass_that_resumes_it():
+    """The handler guessed from the status before the pass whether to read the group: a gang new
+    in the pass (resumed, restarted) went unread, and its group came a pass later."""
+    resumed = decide(job(**VOLCANO), status(phase=Phase.SUSPENDED), [], ALL, NOW, SETTINGS)
+    assert resumed.status.gang == 1 and resumed.reads == [ReadGroup(PODGROUPS, "demo-gang-1", 1)]
+    read = decide(job(**VOLCANO), status(phase=Phase.SUSPENDED), [], ALL, NOW, SETTINGS, ObservedGroup(1))
+    assert not read.reads and [a.manifest["metadata"]["name"] for a in actions_of(read, CreateGroup)] == ["demo-gang-1"]
+
+
+def test_decide_asks_for_rank_0s_progress_while_the_gang_runs_and_copies_it_once_read():
+    with_ip = [worker(0, pod_ip="10.0.0.7"), worker(1)]
+    running = status(phase=Phase.RUNNING, start_time=timestamp(NOW), tuning=Tuning(bucket_bytes=4096))
+    asked = decide(job(), running, with_ip, ALL, NOW, SETTINGS)
+    assert asked.reads == [ReadProgress("10.0.0.7", job().spec.metrics.port)]
+    assert not reads_of(decide(job(metrics={"enabled": False}), running, with_ip, ALL, NOW, SETTINGS), ReadProgress)
+    assert not reads_of(decide(job(), running, [worker(0), worker(1)], ALL, NOW, SETTINGS), ReadProgress)  # no address yet
+    progress = TrainingProgress(step=7, update_time=timestamp(NOW))
+    read = lifecycle.decide(Observed(job(), running, with_ip, ALL, NOW, SETTINGS, progress=progress))
+    assert read.status.progress == progress and read.status.tuning == Tuning(bucket_bytes=4096)  # the tuning kept
+    tuned = lifecycle.decide(Observed(job(), running, with_ip, ALL, NOW, SETTINGS, progress=progress, tuning=Tuning(bucket_bytes=1)))
+    assert tuned.status.tuning == Tuning(bucket_bytes=1)

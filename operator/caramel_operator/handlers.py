@@ -29,7 +29,7 @@ import pydantic
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from caramel.contract.api import GROUP, VERSION, CaramelJob, CaramelJobStatus, Phase
+from caramel.contract.api import GROUP, VERSION, CaramelJob, CaramelJobStatus
 from caramel.contract.jobfile import describe_validation_error
 from caramel_operator import metrics
 from caramel_operator.builders import JOB_LABEL
