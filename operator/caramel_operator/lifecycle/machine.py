@@ -12,7 +12,7 @@ from caramel_operator.lifecycle.finish import clean_up_pods
 from caramel_operator.lifecycle.grow import grow_at_checkpoint, look_for_room
 from caramel_operator.lifecycle.observed import Observed
 from caramel_operator.lifecycle.passes import Pass, gang_size
-from caramel_operator.lifecycle.progress import read_progress
+from caramel_operator.lifecycle.progress import follow_progress
 from caramel_operator.lifecycle.restart import gang_stuck, image_invalid, worker_failed
 from caramel_operator.lifecycle.run_policy import deadline_passed, rejected, resume, suspend
 from caramel_operator.lifecycle.status import FINISHED, parse_timestamp
@@ -26,9 +26,12 @@ def decide(seen: Observed) -> Pass:
     if p.status.phase in FINISHED:
         clean_up_pods(seen, p)
     elif not rejected(seen, p):
-        (suspend if seen.job.spec.run_policy.suspend else run)(seen, p)
+        if seen.job.spec.run_policy.suspend:
+            suspend(seen, p)
+        else:
+            run(seen, p)
     count_workers(seen, p)
-    read_progress(seen, p)
+    follow_progress(seen, p)
     return p
 
 

@@ -10,7 +10,8 @@ from caramel_operator.lifecycle.passes import Pass
 from caramel_operator.observe import WorkerState
 
 
-def read_progress(seen: Observed, p: Pass) -> None:
+def follow_progress(seen: Observed, p: Pass) -> None:
+    """While the gang runs (as this pass leaves it), ask for rank 0's figures, or copy them in once read."""
     if p.status.phase is not Phase.RUNNING or not seen.job.spec.metrics.enabled:
         return
     rank0 = next(
