@@ -21,7 +21,7 @@ def placement(seen: Observed, p: Pass, current: dict[int, WorkerObservation], sa
     recorded and the pass goes on from it: one pass places and creates the gang."""
     gang = p.status.gang
     recorded = p.status.placement if p.status.placement and p.status.placement.gang == gang else None
-    if recorded and (recorded.by is not PlacedBy.RSTORM or recorded.workers):
+    if recorded and creatable(recorded):
         return recorded
     if current:
         # Part of this gang exists with no placement on record (an operator from before
@@ -39,10 +39,15 @@ def placement(seen: Observed, p: Pass, current: dict[int, WorkerObservation], sa
             p.reads.append(request)
             return None
         record_placement(seen, p, seen.placement)
-        placed = p.status.placement
-        if placed is not None and (placed.by is not PlacedBy.RSTORM or placed.workers):
-            return placed
+        if p.status.placement is not None and creatable(p.status.placement):
+            return p.status.placement
     return None
+
+
+def creatable(placement: GangPlacement) -> bool:
+    """Whether the gang's pods may be created from the placement: the scheduler's (or a gang
+    scheduler's), or R-Storm's that found nodes for them."""
+    return placement.by is not PlacedBy.RSTORM or bool(placement.workers)
 
 
 def fewest_to_place(seen: Observed, p: Pass, recorded: GangPlacement | None) -> int:
