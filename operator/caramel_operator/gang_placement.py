@@ -11,8 +11,9 @@
 - `placed_topology`: the network under the placed workers, one host per rank, for the workers'
   CARAMEL_TOPOLOGY.
 
-The handlers read the nodes and pods (RBAC: list nodes, list pods cluster-wide) and the lifecycle
-records the outcome in the job's status; nothing here does I/O.
+The handlers read the nodes and pods (RBAC: list nodes, list pods cluster-wide) when the lifecycle
+asks (`PlaceGang`), and the lifecycle records the outcome in the job's status (lifecycle/place.py);
+nothing here does I/O.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ it, delete it when its gang is gone) is the handlers'; everything here is pure.
 
 - `NONE` (spec.runPolicy.schedulingPolicy unset): no gang scheduler. The operator places the gang
   itself (R-Storm) or leaves it to kube-scheduler, and releases a gang stuck half-scheduled
-  (lifecycle's gang scheduling timeout).
+  (the gang scheduling timeout, lifecycle/restart.py).
 - `KUEUE`: a Kueue plain pod group. Kueue makes its Workload from the pods' labels and gates the
   pods until it admits them, so there is no group object and the pods are created at once.
 - `VOLCANO`: a Volcano PodGroup (scheduling.volcano.sh/v1beta1) whose minMember is the gang's

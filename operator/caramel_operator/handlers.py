@@ -1,4 +1,5 @@
-"""kopf handlers: observe, call the pure lifecycle, carry out its actions. Nothing else.
+"""kopf handlers: observe, call the pure lifecycle, read what it asks, carry out its actions.
+Nothing else: every decision is the lifecycle's.
 
 Worker pods, services and network policies are known through kopf indexes, filled from watches
 before any handler runs, so a restarted operator sees every pod it created earlier and creates no
@@ -19,6 +20,7 @@ import asyncio
 import logging
 import socket
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +29,7 @@ import pydantic
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from caramel.contract.api import GROUP, VERSION, CaramelJob, CaramelJobStatus, Phase
+from caramel.contract.api import GROUP, VERSION, CaramelJob, CaramelJobStatus
 from caramel.contract.jobfile import describe_validation_error
 from caramel_operator import metrics
 from caramel_operator.builders import JOB_LABEL
@@ -35,26 +37,29 @@ from caramel_operator.cluster import Cluster, ReadForbidden, scrape
 from caramel_operator.config import OperatorSettings
 from caramel_operator.crd import PLURAL
 from caramel_operator.gang_placement import Outcome, Unreadable, place
-from caramel_operator.gang_schedulers import ObservedGroup, gang_scheduler, group_name
+from caramel_operator.gang_schedulers import ObservedGroup
 from caramel_operator.health import Lag, Listed, WatchCheck, serve
 from caramel_operator.lifecycle import (
     FINISHED,
     CreateGroup,
     CreateObject,
     CreatePods,
-    Decision,
     DeleteGroup,
     DeletePods,
+    Observed,
+    Pass,
     PlaceGang,
+    Read,
+    ReadGroup,
+    ReadProgress,
     decide,
     due,
     expires_at,
     reject_invalid,
     report_creation_failures,
     status_from,
-    with_placement,
 )
-from caramel_operator.observe import WorkerObservation, WorkerState, observe_pod
+from caramel_operator.observe import WorkerObservation, observe_pod
 from caramel_operator.progress import read_progress
 from caramel_operator.wakeups import Wakeups
 
@@ -245,7 +250,8 @@ async def _reconcile_once(
     job_services: kopf.Index,
     job_network_policies: kopf.Index,
 ) -> CaramelJobStatus:
-    """One pass: observe, decide, write the status, carry out the actions. The status written.
+    """One pass: observe, decide (with what the lifecycle asks to be read), write the status, carry
+    out the actions. The status written.
 
     The status goes first: what it records (a placement, a restart's new gang) is then on record
     before any pod it concerns is created or deleted, and a pass cut short after it (the operator
@@ -262,15 +268,12 @@ async def _reconcile_once(
             workers = list(worker_pods.get((namespace, name), []))
             key = (namespace, name)
             existing = frozenset([*job_services.get(key, []), *job_network_policies.get(key, [])])
-            group = await _read_group(job, status, workers, memo.cluster)
-            decision = decide(job, status, workers, existing, now, SETTINGS, group)
-            decision = await _place_gang(decision, job, workers, existing, group, memo.cluster, now)
-            await _read_progress(decision, job, workers, memo, now)
+            decision = await _decide(Observed(job, status, workers, existing, now, SETTINGS), memo)
             status = await _write_status(decision.status, status, namespace, name, memo.cluster)
             refusals = await _carry_out(decision, body, namespace, memo.cluster)
             if refusals is None:
                 return status  # nothing was done, and its events ("created ...") would not be true
-            decision = report_creation_failures(decision, refusals, now)
+            decision = report_creation_failures(decision, refusals)
             status = await _write_status(decision.status, status, namespace, name, memo.cluster)
         for event in decision.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
@@ -310,48 +313,49 @@ async def _rest(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float
             wait.cancel()
 
 
-async def _place_gang(
-    decision: Decision,
-    job: CaramelJob,
-    workers: list[WorkerObservation],
-    existing: frozenset[str],
-    group: ObservedGroup | None,
-    cluster: Cluster,
-    now: datetime,
-) -> Decision:
-    """Read the nodes and pods and place the gang, or look for room for a gang that runs short,
-    when the lifecycle asks; the pass goes on with the outcome (`with_placement`)."""
-    request = next((action for action in decision.actions if isinstance(action, PlaceGang)), None)
-    if request is None:
-        return decision
-    outcome: Outcome
-    try:
-        nodes, pods = await cluster.nodes_and_pods()
-    except ReadForbidden as error:
-        outcome = Unreadable(str(error))
-    else:
-        outcome = place(job, request.worker_pod, nodes, pods, SETTINGS.rack_label, request.fewest, request.most)
-    return with_placement(decision, job, outcome, workers, existing, now, SETTINGS, group)
+async def _decide(seen: Observed, memo: kopf.Memo) -> Pass:
+    """The pass `decide` makes of what the handler observed, given what it asks to be read: each
+    kind of read is made once, and `decide` called again with what was read."""
+    decision = decide(seen)
+    done: set[type[Read]] = set()
+    while asked := [read for read in decision.reads if type(read) not in done]:
+        for read in asked:
+            seen = await _read(read, seen, memo)
+        done |= {type(read) for read in asked}
+        decision = decide(seen)
+    return decision
 
 
-async def _read_group(
-    job: CaramelJob, status: CaramelJobStatus, workers: list[WorkerObservation], cluster: Cluster
-) -> ObservedGroup | None:
-    """The current gang's group object, where the job's gang scheduler takes one and the gang has
-    no pods yet: only such a gang waits on its group (`lifecycle.gang_admitted`). Where the group
-    is not there, whether the API server serves its resource at all: a missing CRD fails the job."""
-    resource = gang_scheduler(job).resource
-    gang = status.gang
-    waits = status.phase not in FINISHED and not job.spec.run_policy.suspend and not any(worker.gang == gang for worker in workers)
-    if resource is None or not waits:
-        return None
-    found = await cluster.group(resource, job.metadata.namespace, group_name(job, gang))
-    if found is None and not await cluster.serves(resource):
-        return ObservedGroup(gang, served=False)
-    return ObservedGroup(gang, found)
+async def _read(read: Read, seen: Observed, memo: kopf.Memo) -> Observed:
+    """What the lifecycle asked to be read, read into what the pass observes. A read that finds
+    nothing (rank 0's metrics not served) leaves it as it was."""
+    cluster: Cluster = memo.cluster
+    match read:
+        case ReadGroup(resource, name, gang):
+            found = await cluster.group(resource, seen.job.metadata.namespace, name)
+            if found is None and not await cluster.serves(resource):
+                return replace(seen, group=ObservedGroup(gang, served=False))
+            return replace(seen, group=ObservedGroup(gang, found))
+        case PlaceGang(worker_pod, fewest, most):
+            outcome: Outcome
+            try:
+                nodes, pods = await cluster.nodes_and_pods()
+            except ReadForbidden as error:
+                outcome = Unreadable(str(error))
+            else:
+                outcome = place(seen.job, worker_pod, nodes, pods, SETTINGS.rack_label, fewest, most)
+            return replace(seen, placement=outcome)
+        case ReadProgress(pod_ip, port):
+            text = await scrape(pod_ip, port)
+            if text is None:
+                return seen
+            reading = read_progress(text, memo.get("step_totals"), seen.now)
+            memo["step_totals"] = reading.totals
+            return replace(seen, progress=reading.progress, tuning=reading.tuning)
+    return seen
 
 
-async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluster: Cluster) -> list[str] | None:
+async def _carry_out(decision: Pass, body: kopf.Body, namespace: str, cluster: Cluster) -> list[str] | None:
     """Carry out the actions; the API server's refusals of creations, or None if the job is gone
     and nothing was done."""
     creates = any(isinstance(action, CreateObject | CreatePods | CreateGroup) for action in decision.actions)
@@ -376,27 +380,6 @@ async def _carry_out(decision: Decision, body: kopf.Body, namespace: str, cluste
             case DeleteGroup(resource, name):
                 await cluster.delete_group(resource, namespace, name)
     return refusals
-
-
-async def _read_progress(
-    decision: Decision, job: CaramelJob, workers: list[WorkerObservation], memo: kopf.Memo, now: datetime
-) -> None:
-    """Copy rank 0's figures into the status while the gang runs; keep its tuning for restarts."""
-    if decision.status.phase is not Phase.RUNNING or not job.spec.metrics.enabled:
-        return
-    rank0 = next(
-        (w for w in workers if w.index == 0 and w.gang == decision.status.gang and w.state is WorkerState.RUNNING), None
-    )
-    if rank0 is None or not rank0.pod_ip:
-        return
-    text = await scrape(rank0.pod_ip, job.spec.metrics.port)
-    if text is None:
-        return
-    reading = read_progress(text, memo.get("step_totals"), now)
-    memo["step_totals"] = reading.totals
-    decision.status = decision.status.model_copy(
-        update={"progress": reading.progress, "tuning": reading.tuning or decision.status.tuning}
-    )
 
 
 # The deletion's own watch event stops the daemon, often before the deletion's answer comes back:

@@ -16,7 +16,7 @@ JOBS_RESTARTED = Counter(
 )
 RECONCILE_DURATION = Histogram(
     "caramel_operator_reconcile_duration_seconds",
-    "Time to reconcile one CaramelJob: observe, decide, act, scrape progress.",
+    "Time to reconcile one CaramelJob: observe, decide (reading what the decision asks), act.",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
     registry=REGISTRY,
 )

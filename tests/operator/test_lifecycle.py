@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from caramel.contract.api import CaramelJobStatus, Phase, Tuning, WorkerFailure, WorkerNode
+from caramel.contract.api import CaramelJobStatus, Phase, TrainingProgress, Tuning, WorkerFailure, WorkerNode
 from caramel.contract.jobfile import parse_job
 from caramel_operator.config import OperatorSettings
 from caramel.contract.progress import ProgressReport
@@ -17,6 +17,7 @@ from caramel.contract.env import RENDEZVOUS_TIMEOUT_SECONDS, WorkerContract
 from caramel.network.wire import job_topology, to_json
 from caramel_operator.gang_placement import NoRoom, Placed, Unreadable, placed_topology
 from caramel_operator.gang_schedulers import PODGROUPS, ObservedGroup
+from caramel_operator import lifecycle
 from caramel_operator.lifecycle import (
     EVENT_MESSAGE_BYTES,
     CreateGroup,
@@ -24,17 +25,17 @@ from caramel_operator.lifecycle import (
     CreatePods,
     DeleteGroup,
     DeletePods,
+    Observed,
     PlaceGang,
-    decide,
+    ReadGroup,
+    ReadProgress,
     due,
     expires_at,
-    record_placement,
     reject_invalid,
     report_creation_failures,
     status_from,
     parse_timestamp,
     timestamp,
-    with_placement,
 )
 from caramel_operator.observe import INVALID_IMAGE, WorkerObservation, WorkerState
 
@@ -64,11 +65,35 @@ def actions_of(decision, kind):
     return [action for action in decision.actions if isinstance(action, kind)]
 
 
+def reads_of(decision, kind):
+    return [read for read in decision.reads if isinstance(read, kind)]
+
+
+def decide(the_job, last, workers, existing, now, settings, group=None, placement=None):
+    """lifecycle.decide over what it observes: `group` and `placement` as the handler read them."""
+    return lifecycle.decide(Observed(the_job, last, workers, existing, now, settings, group=group, placement=placement))
+
+
+def record_placement(asked, the_job, outcome, now, settings):
+    """R-Storm's outcome for the placement `asked` asked for, recorded on it: the step a pass given
+    the outcome takes, alone (the tests then run the next pass from its status)."""
+    [request] = reads_of(asked, PlaceGang)
+    assert not request.growing
+    return lifecycle.record_placement(Observed(the_job, asked.status, [], ALL, now, settings), asked, outcome)
+
+
+def record_room(asked, the_job, outcome, now, settings):
+    """What a look for room (`asked`) found, recorded on it, as record_placement above."""
+    [request] = reads_of(asked, PlaceGang)
+    assert request.growing
+    return lifecycle.record_room(Observed(the_job, asked.status, [], ALL, now, settings), asked, outcome)
+
+
 def test_a_new_job_gets_its_service_then_its_placement_then_its_whole_gang():
     first = decide(job(), status(), [], existing=frozenset(), now=NOW, settings=SETTINGS)
     assert [a.manifest["kind"] for a in actions_of(first, CreateObject)] == ["Service", "NetworkPolicy"]
     assert not actions_of(first, CreatePods)
-    [place] = actions_of(first, PlaceGang)
+    [place] = reads_of(first, PlaceGang)
     assert place.worker_pod["metadata"]["name"] == "demo-worker-0"
     placed = record_placement(first, job(), Placed(workers=(ON_N1, ON_N1)), NOW, SETTINGS)
     second = decide(job(), placed.status, [], ALL, NOW, SETTINGS)
@@ -203,17 +228,17 @@ def test_rstorm_places_and_creates_the_gang_in_one_pass():
     """The placement had a pass of its own, and the pods came a reconcile interval later."""
     restarting = status(phase=Phase.RESTARTING, gang=1, restarts=1, restart_after=timestamp(NOW))
     asked = decide(job(), restarting, [], ALL, NOW, SETTINGS)
-    [place] = actions_of(asked, PlaceGang)
-    placed = with_placement(asked, job(), Placed(workers=(ON_N1, ON_N1)), [], ALL, NOW, SETTINGS)
-    assert not actions_of(placed, PlaceGang)
+    [place] = reads_of(asked, PlaceGang)
+    placed = decide(job(), restarting, [], ALL, NOW, SETTINGS, placement=Placed(workers=(ON_N1, ON_N1)))
+    assert not reads_of(placed, PlaceGang)
     [create] = actions_of(placed, CreatePods)
     assert [pod["metadata"]["name"] for pod in create.manifests] == ["demo-worker-0", "demo-worker-1"]
     assert all(pod["metadata"]["labels"]["caramel.dev/gang"] == "1" for pod in create.manifests)
     assert [event.reason for event in placed.events] == ["Placed", "GangCreated"]
     assert placed.status.placement.workers == [ON_N1, ON_N1]
     # No room: recorded, nothing created, and the next try is due after the backoff.
-    unplaced = with_placement(asked, job(), NoRoom("cannot place 2 workers; short of memory"), [], ALL, NOW, SETTINGS)
-    assert not actions_of(unplaced, CreatePods) and not actions_of(unplaced, PlaceGang)
+    unplaced = decide(job(), restarting, [], ALL, NOW, SETTINGS, placement=NoRoom("cannot place 2 workers; short of memory"))
+    assert not actions_of(unplaced, CreatePods) and not reads_of(unplaced, PlaceGang)
     assert unplaced.status.message.startswith("cannot place the gang: cannot place 2 workers")
     assert due(unplaced.status, NOW) == NOW + timedelta(seconds=10)
 
@@ -319,7 +344,7 @@ def test_suspend_and_resume():
     assert sorted(actions_of(suspended, DeletePods)[0].names) == ["demo-worker-0", "demo-worker-1"]
     resumed = decide(job(), suspended.status, [], ALL, NOW, SETTINGS)
     assert resumed.status.phase is Phase.PENDING and resumed.status.gang == 1
-    [place] = actions_of(resumed, PlaceGang)  # the resumed gang is placed afresh
+    [place] = reads_of(resumed, PlaceGang)  # the resumed gang is placed afresh
     assert place.worker_pod["metadata"]["labels"]["caramel.dev/gang"] == "1"
 
 
@@ -468,10 +493,10 @@ def test_the_workers_wait_for_each_other_at_least_as_long_as_the_gang_may_wait(g
 def test_creation_refusals_reach_the_status_and_one_event():
     first = decide(job(**BY_SCHEDULER), status(), [], ALL, NOW, SETTINGS)
     refusal = 'Pod demo-worker-0: pods "demo-worker-0" is forbidden: exceeded quota: q'
-    reported = report_creation_failures(first, [refusal, "Pod demo-worker-1: ..."], NOW)
+    reported = report_creation_failures(first, [refusal, "Pod demo-worker-1: ..."])
     assert reported.status.message == f"cannot create the job's objects: {refusal} (and 1 more refusals)"
     assert [e.reason for e in reported.events] == ["GangCreated", "FailedCreate"]
-    again = report_creation_failures(decide(job(**BY_SCHEDULER), reported.status, [], ALL, NOW, SETTINGS), [refusal, "Pod demo-worker-1: ..."], NOW)
+    again = report_creation_failures(decide(job(**BY_SCHEDULER), reported.status, [], ALL, NOW, SETTINGS), [refusal, "Pod demo-worker-1: ..."])
     assert "FailedCreate" not in [e.reason for e in again.events]
 
 
@@ -494,7 +519,7 @@ def pinned_node(pod):
 def placed_gang(the_job, workers, gang_status=None):
     """The status after R-Storm placed the gang, and the pods the next pass creates."""
     asked = decide(the_job, gang_status or status(), [], ALL, NOW, SETTINGS)
-    assert actions_of(asked, PlaceGang) and not actions_of(asked, CreatePods)
+    assert reads_of(asked, PlaceGang) and not actions_of(asked, CreatePods)
     recorded = record_placement(asked, the_job, Placed(workers=tuple(workers)), NOW, SETTINGS)
     [create] = actions_of(decide(the_job, recorded.status, [], ALL, NOW, SETTINGS), CreatePods)
     return recorded, create.manifests
@@ -516,7 +541,7 @@ def test_ranks_follow_the_placement_and_every_worker_gets_the_placed_topology():
 def test_a_missing_worker_of_a_placed_gang_keeps_its_node_and_the_gangs_topology():
     recorded, pods = placed_gang(job(), [ON_N1, ON_N2])
     again = decide(job(), recorded.status, [worker(0, WorkerState.PENDING)], ALL, NOW, SETTINGS)
-    assert not actions_of(again, PlaceGang)
+    assert not reads_of(again, PlaceGang)
     [create] = actions_of(again, CreatePods)
     assert [pinned_node(pod) for pod in create.manifests] == ["n2"]
     assert env(create.manifests[0])["CARAMEL_TOPOLOGY"] == env(pods[1])["CARAMEL_TOPOLOGY"]
@@ -532,7 +557,7 @@ def test_a_gang_without_room_waits_says_why_and_is_placed_again_after_the_backof
     waiting = decide(job(), full.status, [], ALL, NOW + timedelta(seconds=9), SETTINGS)
     assert not waiting.actions and waiting.status.phase is Phase.PENDING
     retried = decide(job(), full.status, [], ALL, NOW + timedelta(seconds=10), SETTINGS)
-    assert actions_of(retried, PlaceGang)
+    assert reads_of(retried, PlaceGang)
     second = record_placement(retried, job(), NoRoom("still short"), NOW + timedelta(seconds=10), SETTINGS)
     assert second.status.placement.attempts == 2 and second.status.message.endswith("trying again in 20 s")
     placed = record_placement(retried, job(), Placed(workers=(ON_N1, ON_N1)), NOW + timedelta(seconds=30), SETTINGS)
@@ -570,7 +595,7 @@ def test_rstorm_asked_for_waits_where_nodes_cannot_be_read():
 def test_the_scheduler_and_kueue_policies_create_the_gang_at_once_unpinned():
     for the_job, by in ((job(**BY_SCHEDULER), "Scheduler"), (job(runPolicy={"schedulingPolicy": {"queue": "research"}}), "Kueue")):
         decision = decide(the_job, status(), [], ALL, NOW, SETTINGS)
-        assert not actions_of(decision, PlaceGang)
+        assert not reads_of(decision, PlaceGang)
         [create] = actions_of(decision, CreatePods)
         assert decision.status.placement.by == by
         assert all("affinity" not in pod["spec"] and "CARAMEL_TOPOLOGY" not in env(pod) for pod in create.manifests)
@@ -582,7 +607,7 @@ def test_each_gang_restart_places_the_gang_again():
     failed = decide(job(), running, [worker(0, WorkerState.FAILED, failure_reason="Error", exit_code=1), worker(1)], ALL, NOW, SETTINGS)
     assert failed.status.gang == 1 and failed.status.placement.gang == 0
     after_backoff = decide(job(), failed.status, [], ALL, NOW + timedelta(seconds=11), SETTINGS)
-    [place] = actions_of(after_backoff, PlaceGang)
+    [place] = reads_of(after_backoff, PlaceGang)
     assert place.worker_pod["metadata"]["labels"]["caramel.dev/gang"] == "1" and not actions_of(after_backoff, CreatePods)
 
 
@@ -609,7 +634,8 @@ def podgroup(phase=None, gang=0):
 
 def test_a_volcano_gang_gets_its_podgroup_first_and_its_pods_once_volcano_admits_it():
     unread = decide(job(**VOLCANO), status(), [], ALL, NOW, SETTINGS)
-    assert not unread.actions and unread.status.placement.by == "Volcano"  # the handler reads the group next pass
+    assert not unread.actions and unread.status.placement.by == "Volcano"
+    assert unread.reads == [ReadGroup(PODGROUPS, "demo-gang-0", 0)]  # the handler reads it, and decides again with it
     first = decide(job(**VOLCANO), status(), [], ALL, NOW, SETTINGS, ObservedGroup(0))
     [create] = actions_of(first, CreateGroup)
     assert create.resource == PODGROUPS and create.manifest["spec"]["minMember"] == 2
@@ -665,7 +691,7 @@ def test_auto_says_why_the_scheduler_places_a_gang_asking_for_a_resource_rstorm_
 def test_a_gpu_gang_is_placed_by_rstorm_in_the_gpu_image_with_the_gpu_nodes_tolerations_and_a_rank_per_gpu():
     gpus = {"replicas": 2, "resources": {"limits": {"nvidia.com/gpu": 4, "memory": "32Gi"}}, "template": {"spec": {"tolerations": [{"key": "team", "operator": "Exists"}]}}}
     first = decide(job(workers=gpus), status(), [], ALL, NOW, SETTINGS)
-    [place] = actions_of(first, PlaceGang)  # R-Storm weighs GPUs: the gang is its to place
+    [place] = reads_of(first, PlaceGang)  # R-Storm weighs GPUs: the gang is its to place
     placed = record_placement(first, job(workers=gpus), Placed(workers=(ON_N1, ON_N1)), NOW, SETTINGS)
     [create] = actions_of(decide(job(workers=gpus), placed.status, [], ALL, NOW, SETTINGS), CreatePods)
     for pod in [place.worker_pod, *create.manifests]:
@@ -678,7 +704,7 @@ def test_a_gpu_gang_is_placed_by_rstorm_in_the_gpu_image_with_the_gpu_nodes_tole
             {"key": "team", "operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
     cpu = decide(job(workers={"replicas": 2}), status(), [], ALL, NOW, SETTINGS)
-    [place] = actions_of(cpu, PlaceGang)
+    [place] = reads_of(cpu, PlaceGang)
     assert place.worker_pod["spec"]["containers"][0]["image"] == "caramel-runtime:0.1.0" and "tolerations" not in place.worker_pod["spec"]
 
 
@@ -759,14 +785,14 @@ def test_a_deleted_pod_counts_as_lost_and_rstorm_places_the_survivors_and_more_w
     lost = decide(the_job, running, workers[:3], ALL, NOW, SETTINGS)  # demo-worker-3's pod is gone
     assert lost.status.size.reason == "demo-worker-3 (PodDeleted) was lost"
     later = NOW + timedelta(seconds=11)
-    [place] = actions_of(decide(the_job, lost.status, [], ALL, later, SETTINGS), PlaceGang)
+    [place] = reads_of(decide(the_job, lost.status, [], ALL, later, SETTINGS), PlaceGang)
     assert (place.fewest, place.most, place.growing) == (3, 4, False)
 
 
 def test_a_gang_that_finds_no_room_is_placed_smaller_after_the_gang_scheduling_timeout():
     the_job = job(workers=ELASTIC)
     asked = decide(the_job, status(), [], ALL, NOW, SETTINGS)
-    [place] = actions_of(asked, PlaceGang)
+    [place] = reads_of(asked, PlaceGang)
     assert (place.fewest, place.most) == (4, 4)  # the whole gang first
     full = record_placement(asked, the_job, NoRoom("cannot place 4 workers; short of memory"), NOW, SETTINGS)
     assert full.status.placement.waiting_since == timestamp(NOW)
@@ -775,11 +801,11 @@ def test_a_gang_that_finds_no_room_is_placed_smaller_after_the_gang_scheduling_t
     )
     assert still.status.placement.waiting_since == timestamp(NOW)  # the wait counts from the first try
     before = decide(the_job, still.status, [], ALL, NOW + timedelta(seconds=119), SETTINGS)
-    [place] = actions_of(before, PlaceGang)
+    [place] = reads_of(before, PlaceGang)
     assert place.fewest == 4  # a second short of the gang scheduling timeout
     waited = NOW + timedelta(seconds=121)
     asked_fewer = decide(the_job, still.status, [], ALL, waited, SETTINGS)
-    [place] = actions_of(asked_fewer, PlaceGang)
+    [place] = reads_of(asked_fewer, PlaceGang)
     assert (place.fewest, place.most) == (2, 4)
     placed = record_placement(asked_fewer, the_job, Placed(workers=tuple(ON[:3])), waited, SETTINGS)
     decision = decide(the_job, placed.status, [], ALL, waited, SETTINGS)
@@ -836,7 +862,7 @@ def test_a_later_restart_asks_for_the_whole_gang_again():
         else:
             assert crashed.status.size.least == 3
             asked = decide(the_job, crashed.status, [], ALL, later, SETTINGS)
-            [place] = actions_of(asked, PlaceGang)
+            [place] = reads_of(asked, PlaceGang)
             assert (place.fewest, place.most) == (3, 4)
             grown = decide(the_job, record_placement(asked, the_job, Placed(workers=tuple(ON)), later, SETTINGS).status, [], ALL, later, SETTINGS)
             assert len(actions_of(grown, CreatePods)[0].manifests) == 4
@@ -849,22 +875,22 @@ def test_a_shrunk_gang_looks_for_room_and_grows_after_its_next_checkpoint():
     the_job = job(workers=ELASTIC, checkpoint={"path": "/ckpt", "intervalSteps": 100})
     look = timestamp(NOW + timedelta(seconds=30))
     running, workers = running_gang(3, by="RStorm", size={"next_look": look}, progress={"step": 150, "checkpointStep": 100})
-    assert not actions_of(decide(the_job, running, workers, ALL, NOW, SETTINGS), PlaceGang)
+    assert not reads_of(decide(the_job, running, workers, ALL, NOW, SETTINGS), PlaceGang)
     due = NOW + timedelta(seconds=30)
     looking = decide(the_job, running, workers, ALL, due, SETTINGS)
-    [place] = actions_of(looking, PlaceGang)
+    [place] = reads_of(looking, PlaceGang)
     assert (place.fewest, place.most, place.growing) == (4, 4, True)
     assert looking.status.size.next_look == timestamp(due + timedelta(seconds=120))
     # No room, or room short of CPU: the gang runs on, quietly.
     for outcome in (NoRoom("short of memory"), Placed(workers=tuple(ON), cpu_short=("n3",))):
-        quiet = record_placement(replace(looking, events=list(looking.events)), the_job, outcome, due, SETTINGS)
+        quiet = record_room(replace(looking, events=list(looking.events)), the_job, outcome, due, SETTINGS)
         assert quiet.status == looking.status and quiet.events == looking.events == []
-    room = record_placement(replace(looking, events=list(looking.events)), the_job, Placed(workers=tuple(ON)), due, SETTINGS)
+    room = record_room(replace(looking, events=list(looking.events)), the_job, Placed(workers=tuple(ON)), due, SETTINGS)
     assert (room.status.size.grow_to, room.status.size.grow_after_step) == (4, 100)
     assert room.status.placement == running.placement  # the running gang's placement stands
     assert [e.message for e in room.events] == ["room for 4 of 4 workers: the gang of 3 restarts with them after its next checkpoint"]
     waiting = decide(the_job, room.status, workers, ALL, due, SETTINGS)
-    assert waiting.status.phase is Phase.RUNNING and not actions_of(waiting, PlaceGang)
+    assert waiting.status.phase is Phase.RUNNING and not reads_of(waiting, PlaceGang)
     checkpointed = room.status.model_copy(update={"progress": room.status.progress.model_copy(update={"step": 203, "checkpoint_step": 200})})
     # A gang finishing writes its last checkpoint at its end: it succeeds, it does not grow.
     done = [worker(index, WorkerState.SUCCEEDED) for index in range(3)]
@@ -873,7 +899,7 @@ def test_a_shrunk_gang_looks_for_room_and_grows_after_its_next_checkpoint():
     assert grows.status.phase is Phase.RESTARTING and grows.status.restarts == 0 and grows.status.restart_after == timestamp(due)
     assert [(e.type, e.reason) for e in grows.events] == [("Normal", "GangResized")]
     assert grows.events[0].message.startswith("room for 4 of 4 workers, and a checkpoint at step 200: the gang of 3 grows")
-    [place] = actions_of(decide(the_job, grows.status, [], ALL, due, SETTINGS), PlaceGang)
+    [place] = reads_of(decide(the_job, grows.status, [], ALL, due, SETTINGS), PlaceGang)
     assert (place.fewest, place.most) == (3, 4)
 
 
@@ -887,7 +913,7 @@ def test_only_a_checkpointed_gang_rstorm_placed_and_watched_looks_for_room(spec,
     scheduler's room cannot be seen before pods are created."""
     the_job = job(workers=ELASTIC, **{"checkpoint": {"path": "/ckpt"}, **spec})
     running, workers = running_gang(3, by=by, size={"next_look": timestamp(NOW)})
-    assert not actions_of(decide(the_job, running, workers, ALL, NOW, SETTINGS), PlaceGang)
+    assert not reads_of(decide(the_job, running, workers, ALL, NOW, SETTINGS), PlaceGang)
 
 
 def test_a_resumed_job_asks_for_every_worker_again():
@@ -1016,3 +1042,45 @@ def test_an_elastic_gang_waits_for_worker_0_then_replaces_a_worker_whose_script_
     assert waiting.status.phase is Phase.RUNNING and not waiting.actions
     later = decide(job(workers=ELASTIC), running, [*workers[:3], raised(3, ago=SCRIPT_ERROR_WAIT_SECONDS)], ALL, NOW, SETTINGS)
     assert later.status.phase is Phase.RUNNING and later.status.replacing == ["demo-worker-3"]
+
+
+# -- what a pass asks to be read (Pass.reads), and decides from once read ---------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "last", "workers", "asks"),
+    [
+        (VOLCANO, status(), [], True),
+        (VOLCANO, status(phase=Phase.PENDING), [worker(0, WorkerState.PENDING)], False),
+        ({"runPolicy": {**VOLCANO["runPolicy"], "suspend": True}}, status(phase=Phase.RUNNING), [worker(0), worker(1)], False),
+        (VOLCANO, status(phase=Phase.SUCCEEDED, completion_time=timestamp(NOW)), [], False),
+        ({"runPolicy": {"schedulingPolicy": {"queue": "research"}}}, status(), [], False),
+    ],
+    ids=["new-gang", "gang-created", "suspended", "finished", "kueue"],
+)
+def test_decide_asks_for_the_group_exactly_when_the_gang_waits_for_admission(spec, last, workers, asks):
+    decision = decide(job(**spec), last, workers, ALL, NOW, SETTINGS)
+    assert decision.reads == ([ReadGroup(PODGROUPS, "demo-gang-0", 0)] if asks else [])
+
+
+def test_a_resumed_volcano_gang_asks_for_its_new_group_in_the_pass_that_resumes_it():
+    """The handler guessed from the status before the pass whether to read the group: a gang new
+    in the pass (resumed, restarted) went unread, and its group came a pass later."""
+    resumed = decide(job(**VOLCANO), status(phase=Phase.SUSPENDED), [], ALL, NOW, SETTINGS)
+    assert resumed.status.gang == 1 and resumed.reads == [ReadGroup(PODGROUPS, "demo-gang-1", 1)]
+    read = decide(job(**VOLCANO), status(phase=Phase.SUSPENDED), [], ALL, NOW, SETTINGS, ObservedGroup(1))
+    assert not read.reads and [a.manifest["metadata"]["name"] for a in actions_of(read, CreateGroup)] == ["demo-gang-1"]
+
+
+def test_decide_asks_for_rank_0s_progress_while_the_gang_runs_and_copies_it_once_read():
+    with_ip = [worker(0, pod_ip="10.0.0.7"), worker(1)]
+    running = status(phase=Phase.RUNNING, start_time=timestamp(NOW), tuning=Tuning(bucket_bytes=4096))
+    asked = decide(job(), running, with_ip, ALL, NOW, SETTINGS)
+    assert asked.reads == [ReadProgress("10.0.0.7", job().spec.metrics.port)]
+    assert not reads_of(decide(job(metrics={"enabled": False}), running, with_ip, ALL, NOW, SETTINGS), ReadProgress)
+    assert not reads_of(decide(job(), running, [worker(0), worker(1)], ALL, NOW, SETTINGS), ReadProgress)  # no address yet
+    progress = TrainingProgress(step=7, update_time=timestamp(NOW))
+    read = lifecycle.decide(Observed(job(), running, with_ip, ALL, NOW, SETTINGS, progress=progress))
+    assert read.status.progress == progress and read.status.tuning == Tuning(bucket_bytes=4096)  # the tuning kept
+    tuned = lifecycle.decide(Observed(job(), running, with_ip, ALL, NOW, SETTINGS, progress=progress, tuning=Tuning(bucket_bytes=1)))
+    assert tuned.status.tuning == Tuning(bucket_bytes=1)
