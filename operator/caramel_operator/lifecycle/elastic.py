@@ -26,7 +26,7 @@ def elastic_goes_on(seen: Observed, p: Pass, current: dict[int, WorkerObservatio
     workers = expected(seen, p)
     names = {worker_name(seen.job, index): index for index in range(workers)}
     failed = [names[failure.worker] for failure in failures if failure.worker in names]
-    if 0 in failed or workers - len(failed) < seen.floor:
+    if 0 in failed or workers - len(failed) < seen.min_workers:
         return False
     new = [failure for failure in failures if newly_failed(p, failure, current.get(names[failure.worker]))]
     replaced = status.replaced_workers + len(new)

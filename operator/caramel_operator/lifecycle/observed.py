@@ -51,8 +51,8 @@ class Observed:
         return self.job.spec.workers.replicas
 
     @property
-    def floor(self) -> int:
-        return self.job.spec.workers.floor
+    def min_workers(self) -> int:
+        return self.job.spec.workers.min_workers
 
     def worker_pod(self, worker_index: int, **given: Any) -> dict[str, Any]:
         """Worker pod `worker_index` of the job (build_worker_pod's keywords `given`), with what the

@@ -73,7 +73,7 @@ def expected(seen: Observed, p: Pass) -> int:
 
 def least(seen: Observed, p: Pass) -> int:
     """The fewest workers the next gang may start with, within the spec as it is now."""
-    return min(seen.replicas, max(seen.floor, size_on_record(seen, p).least))
+    return min(seen.replicas, max(seen.min_workers, size_on_record(seen, p).least))
 
 
 def of_replicas(seen: Observed, workers: int) -> str:

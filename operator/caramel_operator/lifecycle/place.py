@@ -58,10 +58,10 @@ def fewest_to_place(seen: Observed, p: Pass, recorded: GangPlacement | None) -> 
         p.now - parse_timestamp(recorded.waiting_since)
     ).total_seconds() >= timeout
     fewest = least(seen, p)
-    if not waited or seen.floor >= fewest:
+    if not waited or seen.min_workers >= fewest:
         return fewest
     update_size(seen, p, reason=f"the whole gang did not fit within the gang scheduling timeout ({timeout:.0f} s)")
-    return seen.floor
+    return seen.min_workers
 
 
 def record_placement(seen: Observed, p: Pass, outcome: Outcome) -> Pass:

@@ -51,7 +51,7 @@ def gang_stuck(seen: Observed, p: Pass, current: dict[int, WorkerObservation]) -
         f"{len(unschedulable)} of {len(current)} workers unschedulable for {waited:.0f} s "
         f"while {len(holding)} held their nodes (gang scheduling timeout {timeout:.0f} s)"
     )
-    if len(holding) >= seen.floor:
+    if len(holding) >= seen.min_workers:
         why = f"{len(unschedulable)} stayed unschedulable for the gang scheduling timeout ({timeout:.0f} s)"
         restart(seen, p, f"{what}: the gang runs with the {len(holding)} scheduled", "GangResized", least=len(holding), why=why)
         return True
@@ -138,7 +138,7 @@ def restart(
         restart_after=timestamp(p.now + timedelta(seconds=backoff)),
         replacing=[],  # the new gang starts whole
     )
-    update_size(seen, p, least=max(seen.floor, least), reason=size_on_record(seen, p).reason if why is None else why)
+    update_size(seen, p, least=max(seen.min_workers, least), reason=size_on_record(seen, p).reason if why is None else why)
     if failure is not None:
         when = f"in {backoff:.0f} s" if backoff else "at once"
         message = f"{what}; restarting the whole gang ({restarts + p.status.replaced_workers} of {limit}) {when}"

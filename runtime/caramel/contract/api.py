@@ -260,8 +260,8 @@ class Workers(ApiModel):
         return self.resources.gpus or 1
 
     @property
-    def floor(self) -> int:
-        """The fewest workers the gang may run with: minReplicas, or replicas where unset."""
+    def min_workers(self) -> int:
+        """The fewest workers the gang may run with: minReplicas, or replicas where unset (the workers' CARAMEL_MIN_WORKERS)."""
         return self.replicas if self.min_replicas is None else self.min_replicas
 
 

@@ -74,11 +74,11 @@ def worker_env(
     """
     spec = job.spec
     replicas, slots = len(peers), spec.workers.slots
-    if not spec.workers.floor <= replicas <= spec.workers.replicas:
+    if not spec.workers.min_workers <= replicas <= spec.workers.replicas:
         expected = (
             f"{spec.workers.replicas} peer addresses (spec.workers.replicas)"
-            if spec.workers.floor == spec.workers.replicas
-            else f"{spec.workers.floor} to {spec.workers.replicas} peer addresses (spec.workers.minReplicas to replicas)"
+            if spec.workers.min_workers == spec.workers.replicas
+            else f"{spec.workers.min_workers} to {spec.workers.replicas} peer addresses (spec.workers.minReplicas to replicas)"
         )
         raise ValueError(f"expected {expected}, got {replicas}")
     if not 0 <= worker_index < replicas:
@@ -107,7 +107,7 @@ def worker_env(
         # The fewest workers the gang may run with (spec.workers.minReplicas): an elastic gang's
         # rendezvous closes a round of survivors only with as many, and its script runs elastic
         # only where it is fewer than the whole gang.
-        "CARAMEL_MIN_WORKERS": str(spec.workers.floor),
+        "CARAMEL_MIN_WORKERS": str(spec.workers.min_workers),
         "CARAMEL_JOB_NAME": job.name,
         "CARAMEL_WORKER_INDEX": str(worker_index),
         "CARAMEL_HOSTS": ",".join(f"{worker_name(job, i)}:{slots}" for i in range(replicas)),

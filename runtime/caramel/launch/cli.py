@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
     workers = job.spec.workers
-    shrinks = f", down to {workers.floor} worker(s) as workers are lost (spec.workers.minReplicas)" if workers.floor < workers.replicas else ""
+    shrinks = f", down to {workers.min_workers} worker(s) as workers are lost (spec.workers.minReplicas)" if workers.min_workers < workers.replicas else ""
     console.print(
         f"[bold]caramel run[/] {job.name}: {workers.replicas} worker(s) x {workers.slots} slot(s) "
         f"= {job.world_size} rank(s){escape(shrinks)}"

@@ -160,11 +160,11 @@ class LocalRun:
         workers = failed.workers
         spec = self.job.spec.workers
         if failed.lost:  # the survivors fit: as many, never fewer than minReplicas
-            if workers == spec.floor:
+            if workers == spec.min_workers:
                 return workers, ""
             return workers - 1, (
                 f" with {workers - 1} of {spec.replicas} workers: worker {failed.failed_worker} was lost (killed by SIGKILL, as "
-                f"the kernel does when the machine runs out of memory; spec.workers.minReplicas {spec.floor})"
+                f"the kernel does when the machine runs out of memory; spec.workers.minReplicas {spec.min_workers})"
             )
         if workers < spec.replicas:
             return spec.replicas, f" with all {spec.replicas} workers again"
@@ -220,7 +220,7 @@ class LocalRun:
         def replace(index: int, returncode: int) -> bool:
             """A lost worker of an elastic gang, but for worker 0 (the rendezvous), while the
             restarts allow: started again, its peers going on."""
-            if not (elastic and index != 0 and killed_by_the_machine(returncode) and replicas > self.job.spec.workers.floor):
+            if not (elastic and index != 0 and killed_by_the_machine(returncode) and replicas > self.job.spec.workers.min_workers):
                 return False
             if not policy.may_restart(restarts + outcome.replaced):
                 return False
