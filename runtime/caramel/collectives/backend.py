@@ -17,7 +17,7 @@ adding a backend means one module and a line in `BACKENDS`.
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from enum import StrEnum
@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import tensorflow as tf
 
+from caramel.collectives.horovod_installation import real_horovod_dir
 from caramel.contract.api import Backend as BackendChoice
 from caramel.contract.env import WorkerContract
 
@@ -123,11 +124,9 @@ class Backend(ABC):
 
 
 def horovod_installed() -> bool:
-    """Whether Horovod's TensorFlow ops are importable (Horovod built and installed)."""
-    try:
-        return importlib.util.find_spec("horovod.tensorflow.mpi_ops") is not None
-    except ImportError:
-        return False
+    """Whether the real Horovod, with its TensorFlow ops, is installed (beside Caramel's `horovod`)."""
+    directory = real_horovod_dir()
+    return directory is not None and os.path.isfile(os.path.join(directory, "tensorflow", "mpi_ops.py"))
 
 
 def chosen(contract: WorkerContract) -> BackendChoice:

@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 # Before any step is traced: a step reaches Caramel's code through this package only (the horovod
-# package Caramel serves imports it on first use).
+# package Caramel serves imports it).
 exempt_caramel_from_autograph()
 
 Average, Sum = ReduceOp.AVERAGE, ReduceOp.SUM

@@ -7,7 +7,8 @@ rank keeps to itself, and the `Adasum` op (refused where used, as everywhere).""
 from typing import Any
 
 from caramel.tensorflow.horovod_options import horovod_signature
-from horovod.tensorflow import Adasum, distributed_optimizer, global_process_set, local_layer_variables
+from horovod.tensorflow import Adasum, global_process_set
+from horovod.tensorflow._caramel_api import distributed_optimizer, local_layer_variables
 from horovod.tensorflow.keras import *  # noqa: F403
 from horovod.tensorflow.keras import __all__ as _tensorflow_keras_all
 from horovod.keras import callbacks, elastic  # type: ignore[no-redef]  # noqa: F401 (standalone Keras' own submodules, as Horovod's)

@@ -1,6 +1,5 @@
 """Horovod's TensorFlow 2 API as Caramel serves it, which `horovod.tensorflow` (the package's
-`__init__`) loads on first use of one of the names defined here, so that importing the package
-alone (as `horovod.tensorflow.mpi_ops` does) loads nothing of Caramel's runtime or TensorFlow.
+`__init__`) gathers with the names of the modules beside this one.
 
     hvd.init()                                   # joins the job's ranks: caramel.tensorflow.runtime.init
     tape = hvd.DistributedGradientTape(tape)     # caramel.tensorflow.DistributedGradientTape
@@ -8,9 +7,9 @@ alone (as `horovod.tensorflow.mpi_ops` does) loads nothing of Caramel's runtime 
     hvd.broadcast_variables(model.variables, root_rank=0)
 
 Everything runs on Caramel's runtime: `spec.caramel.backend: auto` picks Horovod's collectives
-where Horovod is installed (its C++ ops, `horovod.tensorflow.mpi_ops`, which resolve to the real
-Horovod through this package's path) and TensorFlow's own otherwise. The tape and the optimizer
-take Horovod's keywords; gradients are averaged as Caramel averages them (see
+where Horovod is installed (its C++ ops, the real Horovod's `horovod.tensorflow.mpi_ops`) and
+TensorFlow's own otherwise. The tape and the optimizer take Horovod's keywords
+(`caramel.tensorflow.horovod_options`); gradients are averaged as Caramel averages them (see
 `caramel.tensorflow.communicator`). `allreduce`, `allgather` (first dimensions may differ from
 rank to rank), `broadcast` and their grouped forms work eagerly and in graphs; `broadcast_object`
 and `allgather_object` eagerly. At exit every rank's trained weights are compared
@@ -170,7 +169,7 @@ def _as_horovod_built(feature: str) -> Callable[[], bool | int]:
     def built() -> bool | int:
         if not horovod_installed():
             return False
-        from horovod.tensorflow import mpi_ops
+        from caramel.collectives.horovod_backend import mpi_ops
 
         return getattr(mpi_ops, f"{feature}_built")()
 

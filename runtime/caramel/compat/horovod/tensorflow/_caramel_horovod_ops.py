@@ -49,7 +49,7 @@ def mpi_ops(feature: str, instead: str) -> ModuleType:
     other (`instead`: what to use there)."""
     if current().backend.name != "horovod":
         refuse(feature, f"{ON_HOROVOD}; {instead}")
-    from horovod.tensorflow import mpi_ops as ops
+    from caramel.collectives.horovod_backend import mpi_ops as ops
 
     return ops
 

@@ -57,6 +57,7 @@ from horovod.tensorflow import (
     stop_timeline,
     sycl_built,
 )
+from horovod.tensorflow._caramel_api import distribute, distributed_optimizer
 from horovod.tensorflow.keras import callbacks, elastic
 
 _caramel_keras2_idioms.install()
@@ -69,7 +70,7 @@ _caramel_keras2_idioms.install()
 )  # fmt: skip
 def DistributedOptimizer(optimizer: Any, **horovod_options: Any) -> Any:  # noqa: N802 (Horovod's name)
     """The Keras optimizer, whose updates average (op Sum: sum) the gradients over all ranks first."""
-    return _hvd.distributed_optimizer(optimizer, **horovod_options)
+    return distributed_optimizer(optimizer, **horovod_options)
 
 
 def allreduce(
@@ -114,7 +115,7 @@ def load_model(
     objects = {optimizer.__name__: optimizer for optimizer in custom_optimizers or ()}
     model = tf.keras.models.load_model(filepath, custom_objects={**objects, **(custom_objects or {})})
     if getattr(model, "optimizer", None) is not None:
-        _hvd.distribute(model.optimizer, compression=compression)
+        distribute(model.optimizer, compression=compression)
     return model
 
 
