@@ -78,7 +78,7 @@ class Backend(ABC):
     reforms: ClassVar[bool] = False
     """Whether `reform` re-forms this backend's ranks in the process (elastic training); where it
     does not, an elastic gang's training processes restart to re-form, keeping their last commit
-    (`horovod._caramel_rounds`)."""
+    (`caramel.launch.elastic_rounds`)."""
 
     @abstractmethod
     def lost_peer(self, error: tf.errors.OpError) -> bool:

@@ -37,11 +37,13 @@ from typing import Any
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from caramel.collectives.backend import ReduceOp, horovod_installed
+from caramel.collectives.backend import ReduceOp, chosen, horovod_installed
+from caramel.contract.api import Backend as BackendChoice
+from caramel.launch import elastic_rounds
 from caramel.tensorflow import runtime as _caramel_runtime
 from caramel.tensorflow.horovod_options import horovod_signature
 from caramel.tensorflow.keras_version import check_optimizer, updating_through
-from horovod import _caramel_keras2_idioms, _caramel_rounds
+from horovod import _caramel_keras2_idioms
 from horovod._caramel_support import refuse, unsupported
 from horovod.tensorflow import _caramel_final_check
 from horovod.tensorflow import _caramel_horovod_ops as horovod_ops
@@ -72,7 +74,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if comm is not None:
         refuse("hvd.init(comm=...)", "the CaramelJob's gang is the communicator; call hvd.init()")
     _caramel_keras2_idioms.install()
-    _caramel_rounds.join_when_ready()
+    elastic_rounds.join_when_ready(on_horovod=lambda contract: chosen(contract) is BackendChoice.HOROVOD)
     if process_sets:
         horovod_ops.start_with(process_sets)
     _caramel_runtime.init()

@@ -11,7 +11,7 @@ executor.
 
 A process set is of one set of ranks, registered with Horovod's core as it starts (or later, with
 HOROVOD_DYNAMIC_PROCESS_SETS: `hvd.init(process_sets="dynamic")`); an elastic gang's ranks
-re-form, so process sets are refused there (`_caramel_rounds.enter`).
+re-form, so process sets are refused there (`hvd.elastic.run`).
 """
 
 from __future__ import annotations
