@@ -9,6 +9,7 @@ worker entrypoint takes HOROVOD_API_DIR from this module.)
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -34,15 +35,18 @@ def real_horovod_dir() -> str | None:
 
 
 def real_horovod_module(name: str) -> ModuleType:
-    """The real Horovod's module `name` (e.g. `horovod.tensorflow.mpi_ops`), loaded from the real
-    Horovod's directory under its own name, or the one loaded already: a module of Horovod that
-    `name` imports is found from the package loaded first (`horovod.common`) or loaded so before
-    (`horovod.tensorflow.util`, which `horovod.tensorflow.mpi_ops` imports)."""
+    """The real Horovod's module `name` (e.g. `horovod.tensorflow.mpi_ops`), or the one loaded
+    already. Where `import horovod` is Caramel's package, it is loaded from the real Horovod's
+    directory under its own name: a module of Horovod that `name` imports is found from the
+    package loaded first (`horovod.common`) or loaded so before (`horovod.tensorflow.util`, which
+    `horovod.tensorflow.mpi_ops` imports). Where it is the real Horovod, it is imported."""
     if name in sys.modules:
         return sys.modules[name]
     directory = real_horovod_dir()
     if directory is None:
         raise ModuleNotFoundError(f"Horovod is not installed: no {name}", name=name)
+    if _imported_horovod_dir() == directory:
+        return importlib.import_module(name)
     path = os.path.join(directory, *name.split(".")[1:])
     if os.path.isdir(path):
         spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"), submodule_search_locations=[path])
@@ -60,6 +64,13 @@ def real_horovod_module(name: str) -> ModuleType:
     if parent in sys.modules:  # as the import system does: a package's loaded module is its attribute
         setattr(sys.modules[parent], child, module)
     return module
+
+
+def _imported_horovod_dir() -> str | None:
+    """The directory of the `horovod` package that `import horovod` gets (or got)."""
+    loaded = sys.modules.get("horovod")
+    spec = loaded.__spec__ if loaded is not None else PathFinder.find_spec("horovod", sys.path)
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
 
 
 def bind_loaded_submodules(package: ModuleType) -> None:

@@ -208,6 +208,10 @@ class DistributedGradientTape(tf.GradientTape):
         """Keep `source`'s gradient each rank's own: it is not averaged over the ranks."""
         self._averaging.add_local(source)
 
+    def is_local_source(self, source: Any) -> bool:
+        """Whether `source`'s gradient is each rank's own (`register_local_source`)."""
+        return id(source) in self._averaging.local_sources
+
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False, **kwargs: Any) -> Any:
         """The gradients of `target` with respect to `sources`, averaged over all ranks (local
         sources excepted). use_generic_names (Horovod's names for its collectives) changes
@@ -222,8 +226,8 @@ class DistributedGradientTape(tf.GradientTape):
     ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
         """Horovod's split of `gradient`: (source, gradient) pairs of the local sources, and of the others."""
         pairs = list(zip(sources, self.gradient(target, sources, output_gradients, use_generic_names)))
-        local = [(source, gradient) for source, gradient in pairs if id(source) in self._averaging.local_sources]
-        return local, [(source, gradient) for source, gradient in pairs if id(source) not in self._averaging.local_sources]
+        local = [(source, gradient) for source, gradient in pairs if self.is_local_source(source)]
+        return local, [(source, gradient) for source, gradient in pairs if not self.is_local_source(source)]
 
 
 @functools.cache

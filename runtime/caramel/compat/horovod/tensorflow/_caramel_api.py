@@ -326,8 +326,7 @@ class _DistributedGradientTape(ctf.DistributedGradientTape):
     """Caramel's tape, which also notes the variables it averages, for the weights check at exit."""
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False, **kwargs: Any) -> Any:
-        local = self._averaging.local_sources
-        _caramel_final_check.note_trained([source for source in tf.nest.flatten(sources) if id(source) not in local])
+        _caramel_final_check.note_trained([source for source in tf.nest.flatten(sources) if not self.is_local_source(source)])
         return super().gradient(target, sources, output_gradients, use_generic_names, **kwargs)
 
 
