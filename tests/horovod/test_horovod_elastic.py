@@ -38,7 +38,7 @@ def run_one_rank(code: str, workers: dict, backend: str = "tensorflow") -> subpr
     })  # fmt: skip
     env = {**os.environ, **worker_env(job, 0, ["127.0.0.1"])}
     env.update(slot_env(env, 0))
-    env["PYTHONPATH"] = HOROVOD_API_DIR
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOROVOD_API_DIR, os.environ.get("PYTHONPATH")]))  # as the entrypoint puts it
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=REPO, capture_output=True, text=True, timeout=180,
         stdin=subprocess.DEVNULL,

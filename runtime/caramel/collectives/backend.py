@@ -17,7 +17,7 @@ adding a backend means one module and a line in `BACKENDS`.
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from enum import StrEnum
@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import tensorflow as tf
 
+from caramel.collectives.horovod_installation import real_horovod_dir
 from caramel.contract.api import Backend as BackendChoice
 from caramel.contract.env import WorkerContract
 
@@ -77,7 +78,7 @@ class Backend(ABC):
     reforms: ClassVar[bool] = False
     """Whether `reform` re-forms this backend's ranks in the process (elastic training); where it
     does not, an elastic gang's training processes restart to re-form, keeping their last commit
-    (`horovod._caramel_rounds`)."""
+    (`caramel.launch.elastic_rounds`)."""
 
     @abstractmethod
     def lost_peer(self, error: tf.errors.OpError) -> bool:
@@ -123,11 +124,9 @@ class Backend(ABC):
 
 
 def horovod_installed() -> bool:
-    """Whether Horovod's TensorFlow ops are importable (Horovod built and installed)."""
-    try:
-        return importlib.util.find_spec("horovod.tensorflow.mpi_ops") is not None
-    except ImportError:
-        return False
+    """Whether the real Horovod, with its TensorFlow ops, is installed (beside Caramel's `horovod`)."""
+    directory = real_horovod_dir()
+    return directory is not None and os.path.isfile(os.path.join(directory, "tensorflow", "mpi_ops.py"))
 
 
 def chosen(contract: WorkerContract) -> BackendChoice:

@@ -14,14 +14,18 @@ import re
 from collections.abc import Sequence
 
 import tensorflow as tf
-# In a worker, `horovod.tensorflow` is Caramel's stand-in (caramel.compat), whose package path goes
-# on into the real Horovod's, where mpi_ops is. No import loop back into caramel.tensorflow: the
-# stand-in's package loads Caramel's Horovod API only on first use of one of its names (PEP 562).
-from horovod.tensorflow import mpi_ops
 
 from caramel.collectives.backend import Backend, ReduceOp
 from caramel.collectives.fusion import per_dtype
+from caramel.collectives.horovod_installation import real_horovod_module
 from caramel.contract.env import WorkerContract
+
+# In a worker, `horovod` is Caramel's stand-in (caramel.compat), built on the runtime this backend
+# is part of: Horovod's ops come from the real Horovod's directory instead, after the real
+# Horovod's modules they import (the `horovod.common` package, `horovod.tensorflow.util`).
+real_horovod_module("horovod.common")
+real_horovod_module("horovod.tensorflow.util")
+mpi_ops = real_horovod_module("horovod.tensorflow.mpi_ops")
 
 OPS = {ReduceOp.SUM: mpi_ops.Sum, ReduceOp.AVERAGE: mpi_ops.Average, ReduceOp.MIN: mpi_ops.Min, ReduceOp.MAX: mpi_ops.Max}
 # Horovod caches the negotiation of this many tensors (its default is 1024). A graph of several

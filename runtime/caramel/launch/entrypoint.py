@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-import caramel
+from caramel.collectives.horovod_installation import HOROVOD_API_DIR
 from caramel.contract.cpus import machine_cpus, pool_sizes, pool_variables
 from caramel.contract.env import WorkerContract, slot_env
 from caramel.contract.gpus import ASKED_FOR, CUDA_VISIBLE_DEVICES, worker_devices
@@ -71,9 +71,6 @@ EXIT_RENDEZVOUS_FAILED = 1
 LOOPBACK = "127.0.0.1"
 # Lines of each rank kept for its failure summary (more than a termination message holds).
 LAST_LINES_KEPT = 100
-# The directory holding Caramel's `horovod` package (Horovod's training API served by Caramel),
-# first on every training process's path: scripts written for Horovod import it.
-HOROVOD_API_DIR = os.path.join(os.path.dirname(os.path.abspath(caramel.__file__)), "compat")
 
 
 class Stop:

@@ -29,12 +29,13 @@ from caramel.collectives.backend import ReduceOp
 from caramel.tensorflow.accumulation import Accumulation, accumulation
 from caramel.tensorflow.autograph_exemption import exempt_caramel_from_autograph
 from caramel.tensorflow.compression import Compression, Compressor
+from caramel.tensorflow.horovod_options import HorovodOptions
 from caramel.tensorflow.keras_version import check_optimizer, updating_through
 from caramel.tensorflow.ledger import broadcast_variables as _broadcast_variables
 from caramel.tensorflow.runtime import Runtime, current
 from caramel.tensorflow.runtime import init as _init
 from caramel.tensorflow.steps import StepFunction, function
-from caramel.tensorflow.unsupported import NotSupportedByCaramel, refuse
+from caramel.tensorflow.unsupported import NotSupportedByCaramel
 
 __all__ = [
     "Average",
@@ -57,7 +58,7 @@ __all__ = [
 ]
 
 # Before any step is traced: a step reaches Caramel's code through this package only (the horovod
-# package Caramel serves imports it on first use).
+# package Caramel serves imports it).
 exempt_caramel_from_autograph()
 
 Average, Sum = ReduceOp.AVERAGE, ReduceOp.SUM
@@ -105,54 +106,22 @@ def allreduce_gradients(
     return result
 
 
-class _HorovodOptions:
-    """Horovod's keywords of DistributedGradientTape and DistributedOptimizer, checked once:
-    what Caramel does as Horovod does, what it plans itself, and what it refuses by name."""
+class _GradientAveraging:
+    """How a tape's or an optimizer's gradients are averaged over the ranks, by Horovod's options
+    (`HorovodOptions`): its local sources, and its local accumulation."""
 
-    def __init__(
-        self,
-        kind: str,
-        *,
-        device_dense: str = "",
-        device_sparse: str = "",
-        compression: type[Compressor] = Compression.none,
-        sparse_as_dense: bool = False,
-        op: Any = Average,
-        gradient_predivide_factor: float = 1.0,
-        num_groups: int = 0,
-        groups: Any = None,
-        process_set: Any = None,
-        scale_local_gradients: bool = True,
-        backward_passes_per_step: int = 1,
-        average_aggregated_gradients: bool = False,
-        name: str | None = None,
-    ) -> None:
-        # device_*: where Horovod places its collectives' inputs on GPUs; the backend places them.
-        # num_groups/groups: Horovod's fusion hints; Caramel plans the grouping of the transfers
-        # itself. sparse_as_dense: Caramel reduces (and accumulates) every gradient as a dense tensor anyway.
-        del device_dense, device_sparse, num_groups, groups, sparse_as_dense, name
-        self.op = _reduce_op(op, kind)
-        self.compression = compression
-        self.scale_local_gradients = scale_local_gradients
+    def __init__(self, kind: str, **horovod_options: Any) -> None:
+        options = HorovodOptions.checked(kind, **horovod_options)
+        self.op: ReduceOp = options.op
+        self.compression = options.compression
+        self.scale_local_gradients = options.scale_local_gradients
         self.local_sources: dict[int, Any] = {}
         """Horovod's local sources, by id: variables whose gradients each rank keeps to itself."""
-        self.passes = backward_passes_per_step
-        """Backward passes per update (Horovod's local gradient accumulation: accumulation.py)."""
-        self.average_aggregated_gradients = average_aggregated_gradients
+        self.passes = options.backward_passes_per_step
+        self.average_aggregated_gradients = options.average_aggregated_gradients
         self._prepared: list[Any] = []
         """The gradients Keras 2's compute_gradients returned last, reduced already: the update
         that applies them next does not reduce them again."""
-        if gradient_predivide_factor != 1.0:
-            refuse(f"{kind}(gradient_predivide_factor={gradient_predivide_factor})", "use 1.0")
-        if backward_passes_per_step != 1 and kind == "DistributedGradientTape":
-            refuse(
-                f"DistributedGradientTape(backward_passes_per_step={backward_passes_per_step})",
-                "Horovod's tape has no local gradient accumulation; give backward_passes_per_step to DistributedOptimizer",
-            )
-        if backward_passes_per_step < 1:
-            raise ValueError(f"{kind}(backward_passes_per_step={backward_passes_per_step}): it must be at least 1")
-        if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-            refuse(f"{kind}(process_set=...)", "gradients are averaged over all ranks")
 
     def add_local(self, source: Any) -> None:
         """A variable each rank trains on its own gradient (Horovod's local source). The runtime
@@ -217,16 +186,6 @@ def _divided(gradient: Any, ranks: int) -> Any:
     return gradient / ranks
 
 
-def _reduce_op(op: Any, kind: str) -> ReduceOp:
-    """Caramel's Average and Sum, or Horovod's (its op constants are small integers, or names)."""
-    if isinstance(op, ReduceOp) and op in (Average, Sum):
-        return op
-    name = getattr(op, "name", None) or {0: "average", 1: "sum", 2: "adasum", 3: "min", 4: "max", 5: "product"}.get(op, str(op))
-    if str(name).lower() in ("average", "sum"):
-        return ReduceOp(str(name).lower())
-    refuse(f"{kind}(op={name})", "gradients are averaged (Average) or summed (Sum)")
-
-
 class DistributedGradientTape(tf.GradientTape):
     """A tf.GradientTape whose gradient() returns gradients averaged over all ranks.
 
@@ -243,11 +202,15 @@ class DistributedGradientTape(tf.GradientTape):
     def __init__(self, tape: tf.GradientTape, **horovod_options: Any) -> None:
         super().__init__(persistent=tape._persistent, watch_accessed_variables=tape._watch_accessed_variables)
         self._tape = tape._tape  # what the wrapped tape recorded; None for a tape not entered yet
-        self._options = _HorovodOptions("DistributedGradientTape", **horovod_options)
+        self._averaging = _GradientAveraging("DistributedGradientTape", **horovod_options)
 
     def register_local_source(self, source: Any) -> None:
         """Keep `source`'s gradient each rank's own: it is not averaged over the ranks."""
-        self._options.add_local(source)
+        self._averaging.add_local(source)
+
+    def is_local_source(self, source: Any) -> bool:
+        """Whether `source`'s gradient is each rank's own (`register_local_source`)."""
+        return id(source) in self._averaging.local_sources
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False, **kwargs: Any) -> Any:
         """The gradients of `target` with respect to `sources`, averaged over all ranks (local
@@ -256,15 +219,15 @@ class DistributedGradientTape(tf.GradientTape):
         del use_generic_names
         gradients = super().gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(gradients, expand_composites=False)
-        return tf.nest.pack_sequence_as(gradients, self._options.reduced(flat, tf.nest.flatten(sources, expand_composites=False)))
+        return tf.nest.pack_sequence_as(gradients, self._averaging.reduced(flat, tf.nest.flatten(sources, expand_composites=False)))
 
     def get_local_and_global_gradients(
         self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False
     ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
         """Horovod's split of `gradient`: (source, gradient) pairs of the local sources, and of the others."""
         pairs = list(zip(sources, self.gradient(target, sources, output_gradients, use_generic_names)))
-        local = [(source, gradient) for source, gradient in pairs if id(source) in self._options.local_sources]
-        return local, [(source, gradient) for source, gradient in pairs if id(source) not in self._options.local_sources]
+        local = [(source, gradient) for source, gradient in pairs if self.is_local_source(source)]
+        return local, [(source, gradient) for source, gradient in pairs if not self.is_local_source(source)]
 
 
 @functools.cache
@@ -308,7 +271,7 @@ def distribute(optimizer: tf.keras.optimizers.Optimizer, **horovod_options: Any)
 
 
 def _distributed_class(optimizer: Any, local_variables: Sequence[Any], horovod_options: dict[str, Any]) -> type[Any]:
-    options = _HorovodOptions("DistributedOptimizer", **horovod_options)
+    options = _GradientAveraging("DistributedOptimizer", **horovod_options)
     for variable in local_variables:
         options.add_local(variable)
 

@@ -1,6 +1,5 @@
 """Horovod's TensorFlow 2 API as Caramel serves it, which `horovod.tensorflow` (the package's
-`__init__`) loads on first use of one of the names defined here, so that importing the package
-alone (as `horovod.tensorflow.mpi_ops` does) loads nothing of Caramel's runtime or TensorFlow.
+`__init__`) gathers with the names of the modules beside this one.
 
     hvd.init()                                   # joins the job's ranks: caramel.tensorflow.runtime.init
     tape = hvd.DistributedGradientTape(tape)     # caramel.tensorflow.DistributedGradientTape
@@ -8,9 +7,9 @@ alone (as `horovod.tensorflow.mpi_ops` does) loads nothing of Caramel's runtime 
     hvd.broadcast_variables(model.variables, root_rank=0)
 
 Everything runs on Caramel's runtime: `spec.caramel.backend: auto` picks Horovod's collectives
-where Horovod is installed (its C++ ops, `horovod.tensorflow.mpi_ops`, which resolve to the real
-Horovod through this package's path) and TensorFlow's own otherwise. The tape and the optimizer
-take Horovod's keywords; gradients are averaged as Caramel averages them (see
+where Horovod is installed (its C++ ops, the real Horovod's `horovod.tensorflow.mpi_ops`) and
+TensorFlow's own otherwise. The tape and the optimizer take Horovod's keywords
+(`caramel.tensorflow.horovod_options`); gradients are averaged as Caramel averages them (see
 `caramel.tensorflow.communicator`). `allreduce`, `allgather` (first dimensions may differ from
 rank to rank), `broadcast` and their grouped forms work eagerly and in graphs; `broadcast_object`
 and `allgather_object` eagerly. At exit every rank's trained weights are compared
@@ -38,10 +37,13 @@ from typing import Any
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
-from caramel.collectives.backend import ReduceOp, horovod_installed
+from caramel.collectives.backend import ReduceOp, chosen, horovod_installed
+from caramel.contract.api import Backend as BackendChoice
+from caramel.launch import elastic_rounds
 from caramel.tensorflow import runtime as _caramel_runtime
+from caramel.tensorflow.horovod_options import horovod_signature
 from caramel.tensorflow.keras_version import check_optimizer, updating_through
-from horovod import _caramel_keras2_idioms, _caramel_rounds
+from horovod import _caramel_keras2_idioms
 from horovod._caramel_support import refuse, unsupported
 from horovod.tensorflow import _caramel_final_check
 from horovod.tensorflow import _caramel_horovod_ops as horovod_ops
@@ -72,7 +74,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if comm is not None:
         refuse("hvd.init(comm=...)", "the CaramelJob's gang is the communicator; call hvd.init()")
     _caramel_keras2_idioms.install()
-    _caramel_rounds.join_when_ready()
+    elastic_rounds.join_when_ready(on_horovod=lambda contract: chosen(contract) is BackendChoice.HOROVOD)
     if process_sets:
         horovod_ops.start_with(process_sets)
     _caramel_runtime.init()
@@ -169,7 +171,7 @@ def _as_horovod_built(feature: str) -> Callable[[], bool | int]:
     def built() -> bool | int:
         if not horovod_installed():
             return False
-        from horovod.tensorflow import mpi_ops
+        from caramel.collectives.horovod_backend import mpi_ops
 
         return getattr(mpi_ops, f"{feature}_built")()
 
@@ -324,52 +326,29 @@ class _DistributedGradientTape(ctf.DistributedGradientTape):
     """Caramel's tape, which also notes the variables it averages, for the weights check at exit."""
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False, **kwargs: Any) -> Any:
-        local = self._options.local_sources
-        _caramel_final_check.note_trained([source for source in tf.nest.flatten(sources) if id(source) not in local])
+        _caramel_final_check.note_trained([source for source in tf.nest.flatten(sources) if not self.is_local_source(source)])
         return super().gradient(target, sources, output_gradients, use_generic_names, **kwargs)
 
 
-def DistributedGradientTape(  # noqa: N802 (Horovod's name)
-    gradtape: tf.GradientTape,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    sparse_as_dense: bool = False,
-    op: Any = Average,
-    gradient_predivide_factor: float = 1.0,
-    num_groups: int = 0,
-    groups: Any = None,
-    process_set: Any = global_process_set,
-    scale_local_gradients: bool = True,
-) -> _DistributedGradientTape:
+# Horovod's tape and optimizer take Horovod's options (caramel.tensorflow.horovod_options) in
+# Horovod's order of each; Horovod's default process set is its global one.
+_TAPE_OPTIONS = (
+    "device_dense", "device_sparse", "compression", "sparse_as_dense", "op", "gradient_predivide_factor", "num_groups", "groups",
+    "process_set",
+)  # fmt: skip
+
+
+@horovod_signature("gradtape", *_TAPE_OPTIONS, "scale_local_gradients", process_set=global_process_set)
+def DistributedGradientTape(gradtape: tf.GradientTape, **horovod_options: Any) -> _DistributedGradientTape:  # noqa: N802 (Horovod's name)
     """The tape, whose gradient() averages (op Sum: sums) the gradients over all ranks."""
-    return _DistributedGradientTape(
-        gradtape, device_dense=device_dense, device_sparse=device_sparse, compression=compression, sparse_as_dense=sparse_as_dense,
-        op=op, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups, process_set=process_set,
-        scale_local_gradients=scale_local_gradients,
-    )  # fmt: skip
+    return _DistributedGradientTape(gradtape, **horovod_options)
 
 
-def PartialDistributedGradientTape(  # noqa: N802 (Horovod's name)
-    gradtape: tf.GradientTape,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    sparse_as_dense: bool = False,
-    op: Any = Average,
-    gradient_predivide_factor: float = 1.0,
-    num_groups: int = 0,
-    groups: Any = None,
-    process_set: Any = global_process_set,
-    local_layers: Any = None,
-    scale_local_gradients: bool = True,
-) -> _DistributedGradientTape:
+@horovod_signature("gradtape", *_TAPE_OPTIONS, "local_layers", "scale_local_gradients", process_set=global_process_set, local_layers=None)
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, local_layers: Any, **horovod_options: Any) -> _DistributedGradientTape:  # noqa: N802 (Horovod's name)
     """The tape of DistributedGradientTape, whose gradients of the local layers' trainable
     weights each rank keeps to itself (their sources registered local)."""
-    tape = DistributedGradientTape(
-        gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-        process_set, scale_local_gradients,
-    )  # fmt: skip
+    tape = _DistributedGradientTape(gradtape, **horovod_options)
     for variable in local_layer_variables(local_layers):
         tape.register_local_source(variable)
     return tape
@@ -385,31 +364,15 @@ def local_layer_variables(local_layers: Any) -> list[Any]:
     return [variable for layer in layers for variable in layer.trainable_weights]
 
 
-def DistributedOptimizer(  # noqa: N802 (Horovod's name)
-    optimizer: Any,
-    name: str | None = None,
-    use_locking: bool = False,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    sparse_as_dense: bool = False,
-    backward_passes_per_step: int = 1,
-    op: Any = Average,
-    gradient_predivide_factor: float = 1.0,
-    average_aggregated_gradients: bool = False,
-    num_groups: int = 0,
-    groups: Any = None,
-    process_set: Any = global_process_set,
-    scale_local_gradients: bool = True,
-) -> Any:
+@horovod_signature(
+    "optimizer", "name", "use_locking", "device_dense", "device_sparse", "compression", "sparse_as_dense", "backward_passes_per_step",
+    "op", "gradient_predivide_factor", "average_aggregated_gradients", "num_groups", "groups", "process_set", "scale_local_gradients",
+    use_locking=False, process_set=global_process_set,
+)  # fmt: skip
+def DistributedOptimizer(optimizer: Any, use_locking: bool, **horovod_options: Any) -> Any:  # noqa: N802 (Horovod's name)
     """The Keras optimizer, whose updates average (op Sum: sum) the gradients over all ranks first."""
     del use_locking  # TensorFlow 1's
-    return distributed_optimizer(
-        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
-        sparse_as_dense=sparse_as_dense, backward_passes_per_step=backward_passes_per_step, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, average_aggregated_gradients=average_aggregated_gradients,
-        num_groups=num_groups, groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
-    )  # fmt: skip
+    return distributed_optimizer(optimizer, **horovod_options)
 
 
 def distributed_optimizer(optimizer: Any, local_variables: Sequence[Any] = (), **horovod_options: Any) -> Any:

@@ -11,7 +11,7 @@ executor.
 
 A process set is of one set of ranks, registered with Horovod's core as it starts (or later, with
 HOROVOD_DYNAMIC_PROCESS_SETS: `hvd.init(process_sets="dynamic")`); an elastic gang's ranks
-re-form, so process sets are refused there (`_caramel_rounds.enter`).
+re-form, so process sets are refused there (`hvd.elastic.run`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def mpi_ops(feature: str, instead: str) -> ModuleType:
     other (`instead`: what to use there)."""
     if current().backend.name != "horovod":
         refuse(feature, f"{ON_HOROVOD}; {instead}")
-    from horovod.tensorflow import mpi_ops as ops
+    from caramel.collectives.horovod_backend import mpi_ops as ops
 
     return ops
 

@@ -16,7 +16,7 @@ because a peer was lost (`HorovodInternalError`), every survivor restores its la
 ranks re-form without the lost worker, synchronize and call the function again; where a worker
 waits to join, `commit()` (or `check_host_updates()`) raises `HostsUpdatedInterrupt` on every rank
 at once, and they re-form with it, keeping their state. On the horovod backend the ranks re-form in
-the process, at the gang's rendezvous (`horovod._caramel_rounds`): no process restarts. On the
+the process, at the gang's rendezvous (`caramel.launch.elastic_rounds`): no process restarts. On the
 tensorflow backend, whose collectives serve one cluster per process, each survivor's training
 process runs its command again in its place, holding the last commit: the script starts over, and
 where it enters `run` the state takes the commit back before it is synchronized (the states below;
@@ -32,18 +32,39 @@ came after, and an object that cannot be pickled fails at the commit, naming it.
 from __future__ import annotations
 
 import functools
+import os
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import numpy as np
 import tensorflow as tf
 
 import horovod.tensorflow as _hvd
-from horovod import _caramel_rounds as _rounds
-from horovod._caramel_rounds import HorovodInternalError, HostsUpdatedInterrupt
+from caramel.contract.elastic import elastic_notice, fixed_notice
+from caramel.launch import elastic_rounds
+from caramel.launch.elastic_rounds import Round
+from caramel.tensorflow.runtime import current
 from horovod._caramel_support import refuse
+from horovod.tensorflow import _caramel_final_check, _caramel_horovod_ops
 from horovod.tensorflow.functions import _pickler, broadcast_object, broadcast_object_fn, broadcast_variables, global_variables
+
+try:  # Horovod's own classes where Horovod is installed, so that scripts catching them by either name catch them
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+except ImportError:
+
+    class HorovodInternalError(RuntimeError):  # type: ignore[no-redef]
+        """A collective failed: a peer was lost. The elastic ranks roll back to their last commit and re-form."""
+
+    class HostsUpdatedInterrupt(RuntimeError):  # type: ignore[no-redef]
+        """Workers joined (or left): the elastic ranks re-form with them, keeping their state."""
+
+        def __init__(self, skip_sync: bool) -> None:
+            super().__init__()
+            self.skip_sync = skip_sync
+
 
 __all__ = [
     "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State", "TensorFlowKerasState", "TensorFlowState",
@@ -92,9 +113,9 @@ class State:
     def check_host_updates(self) -> None:
         """Raise `HostsUpdatedInterrupt` on every rank at once where workers wait at the
         rendezvous to join: rank 0 asks, and every rank takes its answer."""
-        if not _rounds.is_elastic():
+        if not current().contract.may_run_short:
             return
-        waiting = bool(_rounds.newcomers()) if self._rank() == 0 else False
+        waiting = bool(elastic_rounds.newcomers(current().contract)) if self._rank() == 0 else False
         if self._bcast_object(waiting):
             raise HostsUpdatedInterrupt(False)  # the newcomers need the state: synchronize it
 
@@ -248,16 +269,16 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        if not _rounds.enter():
+        if not _enter():
             state.sync()
             return func(state, *args, **kwargs)
-        restarting = None if _rounds.reforms_in_process() else _resumed(state)
+        restarting = None if current().backend.reforms else _resumed(state)
         skip_sync = False
         while True:
             failure: list[BaseException] = []
             try:
                 if not skip_sync:
-                    with _rounds.lost_peers_raised():
+                    with _lost_peers_raised():
                         state.sync()
                 return func(state, *args, **kwargs)
             except HorovodInternalError as error:
@@ -267,7 +288,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
             if restarting is not None:
-                _rounds.restart_keeping(_pickler.dumps(restarting._caramel_carried()))
+                _restart_keeping(_pickler.dumps(restarting._caramel_carried()))
             _let_go_aside(failure)
             reset()
             state.on_reset()
@@ -286,9 +307,12 @@ def _resumed(state: State) -> ObjectState:
             "(ObjectState, TensorFlowState, TensorFlowKerasState, KerasState) across the restart; derive the state from "
             "one of those, or run on backend horovod, whose ranks re-form in the process",
         )
-    commit = _rounds.carried_commit()
-    if commit is not None:
-        state._caramel_resume(_pickler.loads(commit))
+    carried = elastic_rounds.carried_commit()
+    if carried is not None:
+        if carried.round:
+            _say_reformed(carried.round, f", their training processes restarted with the last commit ({current().backend.name} backend) "
+                          f"{carried.seconds_since_broken:.1f} s after the ranks broke")  # fmt: skip
+        state._caramel_resume(_pickler.loads(carried.commit))
         state.on_reset()
     return state
 
@@ -306,8 +330,85 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator of the elastic training function `func(state, ...)` (Horovod's `hvd.elastic.run`)."""
 
     def failing_as_horovod(state: State, *args: Any, **kwargs: Any) -> Any:
-        with _rounds.lost_peers_raised():
+        with _lost_peers_raised():
             return func(state, *args, **kwargs)
 
-    return run_fn(functools.wraps(func)(failing_as_horovod), _rounds.reform)
+    return run_fn(functools.wraps(func)(failing_as_horovod), _reform)
+
+
+# -- the runtime's ranks re-formed at the rendezvous's rounds (caramel.launch.elastic_rounds) -----
+
+_entered = False
+"""Whether this process entered `hvd.elastic.run` before."""
+
+
+def _enter() -> bool:
+    """Whether the gang runs elastic (spec.workers.minReplicas below replicas), checked where a
+    script enters `hvd.elastic.run`: refused with Caramel's own TrainingRun; rank 0 says which, once."""
+    global _entered
+    runtime = current()
+    runtime.drive(
+        "hvd.elastic.run",
+        "TrainingRun rolls back to its checkpoint, restarting the whole gang; train either with hvd.elastic "
+        "(its ranks re-form in the process, from the last commit) or with TrainingRun",
+    )
+    workers = runtime.contract.full_world_size // runtime.contract.slots_per_worker
+    elastic = runtime.contract.may_run_short
+    if elastic and _caramel_horovod_ops.registered():
+        refuse("process sets in an elastic gang", "a process set is of one set of ranks, which the gang re-forms: use them "
+               "in a fixed gang (spec.workers.minReplicas equal to replicas), or train elastic without them")  # fmt: skip
+    first, _entered = not _entered, True
+    if elastic:
+        runtime.metrics.record_elastic()  # the operator then replaces a lost worker instead of restarting the gang
+    if elastic and first and not runtime.backend.reforms:
+        elastic_rounds.watch_for_broken_ranks(runtime.contract, runtime.backend.leave)
+    elif elastic and first and elastic_rounds.round_number() == 0:
+        # The gang formed with the start-up timeout; every rank enters here at once, and forms
+        # the same ranks again with the peer timeout, without the rendezvous.
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(elastic_rounds.PEER_TIMEOUT_SECONDS)
+        runtime.reform(lambda: None)
+        _caramel_final_check.rearm()
+    if first and elastic_rounds.round_number() == 0:  # a process restarted to re-form said it before
+        runtime.say(elastic_notice(workers, runtime.contract.min_workers) if elastic else fixed_notice(workers))
+    return elastic
+
+
+@contextmanager
+def _lost_peers_raised() -> Iterator[None]:
+    """A collective that failed because a peer was lost (as the backend tells) raised as Horovod's
+    HorovodInternalError."""
+    try:
+        yield
+    except tf.errors.OpError as error:
+        backend = current().backend
+        if backend.lost_peer(error):
+            # Leave the broken ranks now, not once the failed step is freed (a Keras fit's data
+            # iterator can take seconds): a peer blocked on this rank fails at once instead of
+            # after the peer timeout.
+            backend.leave()
+            raise HorovodInternalError(error) from error
+        raise
+
+
+def _reform() -> None:
+    """Re-form the ranks in this process with the workers alive, met at the rendezvous's next round."""
+    runtime = current()
+    started = time.monotonic()
+    met: list[Round] = []
+    runtime.reform(lambda: met.append(elastic_rounds.meet(runtime.contract, runtime.backend.local_rank, after=elastic_rounds.round_number())))
+    # Horovod's init registered its shutdown at exit again: the weights check must run before it.
+    _caramel_final_check.rearm()
+    _say_reformed(met[0], f" after {time.monotonic() - started:.1f} s")
+
+
+def _restart_keeping(commit: bytes) -> NoReturn:
+    """Re-form the ranks by restarting this training process, keeping the last commit."""
+    runtime = current()
+    runtime.say(f"the ranks broke: the training processes restart to re-form ({runtime.backend.name} backend), keeping the last commit")
+    elastic_rounds.restart_keeping(commit)
+
+
+def _say_reformed(met: Round, how: str) -> None:
+    workers = ", ".join(member.name for member in met.hosts)
+    current().say(f"ranks re-formed in round {met.number} of the rendezvous: {met.world_size} ranks ({workers}){how}")
 

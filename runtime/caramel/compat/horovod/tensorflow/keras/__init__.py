@@ -21,6 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 import horovod.tensorflow as _hvd
+from caramel.tensorflow.horovod_options import horovod_signature
 from caramel.tensorflow.keras_version import keras_2
 from horovod import _caramel_keras2_idioms
 from horovod._caramel_support import refuse, unsupported
@@ -56,34 +57,20 @@ from horovod.tensorflow import (
     stop_timeline,
     sycl_built,
 )
+from horovod.tensorflow._caramel_api import distribute, distributed_optimizer
 from horovod.tensorflow.keras import callbacks, elastic
 
 _caramel_keras2_idioms.install()
 
 
-def DistributedOptimizer(  # noqa: N802 (Horovod's name)
-    optimizer: Any,
-    name: str | None = None,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = Compression.none,
-    sparse_as_dense: bool = False,
-    gradient_predivide_factor: float = 1.0,
-    op: Any = Average,
-    backward_passes_per_step: int = 1,
-    average_aggregated_gradients: bool = False,
-    num_groups: int = 0,
-    groups: Any = None,
-    process_set: Any = global_process_set,
-    scale_local_gradients: bool = True,
-) -> Any:
+@horovod_signature(
+    "optimizer", "name", "device_dense", "device_sparse", "compression", "sparse_as_dense", "gradient_predivide_factor", "op",
+    "backward_passes_per_step", "average_aggregated_gradients", "num_groups", "groups", "process_set", "scale_local_gradients",
+    process_set=global_process_set,
+)  # fmt: skip
+def DistributedOptimizer(optimizer: Any, **horovod_options: Any) -> Any:  # noqa: N802 (Horovod's name)
     """The Keras optimizer, whose updates average (op Sum: sum) the gradients over all ranks first."""
-    return _hvd.distributed_optimizer(
-        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
-        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
-        backward_passes_per_step=backward_passes_per_step, average_aggregated_gradients=average_aggregated_gradients,
-        num_groups=num_groups, groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
-    )  # fmt: skip
+    return distributed_optimizer(optimizer, **horovod_options)
 
 
 def allreduce(
@@ -128,7 +115,7 @@ def load_model(
     objects = {optimizer.__name__: optimizer for optimizer in custom_optimizers or ()}
     model = tf.keras.models.load_model(filepath, custom_objects={**objects, **(custom_objects or {})})
     if getattr(model, "optimizer", None) is not None:
-        _hvd.distribute(model.optimizer, compression=compression)
+        distribute(model.optimizer, compression=compression)
     return model
 
 
