@@ -51,6 +51,8 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
+from typing import Any, cast
 
 from caramel.launch.processes import spawn as spawn_process
 from caramel.launch.processes import stop_groups
@@ -219,12 +221,12 @@ class EmulatedCluster:
         self.hostnames = list(hostnames) if hostnames else [self.names.namespace(i) for i in range(workers)]
         if len(self.hostnames) != workers:
             raise HarnessError(f"expected {workers} hostnames, got {len(self.hostnames)}")
-        self._undo: list[tuple[str, Callable[[], None]]] = []
+        self._undo: list[tuple[str, Callable[[], object]]] = []
         self._processes: list[subprocess.Popen[bytes]] = []
         self._directory: Path | None = None
         self._closing = False
         self._deferred_signal: int | None = None
-        self._previous_handlers: dict[int, object] = {}
+        self._previous_handlers: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
 
     # -- what callers use ------------------------------------------------------------------
 
@@ -331,7 +333,7 @@ class EmulatedCluster:
             signum, self._deferred_signal = self._deferred_signal, None
             signal.raise_signal(signum)
 
-    def _push(self, what: str, undo: Callable[[], None]) -> None:
+    def _push(self, what: str, undo: Callable[[], object]) -> None:
         self._undo.append((what, undo))
 
     def _preflight(self) -> None:
@@ -356,7 +358,7 @@ class EmulatedCluster:
             # `ip netns add` makes /run/netns a shared mount point; pushed first, undone last.
             self._push("remove /run/netns", _remove_netns_dir_if_unused)
         self._directory = Path(tempfile.mkdtemp(prefix=f"{self.names.prefix}-netem-"))
-        self._push(f"remove {self._directory}", lambda: shutil.rmtree(self._directory, ignore_errors=True))
+        self._push(f"remove {self._directory}", lambda: shutil.rmtree(cast(Path, self._directory), ignore_errors=True))
         self._write_hosts_file()
         for bridge in self.bridges:
             self._add_bridge(bridge)
@@ -380,7 +382,7 @@ class EmulatedCluster:
         ends = [self.names.uplink(0), self.names.uplink(1)]
         _run(["ip", "link", "add", ends[0], "type", "veth", "peer", "name", ends[1]])
         self._push(f"delete veth {ends[0]}", lambda: _delete_link_if_present(ends[0]))
-        tbf = tbf_parameters(self.uplink_rate_mbit)
+        tbf = tbf_parameters(cast(float, self.uplink_rate_mbit))  # set whenever racks > 1 (checked in __init__)
         for end, bridge in zip(ends, self.bridges):
             _run(["ip", "link", "set", end, "master", bridge, "up"])
             _run(["tc", "qdisc", "add", "dev", end, "root", "tbf", *tbf])
@@ -407,7 +409,7 @@ class EmulatedCluster:
     def _write_hosts_file(self) -> None:
         lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
         lines += [f"{self.address(i)} {name}" for i, name in enumerate(self.hostnames)]
-        (self._directory / "hosts").write_text("\n".join(lines) + "\n")
+        (cast(Path, self._directory) / "hosts").write_text("\n".join(lines) + "\n")
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.workers:

@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import cast
 
 import tensorflow as tf
 
@@ -47,7 +48,7 @@ def caramels_horovod_tensorflow() -> ModuleType:
 
 def path_entry(module: ModuleType) -> str:
     """The path entry a `horovod.tensorflow` module was imported from (the directory holding `horovod`)."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(module.__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(cast(str, module.__file__))))
 
 
 def variables_of(variables: Sequence[tf.Variable]) -> list[tf.Variable]:

@@ -36,6 +36,7 @@ import os
 import runpy
 import sys
 from collections.abc import MutableMapping, MutableSequence
+from typing import Any
 
 USAGE = "usage: python -m benchmarks.plain_horovod_runner SCRIPT [ARGS...]"
 # A directory holding Caramel's `horovod` package has this file in it (Horovod has no such module).
@@ -59,7 +60,7 @@ def is_caramels(entry: str, compat_dir: str | None) -> bool:
     return (compat_dir is not None and path == os.path.realpath(compat_dir)) or os.path.isfile(os.path.join(path, CARAMEL_MARKER))
 
 
-def drop_caramels_horovod(path: MutableSequence[str], environ: MutableMapping[str, str], modules: MutableMapping[str, object]) -> list[str]:
+def drop_caramels_horovod(path: MutableSequence[str], environ: MutableMapping[str, str], modules: MutableMapping[str, Any]) -> list[str]:
     """Take Caramel's `horovod` package off the import path and PYTHONPATH, and forget any `horovod*`
     module imported already. Returns the path entries removed."""
     compat_dir = caramel_compat_dir()
@@ -95,7 +96,7 @@ class KerasIsTfKeras(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         sys.modules[name] = importlib.import_module(KERAS_2 + name[len("keras"):])
 
 
-def use_keras_2(environ: MutableMapping[str, str], modules: MutableMapping[str, object], meta_path: MutableSequence[object]) -> None:
+def use_keras_2(environ: MutableMapping[str, str], modules: MutableMapping[str, Any], meta_path: MutableSequence[Any]) -> None:
     """tf.keras is tf-keras (TF_USE_LEGACY_KERAS=1, read when tf.keras is first used), and so is `import keras`."""
     if "tensorflow" in modules or any(name == "keras" or name.startswith("keras.") for name in modules):
         raise RuntimeError("TensorFlow or Keras was imported before the runner set up Keras 2: nothing may import them before it")

@@ -119,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| variant | median step (ms) | min | max | whole run (s) | min | max |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
-        step, wall = steps[name], walls[name]
+        step_times, wall_times = steps[name], walls[name]
         print(
-            f"| {name} | {statistics.median(step) * 1e3:.1f} | {min(step) * 1e3:.1f} | {max(step) * 1e3:.1f} "
-            f"| {statistics.median(wall):.1f} | {min(wall):.1f} | {max(wall):.1f} |"
+            f"| {name} | {statistics.median(step_times) * 1e3:.1f} | {min(step_times) * 1e3:.1f} | {max(step_times) * 1e3:.1f} "
+            f"| {statistics.median(wall_times):.1f} | {min(wall_times):.1f} | {max(wall_times):.1f} |"
         )
     print()
     for name in names[1:]:

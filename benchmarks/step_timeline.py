@@ -208,7 +208,7 @@ def step_budgets(found: list[Transfer], spans: dict[str, list[Span]]) -> list[St
     for transfer in found:
         for layer in transfer.layers:
             arrived[(transfer.copy, layer)] = max(arrived[(transfer.copy, layer)], transfer.finished)
-    previous_copy = {following: copy for copy in {t.copy for t in found} if (following := next_copy(copy))}
+    previous_copy = {successor: copy for copy in {t.copy for t in found} if (successor := next_copy(copy))}
     budgets = []
     for copy in sorted({t.copy for t in found}, key=lambda name: min(t.entered for t in found if t.copy == name)):
         chain = kernels(spans, copy)

@@ -37,6 +37,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 MICROSECONDS = 1e-6
 COPY_ACTIVITIES = ("MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER")
@@ -115,7 +116,7 @@ def read_timeline(path: Path) -> list[Reduction]:
                 reduction.ended = at
                 done.append(reduction)
                 del current[pid]
-    return sorted(done, key=lambda reduction: reduction.started)
+    return sorted(done, key=lambda reduction: cast(float, reduction.started))
 
 
 def collectives(reductions: list[Reduction]) -> list[Collective]:
@@ -123,7 +124,7 @@ def collectives(reductions: list[Reduction]) -> list[Collective]:
     thread processes one at a time, so reductions whose processing overlaps were fused."""
     groups: list[list[Reduction]] = []
     for reduction in reductions:
-        if groups and reduction.started < max(member.ended for member in groups[-1]):
+        if groups and cast(float, reduction.started) < max(cast(float, member.ended) for member in groups[-1]):
             groups[-1].append(reduction)
         else:
             groups.append([reduction])
@@ -136,10 +137,10 @@ def collectives(reductions: list[Reduction]) -> list[Collective]:
         out.append(
             Collective(
                 name=collective_name(first.name),
-                started=first.started,
-                ended=max(member.ended for member in group),
+                started=cast(float, first.started),
+                ended=max(cast(float, member.ended) for member in group),
                 negotiate=negotiated - heard if negotiated is not None and heard is not None else None,
-                queued=max(0.0, first.started - negotiated) if negotiated is not None else None,
+                queued=max(0.0, cast(float, first.started) - negotiated) if negotiated is not None else None,
                 copies=sum(first.activities.get(activity, 0.0) for activity in COPY_ACTIVITIES),
                 wire=wire,
                 negotiated=negotiated,

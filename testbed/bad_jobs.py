@@ -37,7 +37,7 @@ class BadJob:
     fuzzed: bool = False
 
 
-def _mutated(title: str, field: str, change: Callable[[dict[str, Any]], None]) -> BadJob:
+def _mutated(title: str, field: str, change: Callable[[dict[str, Any]], object]) -> BadJob:
     manifest = valid_job()
     change(manifest)
     return BadJob(title, field, manifest)
@@ -46,7 +46,7 @@ def _mutated(title: str, field: str, change: Callable[[dict[str, Any]], None]) -
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     def change(manifest: dict[str, Any]) -> None:
         *parents, last = _parts(path)
-        node = manifest
+        node: Any = manifest
         for part in parents:
             node = node[part]
         node[last] = value
@@ -57,7 +57,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
 def _drop(path: str) -> Callable[[dict[str, Any]], None]:
     def change(manifest: dict[str, Any]) -> None:
         *parents, last = _parts(path)
-        node = manifest
+        node: Any = manifest
         for part in parents:
             node = node[part]
         del node[last]
