@@ -8,7 +8,7 @@ import subprocess
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -89,7 +89,7 @@ class Namespace:
         return (self.job(name).get("status") or {}).get("phase")
 
     def wait_for_phase(self, name: str, phases: set[str], timeout: float = 900) -> str:
-        return eventually(lambda: self.phase(name) in phases and self.phase(name), timeout, f"{name} in {phases}", interval=2)
+        return cast(str, eventually(lambda: self.phase(name) in phases and self.phase(name), timeout, f"{name} in {phases}", interval=2))  # truthy: a phase
 
     def pods(self, job: str) -> list[dict[str, Any]]:
         pods = (self.get("pods") or {}).get("items", [])

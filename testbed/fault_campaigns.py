@@ -221,7 +221,7 @@ class BadJobCampaign:
 
         started: list[Any] = []
         original = caramel.launch.launcher.spawn
-        caramel.launch.launcher.spawn = lambda *args, **kwargs: started.append(args) or original(*args, **kwargs)
+        caramel.launch.launcher.spawn = lambda *args, **kwargs: started.append(args) or original(*args, **kwargs)  # type: ignore[func-returns-value]  # records, then spawns
         path = self.directory / "bad.yaml"
         path.write_text(yaml.safe_dump(bad.manifest))
         errors = io.StringIO()

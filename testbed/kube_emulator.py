@@ -128,7 +128,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             return  # discovery, which everyone may read
         verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete" if request.name else "deletecollection"}.get(
             request.method.value.upper()
-        ) or {kmock.action.WATCH: "watch", kmock.action.LIST: "list"}.get(request.action, "get")
+        ) or {kmock.action.WATCH: "watch", kmock.action.LIST: "list"}.get(request.action, "get")  # type: ignore[arg-type]  # no action (None) reads as "get", .get's default
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         line = {"verb": verb, "group": request.resource.group or "", "resource": resource, "agent": request.headers.get("User-Agent", "")}
         with self.record.open("a") as record:

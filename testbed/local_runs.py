@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO, cast
 
 import numpy as np
 import psutil
@@ -55,7 +56,7 @@ class BackgroundRun:
         self._reader.start()
 
     def _read(self) -> None:
-        for line in self.process.stderr:
+        for line in cast(IO[str], self.process.stderr):  # stderr=PIPE
             self.lines.append(line)
 
     @property

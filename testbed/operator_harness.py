@@ -20,7 +20,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
 
@@ -242,7 +242,7 @@ def printer_row(job: dict[str, Any]) -> dict[str, Any]:
             value = value.get(part) if isinstance(value, dict) else None
         return value
 
-    return {column["name"]: follow(column["jsonPath"]) for column in PRINTER_COLUMNS}
+    return {column["name"]: follow(column["jsonPath"]) for column in cast("list[dict[str, Any]]", PRINTER_COLUMNS)}
 
 
 def terminated(exit_code: int, reason: str = "Error", message: str = "", finished_at: str | None = None) -> dict[str, Any]:
@@ -299,7 +299,7 @@ class Emulator:
             stdout=subprocess.DEVNULL,
             stderr=(directory / "emulator.log").open("wb"),
         )
-        url = eventually(lambda: url_file.exists() and url_file.read_text(), what="the emulator to start")
+        url = cast(str, eventually(lambda: url_file.exists() and url_file.read_text(), what="the emulator to start"))  # truthy: the file's text
         self.api = KubeApi(url)
         for item in nodes:
             self.api.create(NODES, item)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -117,6 +117,8 @@ def main() -> None:
     args = parser.parse_args()
     # A run this short would keep one step per graph; the graphs of several steps are the ones to see.
     plan_with(replace(lab_policy(), long_training=True))  # with a test's lab settings (testbed/lab.py)
+    tape_of: Callable[..., Any]
+    broadcast: Callable[..., Any]
     if args.api == "hvd-script":
         import horovod.tensorflow as hvd  # Caramel's, first on the path of every training process
 
