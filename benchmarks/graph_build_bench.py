@@ -29,8 +29,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import yaml
+
+if TYPE_CHECKING:
+    from caramel.tensorflow.steps import StepFunction
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CALL = "caramel-graph-build call"
@@ -57,7 +61,7 @@ def train(profile_name: str, calls: int) -> None:
     optimizer = tf.keras.optimizers.SGD(1e-9)
     optimizer.build(model.trainable_variables)
     ctf.broadcast_variables([*model.variables, *optimizer.variables], root_rank=0)
-    steps = ctf.function(training_step(model, optimizer, emulated_model.loss, ctf.DistributedGradientTape), steps_per_execution=STEPS_PER_EXECUTION)
+    steps = cast("StepFunction", ctf.function(training_step(model, optimizer, emulated_model.loss, ctf.DistributedGradientTape), steps_per_execution=STEPS_PER_EXECUTION))  # given a step
     iterator = iter(emulated_model.dataset().prefetch(STEPS_PER_EXECUTION))
     for call in range(calls):
         started = time.perf_counter()

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 import tensorflow as tf
 
 import caramel.tensorflow as ctf
 from benchmarks.worker_events import StepLog
 from caramel.tensorflow import runtime
+from caramel.tensorflow.steps import StepFunction
 
-Tape = Callable[[tf.GradientTape], object]
+Tape = Callable[[tf.GradientTape], tf.GradientTape]
 """Wraps a tf.GradientTape into one whose gradient() averages over the ranks (or not)."""
 
 
@@ -67,7 +69,7 @@ def train_in_executions(
 ) -> None:
     """total steps through ctf.function, steps_per_execution per graph, from a prefetched input
     pipeline of (inputs, labels) batches; ctf.function knows there are `total`."""
-    steps = ctf.function(train_step, steps_per_execution=steps_per_execution, total_steps=total)
+    steps = cast(StepFunction, ctf.function(train_step, steps_per_execution=steps_per_execution, total_steps=total))  # given a step
     iterator = iter(data.prefetch(steps_per_execution))
     done = 0
     while done < total:
