@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 from types import ModuleType
+from typing import cast
 
 import tensorflow as tf
 
@@ -105,7 +106,7 @@ def main() -> None:
     total = args.warmup + args.steps
     details: dict = {}
     if args.strategy == "comm-only":
-        allreduce_all_at_once(hvd, [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
+        allreduce_all_at_once(cast(ModuleType, hvd), [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
     elif args.strategy == "comm-only-tf":
         allreduce_all_at_once_tf(strategy, [tf.convert_to_tensor(variable) for variable in model.trainable_variables], total, times)
     elif args.api in (FIT, FIT_AS_HOROVOD_COMPILES):
@@ -153,7 +154,7 @@ def loop(
         return next(batches)
 
     if strategy == "mwms":
-        with mwms_strategy.scope():
+        with cast(tf.distribute.Strategy, mwms_strategy).scope():  # joined with MWMS
             optimizer = tf.keras.optimizers.SGD(LEARNING_RATE)
             optimizer.build(model.trainable_variables)
         train_per_step(mwms.loop_step(mwms_strategy, model, optimizer, emulated_model.loss), next_batch, steps, times)
@@ -162,9 +163,11 @@ def loop(
     optimizer.build(model.trainable_variables)
     variables = [*model.variables, *optimizer.variables]
     if strategy == "horovod":
+        hvd = cast(ModuleType, hvd)  # joined with Horovod
         hvd.broadcast_variables(variables_of(variables), root_rank=0)
         train_step = training_step(model, optimizer, emulated_model.loss, hvd.DistributedGradientTape, sources=variables_of)
     elif strategy == "hvd-script":
+        hvd = cast(ModuleType, hvd)  # joined with Caramel's Horovod
         hvd.broadcast_variables(variables, root_rank=0)
         train_step = training_step(model, optimizer, emulated_model.loss, hvd.DistributedGradientTape)
     elif strategy == "caramel":

@@ -35,6 +35,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import cast
 
 import tensorflow as tf
 
@@ -146,7 +147,7 @@ def main() -> None:
     elif args.api in (FIT, FIT_AS_HOROVOD_COMPILES):
         fit(example, args.strategy, total, compiled_steps_per_execution(args.api, args.steps_per_execution), times, me, strategy)
     elif args.strategy == "mwms":
-        with strategy.scope():
+        with cast(tf.distribute.Strategy, strategy).scope():  # joined with MWMS
             example.optimizer.build(variables)
         step = mwms.loop_step(strategy, example.model, example.optimizer, example.loss)
         train_per_step(step, lambda step: example.batch(step, me), total, times)
@@ -168,6 +169,7 @@ def distributed_tape(strategy: str, example: Example, hvd: ModuleType | None) ->
     example.optimizer.build(example.model.trainable_variables)
     variables = [*example.model.variables, *example.optimizer.variables]
     if strategy == "horovod":
+        hvd = cast(ModuleType, hvd)  # joined with Horovod
         hvd.broadcast_variables(variables_of(variables), root_rank=0)
         return hvd.DistributedGradientTape, variables_of
     if strategy == "caramel":
@@ -187,7 +189,7 @@ def fit(
 
     callbacks: list[tf.keras.callbacks.Callback] = [StepLogCallback(times)]
     if strategy == "mwms":
-        with mwms_strategy.scope():
+        with cast(tf.distribute.Strategy, mwms_strategy).scope():  # joined with MWMS
             example.model.compile(optimizer=example.optimizer, loss=example.loss, steps_per_execution=steps_per_execution)
         mwms.keras_fit_workarounds(mwms_strategy)
         example.model.fit(mwms.per_replica_dataset(mwms_strategy, data), epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from benchmarks.workloads import default_api, warmup_steps
 from caramel.tensorflow.steps import DEFAULT_STEPS_PER_EXECUTION
@@ -23,7 +23,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, measured_steps: int) -> N
     )  # fmt: skip
 
 
-def parse_run_arguments(parser: argparse.ArgumentParser, compute: str, apis_of: dict[str, Sequence[str]]) -> argparse.Namespace:
+def parse_run_arguments(parser: argparse.ArgumentParser, compute: str, apis_of: Mapping[str, Sequence[str]]) -> argparse.Namespace:
     """The parsed flags, --api and --warmup defaulted; an --api the strategy does not train with
     (`apis_of[strategy]`) is refused."""
     args = parser.parse_args()
