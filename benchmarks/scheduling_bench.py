@@ -90,6 +90,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 from caramel.contract.api import MemoryAllocator
 from testbed.lab import lab_variables
@@ -346,7 +347,7 @@ class Point:
         runs = self.cells.get(strategy, Cell()).runs
         reported = {run.details.get("backend") for run in runs} - {None}
         if len(reported) == 1:
-            return reported.pop()
+            return cast(str, reported.pop())  # None taken out above
         auto = strategy in caramel_strategies([strategy]) and "backend" not in STRATEGIES[strategy].caramel
         return HOROVOD if auto and runs and not reported else backend_of(strategy)
 
@@ -522,7 +523,7 @@ def choose_operating_point(
     closest = min(measured, key=lambda rate: abs(math.log(measured[rate] / compute)))
     if balanced(compute, measured[closest]) or not scalable:
         return closest, None
-    fastest = min(measured, key=measured.get)
+    fastest = min(measured, key=measured.get)  # type: ignore[arg-type]  # .get of its own keys: never None
     return fastest, compute / measured[fastest]
 
 
@@ -558,7 +559,7 @@ def bench_workload(bench: Bench, workload: Workload, rates: list[float], checkpo
             )
         checkpoint(points, at_rate)
         return points, at_rate
-    device = workload.scaled(workload.device_tflops * scale)
+    device = workload.scaled(cast(float, workload.device_tflops) * scale)  # scale is None unless the workload is scalable (emulated)
     bench.say(
         f"{workload.name}: no swept rate balances C {compute.median:.3f} s; operating point {rate:g} Mbit/s "
         f"(M {at_rate.median('comm-only'):.3f} s) with the device at {device.device}"

@@ -83,6 +83,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 from caramel.contract.api import MemoryAllocator
 
@@ -90,7 +91,7 @@ from benchmarks.jobrun import REPOSITORY, bench_job, hostnames
 from benchmarks.netem import DEFAULT_PREFIX, DEFAULT_SUBNET, EmulatedCluster, HarnessError
 from benchmarks.plots import draw
 from benchmarks.accelerator_timelines import BASE_RATE, is_timeline, timeline_names
-from benchmarks.profiles import NAMES
+from benchmarks.profiles import NAMES, Profile
 from benchmarks.scheduling_bench import (
     BASELINES,
     COMM_ONLY,
@@ -172,7 +173,7 @@ def calibrate(bench: Bench, workloads: list[Workload], rates: list[float], point
             if math.isnan(c0) or math.isnan(m):
                 bench.say(f"{workload.name} at {rate:g} Mbit/s: not calibrated (a run failed)")
                 continue
-            device = workload.device_tflops * c0 / m
+            device = cast(float, workload.device_tflops) * c0 / m  # the zoo's workloads are emulated
             points.setdefault(workload.name, {})[f"{rate:g}"] = {"device_tflops": device, "compute_seconds": c0, "comm_seconds": m}
             bench.say(f"{workload.name} at {rate:g} Mbit/s: C0 {c0:.3f} s at {workload.device_tflops:.3g} TFLOP/s, M {m:.3f} s: "
                       f"operating point {device:.3g} TFLOP/s")  # fmt: skip
@@ -268,7 +269,7 @@ def bound_of_any_schedule(point: Point, workload: Workload, strategy: str) -> fl
     compute, comm = point.median("compute-only"), point.comm(point.backend_of(strategy))
     if math.isnan(compute) or math.isnan(comm):
         return math.nan
-    return ordered_bounds(workload.profile, compute, comm).any_schedule
+    return ordered_bounds(cast(Profile, workload.profile), compute, comm).any_schedule  # the zoo's workloads are emulated
 
 
 def cpu_bound_of_any_schedule(point: Point, strategy: str) -> float:
@@ -306,7 +307,7 @@ def arms(cell: Cell) -> str:
     G the backend's own graph of one step (graph_choice.py; "horovod" in runs before the backends),
     - a per-step path (a tf.function the script calls once per step), which runs the backend's own way."""
     return "".join(
-        "G" if run.details.get("graph") in (OWN_GRAPH, "horovod") else {True: "P", False: "H"}.get(run.details.get("planned"), "-")
+        "G" if run.details.get("graph") in (OWN_GRAPH, "horovod") else {True: "P", False: "H"}.get(run.details.get("planned"), "-")  # type: ignore[arg-type]  # not reported (None): "-"
         for run in cell.runs
     )
 
@@ -318,7 +319,7 @@ def regime(name: str) -> str:
 
 def device_cell(point: Point, name: str) -> str:
     """The point's device: its rate, or how much slower than the measured accelerator it runs."""
-    return f"x{BASE_RATE / point.device_tflops:.3g}" if is_timeline(name) else f"{point.device_tflops:.3g}"
+    return f"x{BASE_RATE / cast(float, point.device_tflops):.3g}" if is_timeline(name) else f"{point.device_tflops:.3g}"
 
 
 def of_compute_and_comm(point: Point, strategy: str) -> float:
@@ -420,7 +421,7 @@ def print_summary(results: dict[str, Point], workloads: dict[str, Workload], str
             ratios = {key: value for key, value in ratios.items() if not math.isnan(value)}
             if not ratios:
                 continue
-            worst = max(ratios, key=ratios.get)
+            worst = max(ratios, key=ratios.get)  # type: ignore[arg-type]  # .get of its own keys: never None
             print(
                 f"{strategy}: geometric mean {geometric_mean(list(ratios.values())):.3f}x {baseline} over {len(ratios)} points "
                 f"({min(ratios.values()):.3f}-{max(ratios.values()):.3f}); at most 1.0x on {sum(r <= 1.0 for r in ratios.values())}; "
@@ -438,11 +439,11 @@ def print_summary(results: dict[str, Point], workloads: dict[str, Workload], str
     for key, point in results.items():
         name, chosen = key.split("@")[0], best_path(point, strategies)
         bound = bound_of_any_schedule(point, workloads[name], chosen) if chosen else math.nan
-        if not math.isnan(bound):
-            near.append(point.median(chosen) / bound <= NEAR_BOUND)
-            cpu = cpu_bound_of_any_schedule(point, chosen)
+        if not math.isnan(bound):  # hence a chosen path
+            near.append(point.median(cast(str, chosen)) / bound <= NEAR_BOUND)
+            cpu = cpu_bound_of_any_schedule(point, cast(str, chosen))
             if not math.isnan(cpu):
-                near_either.append(point.median(chosen) / max(bound, cpu) <= NEAR_BOUND)
+                near_either.append(point.median(cast(str, chosen)) / max(bound, cpu) <= NEAR_BOUND)
     if near:
         print(f"best path within {NEAR_BOUND}x of the bound of any schedule on {sum(near)} of {len(near)} points")
     if near_either:
