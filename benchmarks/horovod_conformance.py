@@ -268,9 +268,9 @@ def report_lines(document: Mapping) -> list[str]:
         lines += [f"  {configuration}: {seconds[configuration]:.0f} s" for configuration in results if configuration in seconds]
         for configuration, tests in results.items():
             lines += ["", *cause_table(configuration, file, tests)]
-        for configuration, tests in better_than_horovod(results).items():
+        for configuration, passing in better_than_horovod(results).items():
             if HOROVOD in results:
-                lines += ["", f"{configuration}, {file}: fail on real Horovod, pass on Caramel: {', '.join(tests) or 'none'}"]
+                lines += ["", f"{configuration}, {file}: fail on real Horovod, pass on Caramel: {', '.join(passing) or 'none'}"]
     return lines
 
 

@@ -71,6 +71,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO, Any, cast
 
 import yaml
 
@@ -360,7 +361,7 @@ def run_once(script: Script, variant: str, args: Sequence[str], workers: int, di
     timer = threading.Timer(RUN_TIMEOUT_SECONDS, lambda: process.send_signal(signal.SIGINT))
     timer.start()
     try:
-        for raw in iter(process.stdout.readline, b""):
+        for raw in iter(cast(IO[bytes], process.stdout).readline, b""):  # stdout=PIPE
             lines.append((time.perf_counter() - started, raw.decode("utf-8", errors="replace").rstrip("\n")))
         returncode = process.wait()
     finally:
@@ -425,7 +426,7 @@ def largest_rank_mib(run: Run) -> float | None:
 
 def summarize(runs: Sequence[Run], script: str) -> dict[str, dict]:
     """Per variant of one script: the spreads of step, wall and peak RSS (largest rank), and the ratios to Horovod."""
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for variant in VARIANTS:
         mine = [run for run in runs if run.script == script and run.variant == variant]
         if not mine:
@@ -504,7 +505,7 @@ def report_lines(document: dict) -> list[str]:
     for name, args in document["scripts"].items():
         lines += ["", *table(runs, SCRIPTS[name], args)]
         failures = [run for run in runs if run.script == name and run.error]
-        lines += [f"  {run.variant} run {run.repeat + 1} failed: {run.error.splitlines()[0]} (log {run.log})" for run in failures]
+        lines += [f"  {run.variant} run {run.repeat + 1} failed: {cast(str, run.error).splitlines()[0]} (log {run.log})" for run in failures]
         crowded = [run for run in runs if run.script == name and run.others]
         lines += [f"  {run.variant} run {run.repeat + 1}: other benchmark or training processes ran beside it ({run.others[0]})" for run in crowded]
     lines.append("")

@@ -15,6 +15,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -29,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 <= args.warmup < args.steps:
         parser.error(f"--warmup {args.warmup}: must be at least 0 and fewer than --steps ({args.steps}), or no step is measured")
-    keras = tf.keras  # tf-keras where TF_USE_LEGACY_KERAS=1, Keras 3 otherwise
+    keras: Any = tf.keras  # tf-keras where TF_USE_LEGACY_KERAS=1, Keras 3 otherwise
     model = keras.applications.MobileNetV2(weights=None, input_shape=(args.image_size, args.image_size, 3), classes=1000)
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
     images = np.random.rand(args.batch_size, args.image_size, args.image_size, 3).astype("float32")

@@ -62,7 +62,7 @@ TESTBEDS = ("racks", "flat")
 # The model runs: (label, the worker's strategy, its API, spec.caramel). Horovod is plain Horovod's
 # tape in a tf.function per step (its Keras fit needs Keras 2); Caramel trains with Keras fit on
 # Horovod's collectives, whose ring the trees replace.
-MODEL_ALGORITHMS = (
+MODEL_ALGORITHMS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
     ("horovod", "horovod", "tape", {}),
     ("caramel ring", "caramel", "fit", {"backend": "horovod", "allreduce": "ring"}),
     ("caramel multitree", "caramel", "fit", {"backend": "horovod", "allreduce": "multitree"}),
