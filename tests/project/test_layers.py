@@ -25,7 +25,7 @@ def test_the_packages_keep_their_layers():
         pytest.fail(result.stdout + result.stderr, pytrace=False)
 
 
-def test_the_product_packages_type_check():
+def test_the_product_benchmark_and_testbed_packages_type_check():
     result = _run([sys.executable, "-m", "mypy"])
     if result.returncode:
         pytest.fail(result.stdout + result.stderr, pytrace=False)
