@@ -79,7 +79,7 @@ def spread(nodes: Sequence[NodeFree], gang: Gang) -> Placement:
     cluster = Cluster(nodes, gang)
     cluster.require(cpu_hard=True)
     chosen = []
-    for _ in range(gang.replicas):
+    for _ in range(gang.workers):
         feasible = cluster.fits_hard_constraints() & cluster.fits_cpu()
         node = int(np.argmax(np.where(feasible, cluster.free_resources(), -np.inf)))
         cluster.take(node)
@@ -93,7 +93,7 @@ def random_placement(nodes: Sequence[NodeFree], gang: Gang, seed: int = 0) -> Pl
     cluster.require(cpu_hard=True)
     generator = np.random.default_rng(seed)
     chosen = []
-    for _ in range(gang.replicas):
+    for _ in range(gang.workers):
         node = int(generator.choice(np.flatnonzero(cluster.fits_hard_constraints() & cluster.fits_cpu())))
         cluster.take(node)
         chosen.append(node)
@@ -125,7 +125,7 @@ STRATEGIES: dict[str, Callable[[list[NodeFree], Gang], Placement]] = {
 def measure(nodes: int, replicas: int, seed: int) -> list[Row]:
     cluster = synthetic_cluster(nodes, seed)
     where = {node.name: node.position for node in cluster}
-    gang = Gang(replicas=replicas, **WORKER)
+    gang = Gang(workers=replicas, **WORKER)
     rows = []
     for name, place in STRATEGIES.items():
         started = time.perf_counter()

@@ -29,7 +29,7 @@ PRINTER_COLUMNS = [
     {
         "name": "Size",
         "type": "integer",
-        "jsonPath": ".status.size.replicas",
+        "jsonPath": ".status.size.workers",
         "description": "Workers the gang runs with: spec.workers.replicas, or fewer (minReplicas) while they do not all fit.",
         "priority": 1,
     },

@@ -113,12 +113,12 @@ def place(
     nodes: Sequence[Mapping[str, Any]],
     pods: Sequence[Mapping[str, Any]],
     rack_label: str,
-    fewest: int,
-    most: int,
+    min_workers: int,
+    replicas: int,
 ) -> Placed | NoRoom:
     """R-Storm's placement of the job's gang of `worker_pod`s (worker 0's pod as built) over the
-    cluster's `nodes`, less what `pods` request: the most workers from `fewest` to `most` that fit
-    (`largest_fit`), or NoRoom saying what is short of `fewest`."""
+    cluster's `nodes`, less what `pods` request: the most workers from `min_workers` to `replicas` that fit
+    (`largest_fit`), or NoRoom saying what is short of `min_workers`."""
     spec = worker_pod["spec"]
     admitted = [node for node in nodes if admits(spec, node)]
     if nodes and not admitted:
@@ -131,8 +131,8 @@ def place(
             "or tainted without a matching toleration in spec.workers.template"
         )
     requests = pod_requests(worker_pod)
-    widest = Gang(replicas=most, cpu=float(requests["cpu"]), memory=float(requests["memory"]), gpus=float(requests[GPU_RESOURCE]))
-    gang = replace(widest, replicas=largest_fit(free, widest, fewest))
+    widest = Gang(workers=replicas, cpu=float(requests["cpu"]), memory=float(requests["memory"]), gpus=float(requests[GPU_RESOURCE]))
+    gang = replace(widest, workers=largest_fit(free, widest, min_workers))
     try:
         placement = rstorm(free, gang)
     except Unplaceable as error:

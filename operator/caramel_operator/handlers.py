@@ -336,14 +336,14 @@ async def _read(read: Read, seen: Observed, memo: kopf.Memo) -> Observed:
             if found is None and not await cluster.serves(resource):
                 return replace(seen, group=ObservedGroup(gang, served=False))
             return replace(seen, group=ObservedGroup(gang, found))
-        case PlaceGang(worker_pod, fewest, most):
+        case PlaceGang(worker_pod, min_workers, replicas):
             outcome: Outcome
             try:
                 nodes, pods = await cluster.nodes_and_pods()
             except ReadForbidden as error:
                 outcome = Unreadable(str(error))
             else:
-                outcome = place(seen.job, worker_pod, nodes, pods, SETTINGS.rack_label, fewest, most)
+                outcome = place(seen.job, worker_pod, nodes, pods, SETTINGS.rack_label, min_workers, replicas)
             return replace(seen, placement=outcome)
         case ReadProgress(pod_ip, port):
             text = await scrape(pod_ip, port)

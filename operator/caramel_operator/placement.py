@@ -75,7 +75,7 @@ class NodeFree:
 class Gang:
     """The workers to place: how many, and what each requests."""
 
-    replicas: int
+    workers: int
     cpu: float
     """Cores each worker requests."""
 
@@ -113,8 +113,8 @@ class Cluster:
     """The nodes as arrays (sorted by name, so that results do not depend on the input's order)."""
 
     def __init__(self, nodes: Sequence[NodeFree], gang: Gang) -> None:
-        if gang.replicas < 1:
-            raise ValueError(f"a gang has at least one worker, got replicas={gang.replicas}")
+        if gang.workers < 1:
+            raise ValueError(f"a gang has at least one worker, got workers={gang.workers}")
         self.nodes = sorted(nodes, key=lambda node: node.name)
         self.gang = gang
         self.cpu = np.array([node.cpu for node in self.nodes], dtype=np.float64)
@@ -167,27 +167,27 @@ class Cluster:
         """Raise Unplaceable unless the nodes can hold the whole gang."""
         gang = self.gang
         room, by_memory, by_cpu, by_pods, by_gpus = self.holds(cpu_hard)
-        if room.sum(initial=0) >= gang.replicas:
+        if room.sum(initial=0) >= gang.workers:
             return
         gpus = f", {gang.gpus:g} GPU" if gang.gpus else ""
-        wanted = f"{gang.replicas} workers (each {_cores(gang.cpu)} CPU, {_gib(gang.memory)} memory{gpus})"
+        wanted = f"{gang.workers} workers (each {_cores(gang.cpu)} CPU, {_gib(gang.memory)} memory{gpus})"
         if not self.nodes:
             raise Unplaceable(f"cannot place {wanted}: no schedulable node")
         short = []
-        if by_memory.sum() < gang.replicas:
+        if by_memory.sum() < gang.workers:
             best = int(np.argmax(self.memory))
             short.append(
                 f"memory: free memory holds {int(by_memory.sum())} of them "
                 f"(most free: {_gib(self.memory[best])} on {self.nodes[best].name})"
             )
-        if cpu_hard and by_cpu.sum() < gang.replicas:
+        if cpu_hard and by_cpu.sum() < gang.workers:
             best = int(np.argmax(self.cpu))
             short.append(
                 f"cpu: free CPU holds {int(by_cpu.sum())} of them (most free: {_cores(self.cpu[best])} on {self.nodes[best].name})"
             )
-        if by_pods.sum() < gang.replicas:
+        if by_pods.sum() < gang.workers:
             short.append(f"pods: the nodes have room for {int(by_pods.sum())} more pods (allocatable pods)")
-        if by_gpus.sum() < gang.replicas:
+        if by_gpus.sum() < gang.workers:
             best = int(np.argmax(self.gpus))
             short.append(
                 f"GPUs: free nvidia.com/gpu holds {int(by_gpus.sum())} of them (most free: {self.gpus[best]:g} on {self.nodes[best].name})"
@@ -197,13 +197,13 @@ class Cluster:
         raise Unplaceable(f"cannot place {wanted}; short of {'; '.join(short)}")
 
 
-def largest_fit(nodes: Sequence[NodeFree], gang: Gang, fewest: int) -> int:
-    """How many workers to place, from `fewest` up to the gang's replicas: the most whose memory,
+def largest_fit(nodes: Sequence[NodeFree], gang: Gang, min_workers: int) -> int:
+    """How many workers to place, from `min_workers` up to the gang's workers: the most whose memory,
     GPUs, pod slots and CPU the nodes all hold, so that a gang allowed to run smaller
-    (spec.workers.minReplicas) runs with workers that all start; `fewest` where not even that many
+    (spec.workers.minReplicas) runs with workers that all start; `min_workers` where not even that many
     get their CPU, which R-Storm may still place (CPU is soft) or say what is short."""
     room, *_ = Cluster(nodes, gang).holds(cpu_hard=True)
-    return max(fewest, int(min(gang.replicas, room.sum(initial=0))))  # a node stating no limits holds any number
+    return max(min_workers, int(min(gang.workers, room.sum(initial=0))))  # a node stating no limits holds any number
 
 
 def rstorm(nodes: Sequence[NodeFree], gang: Gang, weights: Weights = Weights()) -> Placement:
@@ -212,7 +212,7 @@ def rstorm(nodes: Sequence[NodeFree], gang: Gang, weights: Weights = Weights()) 
     cluster.require(cpu_hard=False)
     chosen: list[int] = []
     distance_sum = np.zeros(len(cluster.nodes))
-    for placed in range(gang.replicas):
+    for placed in range(gang.workers):
         candidates = cluster.fits_hard_constraints()
         if (candidates & cluster.fits_cpu()).any():
             candidates &= cluster.fits_cpu()

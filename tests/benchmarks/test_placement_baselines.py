@@ -24,28 +24,28 @@ def cluster(racks: int = 3, per_rack: int = 4, cpu: float = 16, memory_gib: floa
 
 
 def test_spread_is_deterministic_whatever_the_order_of_the_nodes():
-    nodes, gang = cluster(racks=4, per_rack=5, cpu=10), Gang(replicas=13, cpu=3, memory=10 * GiB)
+    nodes, gang = cluster(racks=4, per_rack=5, cpu=10), Gang(workers=13, cpu=3, memory=10 * GiB)
     assert spread(nodes, gang) == spread(random.Random(7).sample(nodes, len(nodes)), gang)
 
 
 def test_the_baselines_hold_cpu_hard_and_say_what_is_short():
     nodes = cluster(racks=2, per_rack=2, cpu=8, memory_gib=32)
     with pytest.raises(Unplaceable, match=r"short of cpu: free CPU holds 4 of them \(most free: 8 on r0-n0\)"):
-        spread(nodes, Gang(replicas=5, cpu=8, memory=GiB))
+        spread(nodes, Gang(workers=5, cpu=8, memory=GiB))
     lopsided = [node("cpu-rich", cpu=8, memory_gib=1), node("memory-rich", cpu=1, memory_gib=8)]
     with pytest.raises(Unplaceable, match="short of cpu and memory: nodes with both free hold 0 of them"):
-        random_placement(lopsided, Gang(replicas=1, cpu=2, memory=2 * GiB))
+        random_placement(lopsided, Gang(workers=1, cpu=2, memory=2 * GiB))
 
 
 def test_spread_puts_each_worker_on_the_freest_node():
     nodes = cluster(racks=3, per_rack=4)
-    placement = spread(nodes, Gang(replicas=12, cpu=4, memory=16 * GiB))
+    placement = spread(nodes, Gang(workers=12, cpu=4, memory=16 * GiB))
     assert len(set(placement.nodes)) == 12
 
 
 def test_random_placement_is_feasible_and_seeded():
     nodes = cluster(racks=3, per_rack=4, cpu=8, memory_gib=32)
-    gang = Gang(replicas=20, cpu=2, memory=8 * GiB)
+    gang = Gang(workers=20, cpu=2, memory=8 * GiB)
     first = random_placement(nodes, gang, seed=3)
     assert first == random_placement(nodes, gang, seed=3) != random_placement(nodes, gang, seed=4)
     assert max(Counter(first.nodes).values()) <= 4
@@ -54,6 +54,6 @@ def test_random_placement_is_feasible_and_seeded():
 def test_a_node_out_of_pod_slots_takes_no_worker():
     nodes = [NodeFree(Position("z", "z/r0", "full"), 64, 256 * GiB, pods=0), node("small", cpu=4, memory_gib=16),
              NodeFree(Position("z", "z/r0", "two-slots"), 64, 256 * GiB, pods=2)]
-    gang = Gang(replicas=3, cpu=1, memory=4 * GiB)
+    gang = Gang(workers=3, cpu=1, memory=4 * GiB)
     for place in (spread, random_placement):
         assert Counter(place(nodes, gang).nodes) == {"two-slots": 2, "small": 1}

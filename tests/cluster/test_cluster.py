@@ -587,7 +587,7 @@ def test_a_gang_without_room_runs_smaller_and_grows_back_at_a_checkpoint(namespa
     namespace.apply([claim, job])
 
     def size() -> int:
-        return (namespace.job("elastic").get("status", {}).get("size") or {}).get("replicas", 0)
+        return (namespace.job("elastic").get("status", {}).get("size") or {}).get("workers", 0)
 
     eventually(lambda: size() == 2, 300, "the gang of two after the gang scheduling timeout", interval=2)
     pods = namespace.pods("elastic")

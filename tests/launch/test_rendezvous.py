@@ -59,7 +59,7 @@ class Clock:
 
 def test_an_elastic_gangs_later_round_is_its_survivors_once_they_settle_and_takes_a_worker_back():
     clock = Clock()
-    rounds = Rounds(FOUR, fewest=3, settle_seconds=3.0, clock=clock)
+    rounds = Rounds(FOUR, min_workers=3, settle_seconds=3.0, clock=clock)
     for host in FOUR:
         assert rounds.join(host, member=host.name) == 0
     assert rounds.status(0) == Round(0, FOUR)
@@ -94,7 +94,7 @@ def lost_worker_3_and_slow_worker_2() -> tuple[Rounds, Clock]:
     """Four alive workers in round 0; worker 3 is lost and says so, workers 0 and 1 join round 1
     at 10 s, and worker 2, a slow survivor, is still alive."""
     clock = Clock()
-    rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
+    rounds = Rounds(FOUR, min_workers=2, settle_seconds=3.0, clock=clock)
     for host in FOUR:
         rounds.join(host, member=host.name)
         rounds.alive(host.name, host.name)
@@ -145,7 +145,7 @@ def test_an_elastic_round_closes_without_a_survivor_that(how_it_goes):
 
 def test_an_elastic_round_never_closes_without_worker_0_whose_state_the_others_take():
     clock = Clock()
-    rounds = Rounds(FOUR, fewest=2, settle_seconds=3.0, clock=clock)
+    rounds = Rounds(FOUR, min_workers=2, settle_seconds=3.0, clock=clock)
     for host in FOUR:
         rounds.join(host)
     for host in FOUR[1:]:
@@ -158,7 +158,7 @@ def test_an_elastic_round_never_closes_without_worker_0_whose_state_the_others_t
 
 def test_an_elastic_round_never_closes_below_the_fewest_workers():
     clock = Clock()
-    rounds = Rounds(FOUR, fewest=3, settle_seconds=3.0, clock=clock)
+    rounds = Rounds(FOUR, min_workers=3, settle_seconds=3.0, clock=clock)
     for host in FOUR:
         rounds.join(host)
     for host in FOUR[:2]:
@@ -168,7 +168,7 @@ def test_an_elastic_round_never_closes_below_the_fewest_workers():
 
 
 def test_a_worker_waiting_to_rejoin_a_finished_gang_is_told_so():
-    rounds = Rounds(FOUR, fewest=3)
+    rounds = Rounds(FOUR, min_workers=3)
     for host in FOUR:
         rounds.join(host)
     assert rounds.finish() == ()
@@ -178,7 +178,7 @@ def test_a_worker_waiting_to_rejoin_a_finished_gang_is_told_so():
 
 def test_members_see_a_worker_waiting_to_rejoin_them_over_http():
     port = free_port()
-    serving = RendezvousServer(port, GANG, fewest=1)
+    serving = RendezvousServer(port, GANG, min_workers=1)
     serving.start()
     try:
         stop = threading.Event()
@@ -209,7 +209,7 @@ def test_members_see_a_worker_waiting_to_rejoin_them_over_http():
 
 def test_a_round_waits_over_http_for_a_worker_that_says_its_training_processes_run_until_they_end():
     port = free_port()
-    serving = RendezvousServer(port, GANG, fewest=1)
+    serving = RendezvousServer(port, GANG, min_workers=1)
     serving.start()
     try:
         results: dict = {}
@@ -364,7 +364,7 @@ def test_a_get_of_a_key_not_there_is_held_until_it_comes_or_a_member_of_the_roun
     ("Wait timeout after 5 seconds for key(s): 1"). Held, the wait is the gang's."""
     for ending in ("put", "gone", "stop"):
         port = free_port()
-        serving = RendezvousServer(port, GANG, fewest=1, store_patience_seconds=30)
+        serving = RendezvousServer(port, GANG, min_workers=1, store_patience_seconds=30)
         serving.start()
         try:
             threads = [join_in_thread(port, host, {}, threading.Event(), []) for host in GANG]

@@ -41,10 +41,10 @@ def pod(name, on, cpu="1", memory="1Gi", namespace="other", labels=None, phase="
     }
 
 
-def placing(the_job, nodes, pods=(), fewest=None):
-    """The placement of the whole gang, or of as many workers from `fewest` up as fit."""
+def placing(the_job, nodes, pods=(), min_workers=None):
+    """The placement of the whole gang, or of as many workers from `min_workers` up as fit."""
     replicas = the_job.spec.workers.replicas
-    return place(the_job, build_worker_pod(the_job, 0, default_image="x"), nodes, list(pods), RACK, fewest or replicas, replicas)
+    return place(the_job, build_worker_pod(the_job, 0, default_image="x"), nodes, list(pods), RACK, min_workers or replicas, replicas)
 
 
 REQUESTS = {"replicas": 4, "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}
@@ -111,21 +111,21 @@ def test_cpu_is_soft_and_named_when_short():
 
 
 def test_a_gang_that_may_shrink_gets_as_many_workers_as_fit_with_their_cpu():
-    """spec.workers.minReplicas: from `fewest` up, the most workers whose memory and CPU both fit,
-    so that none waits for CPU; `fewest` itself CPU-short where that is all there is (CPU is soft)."""
+    """spec.workers.minReplicas: from `min_workers` up, the most workers whose memory and CPU both fit,
+    so that none waits for CPU; `min_workers` itself CPU-short where that is all there is (CPU is soft)."""
     elastic = job(workers={"replicas": 6, "minReplicas": 2, "resources": {"requests": {"cpu": "3", "memory": "8Gi"}}})
     # Memory holds 4 on each node, CPU 2 (8 cores): 4 fit with their CPU.
-    placed = placing(elastic, [node("a1"), node("a2")], fewest=2)
+    placed = placing(elastic, [node("a1"), node("a2")], min_workers=2)
     assert len(placed.workers) == 4 and placed.cpu_short == ()
     assert isinstance(placing(elastic, [node("a1"), node("a2")]), Placed)  # the whole gang, CPU-short, as before
     # Only one gets its CPU: two are placed, one short of CPU; fewer than two: no room.
-    short = placing(elastic, [node("a1", cpu="4")], fewest=2)
+    short = placing(elastic, [node("a1", cpu="4")], min_workers=2)
     assert len(short.workers) == 2 and short.cpu_short == ("a1",)
-    none = placing(elastic, [node("a1", memory="8Gi")], fewest=2)
+    none = placing(elastic, [node("a1", memory="8Gi")], min_workers=2)
     assert isinstance(none, NoRoom) and none.message.startswith("cannot place 2 workers"), none
     # The gang's own pods free their room: it may grow into it.
     own = [pod(f"demo-worker-{i}", "a1", cpu="3", memory="8Gi", namespace="ml", labels={"caramel.dev/job": "demo"}) for i in range(2)]
-    assert len(placing(elastic, [node("a1"), node("a2")], own, fewest=3).workers) == 4
+    assert len(placing(elastic, [node("a1"), node("a2")], own, min_workers=3).workers) == 4
 
 
 @pytest.mark.parametrize(

@@ -391,6 +391,12 @@ def test_status_from_ignores_foreign_keys():
     assert status_from(None) == CaramelJobStatus()
 
 
+def test_a_gang_size_written_under_its_former_field_names_is_read_by_an_upgraded_operator():
+    size = status_from({"size": {"gang": 2, "replicas": 3, "least": 2, "reason": "demo-worker-3 (NodeLost) was lost"}}).size
+    assert size is not None and (size.gang, size.workers, size.next_min_workers) == (2, 3, 2)
+    assert size.reason == "demo-worker-3 (NodeLost) was lost"
+
+
 def test_finished_jobs_are_left_alone():
     """No actions and no events for a finished job (the handlers also take it off the timer)."""
     done = status(phase=Phase.SUCCEEDED, completion_time=timestamp(NOW))
@@ -728,7 +734,7 @@ def running_gang(count, gang=0, by="Scheduler", size=None, **status_fields):
         gang=gang,
         start_time=timestamp(NOW - timedelta(minutes=5)),
         placement={"gang": gang, "by": by, "workers": [w.model_dump() for w in ON[:count]] if by == "RStorm" else []},
-        size={"gang": gang, "replicas": count, "least": count, **(size or {})},
+        size={"gang": gang, "workers": count, "nextMinWorkers": count, **(size or {})},
         **status_fields,
     )
     return recorded, [worker(index, gang=gang) for index in range(count)]
@@ -752,12 +758,12 @@ def test_a_lost_worker_restarts_the_gang_with_the_survivors_from_its_checkpoint(
     workers[3] = worker(3, WorkerState.FAILED, failure_reason="NodeLost")
     lost = decide(the_job, running, workers, ALL, NOW, SETTINGS)
     assert lost.status.phase is Phase.RESTARTING and lost.status.restarts == 1  # a failure, against backoffLimit
-    assert (lost.status.size.least, lost.status.size.reason) == (3, "demo-worker-3 (NodeLost) was lost")
+    assert (lost.status.size.next_min_workers, lost.status.size.reason) == (3, "demo-worker-3 (NodeLost) was lost")
     assert [a.names for a in actions_of(lost, DeletePods) if a.force] == [["demo-worker-3"]]
     after, pods = created(the_job, lost.status)
     assert [pod["metadata"]["name"] for pod in pods] == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
     assert {(env(pod)["HOROVOD_SIZE"], env(pod)["HOROVOD_CROSS_SIZE"], env(pod)["CARAMEL_FULL_SIZE"]) for pod in pods} == {("3", "3", "4")}
-    assert after.status.size.replicas == 3 and after.status.size.gang == 1
+    assert after.status.size.workers == 3 and after.status.size.gang == 1
     message = "running 3 of 4 workers: demo-worker-3 (NodeLost) was lost"
     assert [(e.type, e.reason, e.message) for e in after.events if e.reason == "Resized"] == [("Warning", "Resized", message)]
     assert (resized(after).status, resized(after).reason, resized(after).message) == ("True", "FewerWorkers", message)
@@ -771,10 +777,10 @@ def test_lost_workers_never_shrink_a_gang_below_min_replicas_nor_one_without_it(
     running, workers = running_gang(4)
     workers[2:] = [worker(2, WorkerState.FAILED, failure_reason="Evicted"), worker(3, WorkerState.FAILED, failure_reason="NodeLost")]
     shrunk = decide(job(workers={"replicas": 4, "minReplicas": 3}, **BY_SCHEDULER), running, workers, ALL, NOW, SETTINGS)
-    assert shrunk.status.size.least == 3
+    assert shrunk.status.size.next_min_workers == 3
     assert shrunk.status.size.reason == "demo-worker-2 (Evicted), demo-worker-3 (NodeLost) were lost"
     whole = decide(job(workers={"replicas": 4}, **BY_SCHEDULER), running, workers, ALL, NOW, SETTINGS)
-    assert whole.status.size.least == 4
+    assert whole.status.size.next_min_workers == 4
     _, pods = created(job(workers={"replicas": 4}, **BY_SCHEDULER), whole.status)
     assert len(pods) == 4
 
@@ -786,14 +792,14 @@ def test_a_deleted_pod_counts_as_lost_and_rstorm_places_the_survivors_and_more_w
     assert lost.status.size.reason == "demo-worker-3 (PodDeleted) was lost"
     later = NOW + timedelta(seconds=11)
     [place] = reads_of(decide(the_job, lost.status, [], ALL, later, SETTINGS), PlaceGang)
-    assert (place.fewest, place.most, place.growing) == (3, 4, False)
+    assert (place.min_workers, place.replicas, place.growing) == (3, 4, False)
 
 
 def test_a_gang_that_finds_no_room_is_placed_smaller_after_the_gang_scheduling_timeout():
     the_job = job(workers=ELASTIC)
     asked = decide(the_job, status(), [], ALL, NOW, SETTINGS)
     [place] = reads_of(asked, PlaceGang)
-    assert (place.fewest, place.most) == (4, 4)  # the whole gang first
+    assert (place.min_workers, place.replicas) == (4, 4)  # the whole gang first
     full = record_placement(asked, the_job, NoRoom("cannot place 4 workers; short of memory"), NOW, SETTINGS)
     assert full.status.placement.waiting_since == timestamp(NOW)
     still = record_placement(
@@ -802,11 +808,11 @@ def test_a_gang_that_finds_no_room_is_placed_smaller_after_the_gang_scheduling_t
     assert still.status.placement.waiting_since == timestamp(NOW)  # the wait counts from the first try
     before = decide(the_job, still.status, [], ALL, NOW + timedelta(seconds=119), SETTINGS)
     [place] = reads_of(before, PlaceGang)
-    assert place.fewest == 4  # a second short of the gang scheduling timeout
+    assert place.min_workers == 4  # a second short of the gang scheduling timeout
     waited = NOW + timedelta(seconds=121)
     asked_fewer = decide(the_job, still.status, [], ALL, waited, SETTINGS)
     [place] = reads_of(asked_fewer, PlaceGang)
-    assert (place.fewest, place.most) == (2, 4)
+    assert (place.min_workers, place.replicas) == (2, 4)
     placed = record_placement(asked_fewer, the_job, Placed(workers=tuple(ON[:3])), waited, SETTINGS)
     decision = decide(the_job, placed.status, [], ALL, waited, SETTINGS)
     [create] = actions_of(decision, CreatePods)
@@ -828,7 +834,7 @@ def test_a_partly_scheduled_gang_runs_with_its_scheduled_part_after_the_timeout(
     # A resize, not a failure: no backoff, no restart counted, the last failure kept.
     assert decision.status.phase is Phase.RESTARTING and decision.status.restarts == 1 and decision.status.gang == 1
     assert decision.status.restart_after == timestamp(NOW) and decision.status.last_failure is None
-    assert decision.status.size.least == 3
+    assert decision.status.size.next_min_workers == 3
     [event] = decision.events
     assert (event.type, event.reason) == ("Warning", "GangResized")
     assert event.message.startswith("1 of 4 workers unschedulable for 121 s while 3 held their nodes (gang scheduling timeout 120 s): the gang runs with the 3 scheduled")
@@ -856,14 +862,14 @@ def test_a_later_restart_asks_for_the_whole_gang_again():
         assert crashed.status.phase is Phase.RESTARTING
         later = NOW + timedelta(seconds=11)
         if by == "Scheduler":
-            assert crashed.status.size.least == 4
+            assert crashed.status.size.next_min_workers == 4
             _, pods = created(the_job, crashed.status)
             assert len(pods) == 4 and {env(pod)["HOROVOD_SIZE"] for pod in pods} == {"4"}
         else:
-            assert crashed.status.size.least == 3
+            assert crashed.status.size.next_min_workers == 3
             asked = decide(the_job, crashed.status, [], ALL, later, SETTINGS)
             [place] = reads_of(asked, PlaceGang)
-            assert (place.fewest, place.most) == (3, 4)
+            assert (place.min_workers, place.replicas) == (3, 4)
             grown = decide(the_job, record_placement(asked, the_job, Placed(workers=tuple(ON)), later, SETTINGS).status, [], ALL, later, SETTINGS)
             assert len(actions_of(grown, CreatePods)[0].manifests) == 4
             assert [(e.type, e.message) for e in grown.events if e.reason == "Resized"] == [("Normal", "running all 4 workers again")]
@@ -879,7 +885,7 @@ def test_a_shrunk_gang_looks_for_room_and_grows_after_its_next_checkpoint():
     due = NOW + timedelta(seconds=30)
     looking = decide(the_job, running, workers, ALL, due, SETTINGS)
     [place] = reads_of(looking, PlaceGang)
-    assert (place.fewest, place.most, place.growing) == (4, 4, True)
+    assert (place.min_workers, place.replicas, place.growing) == (4, 4, True)
     assert looking.status.size.next_look == timestamp(due + timedelta(seconds=120))
     # No room, or room short of CPU: the gang runs on, quietly.
     for outcome in (NoRoom("short of memory"), Placed(workers=tuple(ON), cpu_short=("n3",))):
@@ -900,7 +906,7 @@ def test_a_shrunk_gang_looks_for_room_and_grows_after_its_next_checkpoint():
     assert [(e.type, e.reason) for e in grows.events] == [("Normal", "GangResized")]
     assert grows.events[0].message.startswith("room for 4 of 4 workers, and a checkpoint at step 200: the gang of 3 grows")
     [place] = reads_of(decide(the_job, grows.status, [], ALL, due, SETTINGS), PlaceGang)
-    assert (place.fewest, place.most) == (3, 4)
+    assert (place.min_workers, place.replicas) == (3, 4)
 
 
 @pytest.mark.parametrize(
@@ -917,10 +923,10 @@ def test_only_a_checkpointed_gang_rstorm_placed_and_watched_looks_for_room(spec,
 
 
 def test_a_resumed_job_asks_for_every_worker_again():
-    suspended = status(phase=Phase.SUSPENDED, gang=2, size={"gang": 2, "replicas": 2, "least": 2, "reason": "demo-worker-3 (NodeLost) was lost"})
+    suspended = status(phase=Phase.SUSPENDED, gang=2, size={"gang": 2, "workers": 2, "nextMinWorkers": 2, "reason": "demo-worker-3 (NodeLost) was lost"})
     resumed = decide(job(workers=ELASTIC, **BY_SCHEDULER), suspended, [], ALL, NOW, SETTINGS)
     [create] = actions_of(resumed, CreatePods)
-    assert len(create.manifests) == 4 and resumed.status.size.replicas == 4
+    assert len(create.manifests) == 4 and resumed.status.size.workers == 4
     assert [e.message for e in resumed.events if e.reason == "Resized"] == ["running all 4 workers again"]
 
 

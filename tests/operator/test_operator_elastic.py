@@ -110,7 +110,7 @@ def test_a_gang_without_room_runs_smaller_and_grows_after_a_checkpoint_once_room
     pods = eventually(lambda: gang(api, "demo", 1, 3), timeout=30, what="the gang grown to three")
     assert {(env(pod)["HOROVOD_SIZE"], env(pod)["CARAMEL_FULL_SIZE"]) for pod in pods} == {("3", "3")}
     status = api.status("demo")
-    assert status["restarts"] == 0 and status["size"] == {**status["size"], "replicas": 3, "reason": ""}
+    assert status["restarts"] == 0 and status["size"] == {**status["size"], "workers": 3, "reason": ""}
     [(kind, grew)] = event_messages(api, "GangResized")
     assert kind == "Normal" and grew.startswith("room for 3 of 3 workers, and a checkpoint at step 20: the gang of 2 grows")
     assert posted(api, "Resized", 2)[-1] == ("Normal", "running all 3 workers again")

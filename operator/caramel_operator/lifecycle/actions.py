@@ -70,11 +70,11 @@ class PlaceGang:
     worker_pod: dict[str, Any]
     """Worker 0's pod as built: its requests, tolerations and node selection bind the placement."""
 
-    fewest: int
+    min_workers: int
     """Place at least this many workers, or none."""
 
-    most: int
-    """Place at most this many: as many as fit up to here."""
+    replicas: int
+    """Place at most this many (spec.workers.replicas): as many as fit up to here."""
 
     growing: bool = False
     """A look for room for a gang that runs short: what fits is room to grow, not the gang's placement."""

@@ -13,7 +13,7 @@ from caramel_operator.gang_placement import placed_topology
 from caramel_operator.lifecycle.actions import CreateObject, CreatePods
 from caramel_operator.lifecycle.admit import gang_admitted
 from caramel_operator.lifecycle.observed import Observed
-from caramel_operator.lifecycle.passes import Pass, gang_size, least, of_replicas, size_on_record
+from caramel_operator.lifecycle.passes import Pass, gang_size, next_min_workers, of_replicas, size_on_record
 from caramel_operator.lifecycle.place import placement
 from caramel_operator.lifecycle.status import timestamp
 from caramel_operator.observe import WorkerObservation
@@ -38,7 +38,7 @@ def create_gang(seen: Observed, p: Pass, current: dict[int, WorkerObservation], 
     placed = placement(seen, p, current, sample_pod)
     if placed is None:
         return
-    size = len(placed.workers) or gang_size(p) or least(seen, p)
+    size = len(placed.workers) or gang_size(p) or next_min_workers(seen, p)
     if gang_size(p) is None:
         size_gang(seen, p, size)
     if not current and not gang_admitted(seen, p, size, sample_pod):
@@ -77,17 +77,17 @@ def size_gang(seen: Observed, p: Pass, size: int) -> None:
     p.update(
         size=GangSize(
             gang=p.status.gang,
-            replicas=size,
-            least=size,
+            workers=size,
+            next_min_workers=size,
             reason=reason,
             next_look=timestamp(p.now + timeout) if short else None,
         )
     )
-    if size == before.replicas:
+    if size == before.workers:
         return
     message = f"running {of_replicas(seen, size)}" + (f": {reason}" if short else " again")
     p.condition(ConditionType.RESIZED, short, "FewerWorkers" if short else "AllWorkers", message)
-    p.event("Warning" if size < before.replicas else "Normal", "Resized", message)
+    p.event("Warning" if size < before.workers else "Normal", "Resized", message)
 
 
 def report_creation_failures(p: Pass, failures: list[str]) -> Pass:

@@ -9,7 +9,7 @@ from caramel.contract.termination import fit
 from caramel_operator.lifecycle.actions import EVENT_MESSAGE_BYTES
 from caramel_operator.lifecycle.failures import what_failed
 from caramel_operator.lifecycle.observed import Observed
-from caramel_operator.lifecycle.passes import Pass, expected, of_replicas
+from caramel_operator.lifecycle.passes import Pass, current_gang_size, of_replicas
 from caramel_operator.lifecycle.status import parse_timestamp, timestamp
 from caramel_operator.observe import WorkerObservation, WorkerState
 
@@ -23,7 +23,7 @@ def elastic_goes_on(seen: Observed, p: Pass, current: dict[int, WorkerObservatio
     status, progress = p.status, p.status.progress
     if status.phase is not Phase.RUNNING or progress is None or not progress.elastic:
         return False
-    workers = expected(seen, p)
+    workers = current_gang_size(seen, p)
     names = {worker_name(seen.job, index): index for index in range(workers)}
     failed = [names[failure.worker] for failure in failures if failure.worker in names]
     if 0 in failed or workers - len(failed) < seen.min_workers:

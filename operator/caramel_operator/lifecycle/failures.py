@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from caramel.contract.api import Phase, WorkerFailure
 from caramel.contract.env import worker_name
 from caramel_operator.lifecycle.observed import Observed
-from caramel_operator.lifecycle.passes import Pass, expected
+from caramel_operator.lifecycle.passes import Pass, current_gang_size
 from caramel_operator.observe import POD_DELETED, WorkerObservation, WorkerState
 
 # Sorts failures whose time is not known (which come first anyway) beside those whose time is.
@@ -21,7 +21,7 @@ def failures(seen: Observed, p: Pass, current: dict[int, WorkerObservation]) -> 
     time to tell (a pod deleted and gone, a lost node) come before the rest, since no peer's
     failure takes a pod away; ties go by index."""
     found: list[tuple[datetime | None, int, WorkerFailure]] = []
-    for index in range(expected(seen, p)):
+    for index in range(current_gang_size(seen, p)):
         worker = current.get(index)
         if worker is None:
             # Gone after the gang ran: deleted by someone, or garbage-collected with its node.

@@ -29,7 +29,7 @@ def grow_at_checkpoint(seen: Observed, p: Pass, current: dict[int, WorkerObserva
     if step <= size.grow_after_step:
         return False
     what = f"room for {size.grow_to} of {seen.replicas} workers, and a checkpoint at step {step}"
-    restart(seen, p, f"{what}: the gang of {size.replicas} grows", "GangResized", least=size.replicas)
+    restart(seen, p, f"{what}: the gang of {size.workers} grows", "GangResized", next_min_workers=size.workers)
     return True
 
 
@@ -44,7 +44,7 @@ def look_for_room(seen: Observed, p: Pass, sample_pod: dict[str, Any]) -> None:
         status.phase is not Phase.RUNNING
         or size is None
         or size.gang != status.gang
-        or size.replicas >= seen.replicas
+        or size.workers >= seen.replicas
         or size.grow_to
         or size.next_look is None
         or p.now < parse_timestamp(size.next_look)
@@ -56,7 +56,7 @@ def look_for_room(seen: Observed, p: Pass, sample_pod: dict[str, Any]) -> None:
         return
     update_size(seen, p, next_look=timestamp(p.now + timedelta(seconds=seen.settings.gang_scheduling_timeout_seconds)))
     if seen.placement is None:
-        p.reads.append(PlaceGang(sample_pod, fewest=size.replicas + 1, most=seen.replicas, growing=True))
+        p.reads.append(PlaceGang(sample_pod, min_workers=size.workers + 1, replicas=seen.replicas, growing=True))
     else:
         record_room(seen, p, seen.placement)
 
@@ -74,7 +74,7 @@ def record_room(seen: Observed, p: Pass, outcome: Outcome) -> Pass:
     p.event(
         "Normal",
         "RoomToGrow",
-        f"room for {grow_to} of {seen.replicas} workers: the gang of {size.replicas} restarts with them after its next checkpoint",
+        f"room for {grow_to} of {seen.replicas} workers: the gang of {size.workers} restarts with them after its next checkpoint",
     )
     after = (progress.checkpoint_step or 0) if progress else 0
     p.update(size=size.model_copy(update={"grow_to": grow_to, "grow_after_step": after}))

@@ -53,7 +53,7 @@ class Pass:
 
 def size_on_record(seen: Observed, p: Pass) -> GangSize:
     """The size on record; before the first gang, the whole gang's (no gang is sized yet)."""
-    return p.status.size or GangSize(gang=-1, replicas=seen.replicas, least=seen.replicas)
+    return p.status.size or GangSize(gang=-1, workers=seen.replicas, next_min_workers=seen.replicas)
 
 
 def update_size(seen: Observed, p: Pass, **changes: Any) -> None:
@@ -63,17 +63,17 @@ def update_size(seen: Observed, p: Pass, **changes: Any) -> None:
 def gang_size(p: Pass) -> int | None:
     """Workers of the current gang, or None while it is not yet sized (created)."""
     size = p.status.size
-    return size.replicas if size and size.gang == p.status.gang else None
+    return size.workers if size and size.gang == p.status.gang else None
 
 
-def expected(seen: Observed, p: Pass) -> int:
+def current_gang_size(seen: Observed, p: Pass) -> int:
     """Workers the current gang has, or will have as far as is known yet."""
     return gang_size(p) or seen.replicas
 
 
-def least(seen: Observed, p: Pass) -> int:
+def next_min_workers(seen: Observed, p: Pass) -> int:
     """The fewest workers the next gang may start with, within the spec as it is now."""
-    return min(seen.replicas, max(seen.min_workers, size_on_record(seen, p).least))
+    return min(seen.replicas, max(seen.min_workers, size_on_record(seen, p).next_min_workers))
 
 
 def of_replicas(seen: Observed, workers: int) -> str:

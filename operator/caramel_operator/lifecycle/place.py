@@ -10,7 +10,7 @@ from caramel.contract.api import GangPlacement, PlacedBy, PlacementPolicy
 from caramel_operator.gang_placement import NoRoom, Outcome, Placed, Unreadable, placed_by
 from caramel_operator.lifecycle.actions import PlaceGang
 from caramel_operator.lifecycle.observed import Observed
-from caramel_operator.lifecycle.passes import Pass, least, update_size
+from caramel_operator.lifecycle.passes import Pass, next_min_workers, update_size
 from caramel_operator.lifecycle.status import parse_timestamp, timestamp
 from caramel_operator.observe import WorkerObservation
 
@@ -34,7 +34,7 @@ def placement(seen: Observed, p: Pass, current: dict[int, WorkerObservation], sa
         p.update(placement=found)
         return found
     if recorded is None or recorded.retry_after is None or p.now >= parse_timestamp(recorded.retry_after):
-        request = PlaceGang(sample_pod, fewest=fewest_to_place(seen, p, recorded), most=seen.replicas)
+        request = PlaceGang(sample_pod, min_workers=min_workers_to_place(seen, p, recorded), replicas=seen.replicas)
         if seen.placement is None:
             p.reads.append(request)
             return None
@@ -50,16 +50,16 @@ def creatable(placement: GangPlacement) -> bool:
     return placement.by is not PlacedBy.RSTORM or bool(placement.workers)
 
 
-def fewest_to_place(seen: Observed, p: Pass, recorded: GangPlacement | None) -> int:
-    """`least`, or spec.workers.minReplicas once R-Storm has found no room for the gang for the
+def min_workers_to_place(seen: Observed, p: Pass, recorded: GangPlacement | None) -> int:
+    """`next_min_workers`, or spec.workers.minReplicas once R-Storm has found no room for the gang for the
     gang scheduling timeout."""
     timeout = seen.settings.gang_scheduling_timeout_seconds
     waited = recorded is not None and recorded.waiting_since is not None and (
         p.now - parse_timestamp(recorded.waiting_since)
     ).total_seconds() >= timeout
-    fewest = least(seen, p)
-    if not waited or seen.min_workers >= fewest:
-        return fewest
+    at_least = next_min_workers(seen, p)
+    if not waited or seen.min_workers >= at_least:
+        return at_least
     update_size(seen, p, reason=f"the whole gang did not fit within the gang scheduling timeout ({timeout:.0f} s)")
     return seen.min_workers
 

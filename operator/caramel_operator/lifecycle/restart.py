@@ -15,7 +15,7 @@ from caramel_operator.lifecycle.elastic import elastic_goes_on, note_rejoined
 from caramel_operator.lifecycle.failures import failures as failures_of, what_failed
 from caramel_operator.lifecycle.finish import fail
 from caramel_operator.lifecycle.observed import Observed
-from caramel_operator.lifecycle.passes import Pass, expected, size_on_record, update_size
+from caramel_operator.lifecycle.passes import Pass, current_gang_size, size_on_record, update_size
 from caramel_operator.lifecycle.status import parse_timestamp, timestamp
 from caramel_operator.observe import INVALID_IMAGE, LOST_REASONS, WorkerObservation, WorkerState
 
@@ -36,7 +36,7 @@ def gang_stuck(seen: Observed, p: Pass, current: dict[int, WorkerObservation]) -
     resize), or else releases it all, so that the held resources can serve the gang as a
     whole later (or another job), and retries with backoff. A gang scheduler's admission
     (spec.runPolicy.schedulingPolicy: Kueue, Volcano) avoids this."""
-    if len(current) < expected(seen, p) or p.status.phase is Phase.RUNNING:
+    if len(current) < current_gang_size(seen, p) or p.status.phase is Phase.RUNNING:
         return False
     unschedulable = [w for w in current.values() if w.pending_reason == "Unschedulable"]
     holding = [w for w in current.values() if w.scheduled]
@@ -53,11 +53,11 @@ def gang_stuck(seen: Observed, p: Pass, current: dict[int, WorkerObservation]) -
     )
     if len(holding) >= seen.min_workers:
         why = f"{len(unschedulable)} stayed unschedulable for the gang scheduling timeout ({timeout:.0f} s)"
-        restart(seen, p, f"{what}: the gang runs with the {len(holding)} scheduled", "GangResized", least=len(holding), why=why)
+        restart(seen, p, f"{what}: the gang runs with the {len(holding)} scheduled", "GangResized", next_min_workers=len(holding), why=why)
         return True
     worker = min(unschedulable, key=lambda w: w.index)
     failure = WorkerFailure(worker=worker.name, reason="GangUnschedulable", message=worker.pending_message)
-    restart(seen, p, f"released the partly scheduled gang: {what}", "GangUnschedulable", failure=failure, least=expected(seen, p))
+    restart(seen, p, f"released the partly scheduled gang: {what}", "GangUnschedulable", failure=failure, next_min_workers=current_gang_size(seen, p))
     return True
 
 
@@ -79,13 +79,13 @@ def worker_failed(seen: Observed, p: Pass, current: dict[int, WorkerObservation]
         # Their room went with them: the survivors fit, and R-Storm places more where they do.
         names = ", ".join(f"{f.worker} ({f.reason})" for f in lost)
         why = f"{names} {'was' if len(lost) == 1 else 'were'} lost"  # e.g. demo-worker-3 (NodeLost) was lost
-        restart(seen, p, what, "WorkerFailed", failure=failure, least=expected(seen, p) - len(lost), why=why)
+        restart(seen, p, what, "WorkerFailed", failure=failure, next_min_workers=current_gang_size(seen, p) - len(lost), why=why)
         return True
     # The gang before fit. R-Storm sees whether more do now; the scheduler is asked for the
     # whole gang again, and the gang scheduling timeout shrinks it if that does not fit.
     placement = p.status.placement
     placed_by_rstorm = placement is not None and placement.gang == p.status.gang and placement.by is PlacedBy.RSTORM
-    restart(seen, p, what, "WorkerFailed", failure=failure, least=expected(seen, p) if placed_by_rstorm else seen.replicas)
+    restart(seen, p, what, "WorkerFailed", failure=failure, next_min_workers=current_gang_size(seen, p) if placed_by_rstorm else seen.replicas)
     return True
 
 
@@ -107,7 +107,7 @@ def script_error(seen: Observed, p: Pass, current: dict[int, WorkerObservation],
 
 
 def restart(
-    seen: Observed, p: Pass, what: str, reason: str, *, least: int, failure: WorkerFailure | None = None, why: str | None = None
+    seen: Observed, p: Pass, what: str, reason: str, *, next_min_workers: int, failure: WorkerFailure | None = None, why: str | None = None
 ) -> None:
     """Delete the whole gang and start a new one of at least `least` workers (never fewer than
     spec.workers.minReplicas); `why`, where given, is why it may have fewer than replicas.
@@ -117,7 +117,7 @@ def restart(
     failure) does neither: nothing failed, the gang's size changes, and the new gang resumes
     from the latest checkpoint at once."""
     current = [w for w in seen.workers if w.gang == p.status.gang]
-    shrinking = least < expected(seen, p)
+    shrinking = next_min_workers < current_gang_size(seen, p)
     limit = seen.policy.backoff_limit
     restarts, waited, backoff = p.status.restarts, p.status.backed_off_restarts, 0.0
     if failure is not None:
@@ -138,7 +138,7 @@ def restart(
         restart_after=timestamp(p.now + timedelta(seconds=backoff)),
         replacing=[],  # the new gang starts whole
     )
-    update_size(seen, p, least=max(seen.min_workers, least), reason=size_on_record(seen, p).reason if why is None else why)
+    update_size(seen, p, next_min_workers=max(seen.min_workers, next_min_workers), reason=size_on_record(seen, p).reason if why is None else why)
     if failure is not None:
         when = f"in {backoff:.0f} s" if backoff else "at once"
         message = f"{what}; restarting the whole gang ({restarts + p.status.replaced_workers} of {limit}) {when}"

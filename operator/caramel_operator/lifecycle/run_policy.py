@@ -56,7 +56,7 @@ def resume(seen: Observed, p: Pass) -> None:
     # starts again, as a Kubernetes Job's does: a suspended job is not running. The
     # resumed gang asks for every worker again, as a new job's does.
     p.update(gang=p.status.gang + 1, message="", start_time=timestamp(p.now))
-    update_size(seen, p, least=seen.replicas)
+    update_size(seen, p, next_min_workers=seen.replicas)
     p.condition(ConditionType.SUSPENDED, False, "Resumed", "spec.runPolicy.suspend is false")
     p.event("Normal", "Resumed", "creating the worker gang again")
 

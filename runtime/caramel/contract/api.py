@@ -769,12 +769,12 @@ class GangSize(ApiModel):
     """How many workers the gang runs with (spec.workers.minReplicas to replicas), and why."""
 
     gang: int
-    """The gang generation whose size `replicas` is; a newer gang is sized when it is created."""
+    """The gang generation whose size `workers` is; a newer gang is sized when it is created."""
 
-    replicas: int
-    """Workers of the gang: spec.workers.replicas, or fewer while they do not all fit."""
+    workers: int
+    """Workers of the gang (its gang size): spec.workers.replicas, or fewer while they do not all fit."""
 
-    least: int
+    next_min_workers: int
     """The fewest workers the next gang may start with before it has waited the gang scheduling
     timeout: spec.workers.replicas at first; after a failure, the size of the gang before where
     R-Storm places (it places more where they fit) and every worker where the scheduler does; the
@@ -794,6 +794,16 @@ class GangSize(ApiModel):
 
     grow_after_step: int = 0
     """The step of rank 0's latest checkpoint when the room was found: a later one ends the wait."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_former_names(cls, value: Any) -> Any:
+        # A job's status written by an operator from before the size's fields were renamed
+        # (replicas -> workers, least -> nextMinWorkers): an upgraded operator takes it over.
+        if isinstance(value, dict) and {"replicas", "least"} & value.keys():
+            former = {"replicas": "workers", "least": "nextMinWorkers"}
+            return {former.get(key, key): field for key, field in value.items()}
+        return value
 
 
 class CaramelJobStatus(ApiModel):

@@ -14,10 +14,10 @@ from __future__ import annotations
 ELASTIC_MARK = "elastic gang of"
 
 
-def elastic_notice(workers: int, fewest: int) -> str:
+def elastic_notice(workers: int, min_workers: int) -> str:
     """Rank 0's line for a gang that runs elastic."""
     return (
-        f"{ELASTIC_MARK} {workers} workers, down to {fewest} (spec.workers.minReplicas): a lost worker's peers roll back "
+        f"{ELASTIC_MARK} {workers} workers, down to {min_workers} (spec.workers.minReplicas): a lost worker's peers roll back "
         "to their last commit and go on without it; a worker that comes back joins at their next commit"
     )
 

@@ -151,18 +151,18 @@ class OpenRound:
 
 class Rounds:
     """The rounds of one gang: who has joined the open one, and the rounds closed, each with the
-    store Horovod's collectives meet at. `fewest` is the fewest workers a later round may close
+    store Horovod's collectives meet at. `min_workers` is the fewest workers a later round may close
     with (the whole gang where unset: a fixed gang has one round)."""
 
     def __init__(
         self,
         gang: Sequence[Host],
-        fewest: int | None = None,
+        min_workers: int | None = None,
         settle_seconds: float = SETTLE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.gang = tuple(gang)
-        self.fewest = len(self.gang) if fewest is None else fewest
+        self.min_workers = len(self.gang) if min_workers is None else min_workers
         self.settle_seconds = settle_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -276,7 +276,7 @@ class Rounds:
             self._close()
         elif (
             self._clock() - self._last_join >= self.settle_seconds
-            and len(self._joined) >= self.fewest
+            and len(self._joined) >= self.min_workers
             and self.gang[0].name in self._joined
             and not any(self._survivor_may_come(name) for name in missing)
         ):
@@ -420,9 +420,9 @@ class RendezvousServer:
     rendezvous timeout, as the workers wait for each other."""
 
     def __init__(
-        self, port: int, gang: Sequence[Host], fewest: int | None = None, store_patience_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS
+        self, port: int, gang: Sequence[Host], min_workers: int | None = None, store_patience_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS
     ) -> None:
-        self.rounds = Rounds(gang, fewest)
+        self.rounds = Rounds(gang, min_workers)
         self._httpd = _Server(port, self.rounds, store_patience_seconds)
         # The server looks for `stop()` this often (http.server's default, 0.5 s, was up to half of
         # the 2 s a stopped worker 0 has to exit in).
