@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # requirement on the full `tensorflow` would install a second TensorFlow.
 WITHOUT_DEPENDENCIES := $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['caramel']['without-dependencies'])")
 
-.PHONY: setup test test-fast test-process crd rbac clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
+.PHONY: setup test test-fast test-process test-recovery crd rbac clean bench bench-zoo bench-topology bench-horovod-scripts bench-needs-root
 
 # The CRD and the API reference (docs/api.md) are generated from the API models; tests fail when a
 # committed copy drifts.
@@ -55,15 +55,19 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 
 # The unit tests, and the tests that start processes (marker process, put on by tests/process_marks.py:
 # workers, the operator, the emulator, caramel, helm, mypy, docker, ...), each on pytest-xdist's
-# workers. Two tests side by side never share a port: each xdist worker picks its jobs' ports from
-# a range of its own (testbed/ports.py). Tests that share a module's run of a job are one
+# workers; the recovery runs (marker recovery: training broken mid-run on purpose, or resumed) by
+# themselves, which CI runs after make test. Two tests side by side never share a port: each xdist
+# worker picks its jobs' ports from a range of its own (testbed/ports.py). Tests that share a module's run of a job are one
 # xdist_group, which one worker runs (loadgroup). PROCESS_WORKERS=1 runs them one at a time.
 TEST_WORKERS ?= 2
 PROCESS_WORKERS ?= 2
 FAST_TESTS = $(VENV_PYTHON) -m pytest -m 'not process' -n $(TEST_WORKERS) --dist loadgroup
-PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m process $(if $(filter-out 1,$(PROCESS_WORKERS)),-n $(PROCESS_WORKERS) --dist loadgroup)
+PROCESS_XDIST = $(if $(filter-out 1,$(PROCESS_WORKERS)),-n $(PROCESS_WORKERS) --dist loadgroup)
+PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m 'process and not recovery' $(PROCESS_XDIST)
+RECOVERY_TESTS = $(VENV_PYTHON) -m pytest -m recovery $(PROCESS_XDIST)
 
-# The whole suite, the unit tests first: a red one fails at once, before the slow part starts.
+# The suite but its recovery runs (make test-recovery), the unit tests first: a red one fails at
+# once, before the slow part starts. At most 18 minutes on 2 cores.
 # The tests cover the benchmarks too, whose extra (matplotlib) the bench set-up installs.
 test: setup $(VENV)/.bench-done
 	@echo "--- the unit tests (make test-fast)"
@@ -77,6 +81,11 @@ test-fast: setup $(VENV)/.bench-done
 
 test-process: setup $(VENV)/.bench-done
 	$(PROCESS_TESTS) $(PYTEST_ARGS)
+
+# The end-to-end runs that break training mid-run on purpose or resume it, and check that it ends
+# as an unbroken run does (marker recovery): CI runs them after make test.
+test-recovery: setup $(VENV)/.bench-done
+	$(RECOVERY_TESTS) $(PYTEST_ARGS)
 
 # The scheduling benchmark (benchmarks/README.md). It builds network namespaces, a bridge, tc
 # shaping and an iptables rule, hence root. Arguments: make bench BENCH_ARGS="--profiles resnet50".

@@ -5,8 +5,8 @@ process, including tests written later by someone who never heard of it. A test 
 its code, its fixtures' code, or the code it calls (the suite's, testbed's, the benchmarks',
 Caramel's and the operator's; followed through modules, what making a class runs and the methods
 the code names, nested functions, tables of cases) names a way to start a process: the subprocess
-or multiprocessing modules, os.fork and its kin, asyncio's subprocesses. Tests marked e2e, docker
-or cluster start processes by what they are.
+or multiprocessing modules, os.fork and its kin, asyncio's subprocesses. Tests marked e2e, recovery,
+docker or cluster start processes by what they are.
 
 The reading cannot follow a method called on an object that the code under test was handed, so an
 unmarked test runs with process creation watched: one that starts a process fails, telling its
@@ -30,7 +30,7 @@ import pytest
 
 PROCESS = "process"
 UNIT_TEST_SECONDS = 120
-_STARTS_PROCESSES = ("e2e", "docker", "cluster")
+_STARTS_PROCESSES = ("e2e", "recovery", "docker", "cluster")
 # The packages whose code is read, besides tests/ itself; the rest (TensorFlow, kopf, ...) is not.
 _READ_PACKAGES = ("testbed", "benchmarks", "caramel", "caramel_operator")
 _TESTS = os.path.dirname(os.path.abspath(__file__))

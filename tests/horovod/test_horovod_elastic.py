@@ -201,6 +201,7 @@ def steps_of(output: str) -> list[tuple[int, int, float]]:
     return [(int(step), int(ranks), float(at)) for step, ranks, at in STEP.findall(output)]
 
 
+@pytest.mark.recovery
 @pytest.mark.e2e
 @needs_horovod
 @pytest.mark.timeout(600)
@@ -243,6 +244,7 @@ def test_an_elastic_gang_loses_a_worker_rolls_back_to_its_last_commit_and_takes_
     assert sorted(final) == [0, 1, 2] and len(set(final.values())) == 1, final
 
 
+@pytest.mark.recovery
 @pytest.mark.e2e
 @needs_horovod
 @pytest.mark.timeout(600)
@@ -341,6 +343,7 @@ def reference_weights(sizes: dict[int, int], steps: int) -> np.ndarray:
     return w
 
 
+@pytest.mark.recovery
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("backend", [pytest.param("horovod", marks=needs_horovod), "tensorflow"])

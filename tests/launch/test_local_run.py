@@ -78,6 +78,7 @@ def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
 TENSORFLOW_DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 10
 
 
+@pytest.mark.recovery
 def test_a_rank_without_cpu_for_longer_than_tensorflows_heartbeat_timeout_does_not_fail_the_job(tmp_path):
     """On the tensorflow backend a rank that got no CPU for 10 s (a 4-rank job starting on 2 busy
     cores) failed the gang: "The following tasks are unhealthy (stopped sending heartbeats)". A
@@ -116,6 +117,7 @@ def test_stopping_caramel_stops_every_worker(tmp_path, signum, exit_code, messag
     assert_all_gone(everything)
 
 
+@pytest.mark.recovery
 def test_resume_continues_exactly_where_the_checkpoint_left_off_with_every_ranks_restored_learning_rate(tmp_path):
     """A run resumed from a checkpoint ends where an uninterrupted run does. Rank 0 restores the
     checkpoint, learning rate included, and every rank takes its values: the second half is
@@ -158,6 +160,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off_with_every_ranks
     assert "steps 30/30   none left to run: resumed from a checkpoint at step 30" in again.stderr
 
 
+@pytest.mark.recovery
 @pytest.mark.timeout(600)
 def test_a_lost_worker_shrinks_the_gang_which_resumes_from_its_checkpoint_with_the_loss_going_on(tmp_path):
     """spec.workers.minReplicas: a worker the machine kills (SIGKILL, as its out-of-memory killer
@@ -242,6 +245,7 @@ def test_a_crashing_script_shows_its_traceback(tmp_path):
     assert "ValueError: bad shard 7" in tail and "loading data" in tail
 
 
+@pytest.mark.recovery
 @pytest.mark.timeout(900)
 def test_a_killed_worker_restarts_the_gang_which_resumes_from_its_checkpoint(tmp_path):
     """One trial of the worker fault campaign (`python -m testbed.fault_campaigns` runs ten, of
@@ -254,6 +258,7 @@ def test_a_killed_worker_restarts_the_gang_which_resumes_from_its_checkpoint(tmp
     assert trial.ok, trial.detail
 
 
+@pytest.mark.recovery
 @pytest.mark.timeout(300)
 def test_worker_0_waits_for_a_peer_that_starts_late(tmp_path):
     """Gloo's rendezvous timeout was its default, 30 s: worker 0 aborted ("Wait timeout after 30

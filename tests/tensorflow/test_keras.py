@@ -31,6 +31,7 @@ def keras_job(tmp_path, directory: str, epochs: int, steps_per_execution: int = 
     return write_manifest(tmp_path, manifest, filename=f"{directory}-{epochs}.yaml")
 
 
+@pytest.mark.recovery
 def test_fit_resumes_at_the_checkpointed_epoch_with_the_weights_of_an_uninterrupted_run(tmp_path):
     straight = run_caramel("run", str(keras_job(tmp_path, "straight", 4)))
     assert straight.returncode == 0, straight.stderr
