@@ -294,7 +294,9 @@ def test_an_operator_restart_mid_job_neither_duplicates_nor_orphans(namespace, o
     assert job["status"]["restarts"] == 0
 
 
-REFUSED = [bad for bad in HAND_WRITTEN if validate_object(yaml.safe_load((REPO / "manifests" / "crd.yaml").read_text()), bad.manifest)]
+# The hand-written bad jobs that the CRD itself refuses (the rest only the operator does).
+_CRD = yaml.safe_load((REPO / "manifests" / "crd.yaml").read_text())
+REFUSED = [bad for bad in HAND_WRITTEN if validate_object(_CRD, bad.manifest)]
 
 
 @pytest.mark.parametrize("bad", REFUSED, ids=lambda bad: bad.title)

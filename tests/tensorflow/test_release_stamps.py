@@ -52,5 +52,7 @@ def test_the_last_layers_backward_pass_before_the_first_gradient_reaches_the_pla
     communicator.measure_own_step()
     (observed,) = communicator.control.replanner._recent  # noqa: SLF001 (what the next search plans with)
     costs = measured_costs([TensorCost(16, 4)] * 2, observed.backward_seconds)
-    # The plans see the first gradient come no earlier than that backward pass ends.
-    assert release_times(costs)[-1] >= LAST_LAYERS_BACKWARD_SECONDS
+    # The plans see the first gradient come no earlier than that backward pass ends (were the span
+    # from the step's start not counted, about 0 s). The start's stamp has no input, so nothing orders it before
+    # the sleep: on a loaded machine it once ran a little after the sleep began (make test-fast).
+    assert release_times(costs)[-1] >= 0.8 * LAST_LAYERS_BACKWARD_SECONDS
