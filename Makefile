@@ -57,8 +57,9 @@ $(VENV)/.setup-done: pyproject.toml Makefile scripts/install-k8s-tools.sh script
 # workers, the operator, the emulator, caramel, helm, mypy, docker, ...), each on pytest-xdist's
 # workers; the recovery runs (marker recovery: training broken mid-run on purpose, or resumed) by
 # themselves, which CI runs after make test. Two tests side by side never share a port: each xdist
-# worker picks its jobs' ports from a range of its own (testbed/ports.py). Tests that share a module's run of a job are one
-# xdist_group, which one worker runs (loadgroup). PROCESS_WORKERS=1 runs them one at a time.
+# worker picks its jobs' ports from a range of its own (testbed/ports.py). Tests that share a
+# module's run of a job are one xdist_group, which one worker runs (loadgroup). PROCESS_WORKERS=1
+# runs them one at a time.
 TEST_WORKERS ?= 2
 PROCESS_WORKERS ?= 2
 FAST_TESTS = $(VENV_PYTHON) -m pytest -m 'not process' -n $(TEST_WORKERS) --dist loadgroup

@@ -117,8 +117,8 @@ def place(
     replicas: int,
 ) -> Placed | NoRoom:
     """R-Storm's placement of the job's gang of `worker_pod`s (worker 0's pod as built) over the
-    cluster's `nodes`, less what `pods` request: the most workers from `min_workers` to `replicas` that fit
-    (`largest_fit`), or NoRoom saying what is short of `min_workers`."""
+    cluster's `nodes`, less what `pods` request: the most workers from `min_workers` to `replicas`
+    that fit (`largest_fit`), or NoRoom saying what is short of `min_workers`."""
     spec = worker_pod["spec"]
     admitted = [node for node in nodes if admits(spec, node)]
     if nodes and not admitted:
@@ -131,7 +131,9 @@ def place(
             "or tainted without a matching toleration in spec.workers.template"
         )
     requests = pod_requests(worker_pod)
-    widest = Gang(workers=replicas, cpu=float(requests["cpu"]), memory=float(requests["memory"]), gpus=float(requests[GPU_RESOURCE]))
+    widest = Gang(
+        workers=replicas, cpu=float(requests["cpu"]), memory=float(requests["memory"]), gpus=float(requests[GPU_RESOURCE])
+    )
     gang = replace(widest, workers=largest_fit(free, widest, min_workers))
     try:
         placement = rstorm(free, gang)

@@ -37,13 +37,13 @@ restarted: the job fails at once with reason ScriptError, quoting the error (the
 `fails_at_once`), unless spec.runPolicy.restartOnScriptError.
 
 A gang may run with fewer workers than spec.workers.replicas, never fewer than minReplicas
-(status.size). Each gang starts with at least `next_min_workers` workers (status.size.nextMinWorkers), set when the gang before it
-ended: all of them for a new or resumed job; as many as the gang before after a failure (R-Storm
-places more where they fit; the scheduler, which cannot tell before, is asked for all of them);
-the survivors after workers were lost with their pods or nodes; the scheduled ones when the rest
-stayed unschedulable for the gang scheduling timeout (that restart is a resize: no backoff, not
-counted against backoffLimit). R-Storm places the most workers that fit, from `next_min_workers` up, and
-once a gang has found no room for the gang scheduling timeout, from minReplicas up. While a gang
+(status.size). Each gang starts with at least `next_min_workers` (status.size.nextMinWorkers),
+set when the gang before it ended: all of them for a new or resumed job; as many as the gang
+before after a failure (R-Storm places more where they fit; the scheduler, which cannot tell
+before, is asked for all of them); the survivors after workers were lost with their pods or
+nodes; the scheduled ones when the rest stayed unschedulable for the gang scheduling timeout
+(that restart is a resize: no backoff, not counted against backoffLimit). R-Storm places the most
+workers that fit, from `next_min_workers` up, and once a gang has found no room for the gang scheduling timeout, from minReplicas up. While a gang
 R-Storm placed runs short, the operator looks for room every gang scheduling timeout; room found,
 the gang restarts with the larger size after rank 0's next checkpoint (another resize).
 """

@@ -51,8 +51,8 @@ def creatable(placement: GangPlacement) -> bool:
 
 
 def min_workers_to_place(seen: Observed, p: Pass, recorded: GangPlacement | None) -> int:
-    """`next_min_workers`, or spec.workers.minReplicas once R-Storm has found no room for the gang for the
-    gang scheduling timeout."""
+    """`next_min_workers`, or spec.workers.minReplicas once R-Storm has found no room for the gang
+    for the gang scheduling timeout."""
     timeout = seen.settings.gang_scheduling_timeout_seconds
     waited = recorded is not None and recorded.waiting_since is not None and (
         p.now - parse_timestamp(recorded.waiting_since)

@@ -53,11 +53,14 @@ def gang_stuck(seen: Observed, p: Pass, current: dict[int, WorkerObservation]) -
     )
     if len(holding) >= seen.min_workers:
         why = f"{len(unschedulable)} stayed unschedulable for the gang scheduling timeout ({timeout:.0f} s)"
-        restart(seen, p, f"{what}: the gang runs with the {len(holding)} scheduled", "GangResized", next_min_workers=len(holding), why=why)
+        restart(
+            seen, p, f"{what}: the gang runs with the {len(holding)} scheduled", "GangResized", next_min_workers=len(holding), why=why
+        )
         return True
     worker = min(unschedulable, key=lambda w: w.index)
     failure = WorkerFailure(worker=worker.name, reason="GangUnschedulable", message=worker.pending_message)
-    restart(seen, p, f"released the partly scheduled gang: {what}", "GangUnschedulable", failure=failure, next_min_workers=current_gang_size(seen, p))
+    released = f"released the partly scheduled gang: {what}"
+    restart(seen, p, released, "GangUnschedulable", failure=failure, next_min_workers=current_gang_size(seen, p))
     return True
 
 
@@ -85,7 +88,8 @@ def worker_failed(seen: Observed, p: Pass, current: dict[int, WorkerObservation]
     # whole gang again, and the gang scheduling timeout shrinks it if that does not fit.
     placement = p.status.placement
     placed_by_rstorm = placement is not None and placement.gang == p.status.gang and placement.by is PlacedBy.RSTORM
-    restart(seen, p, what, "WorkerFailed", failure=failure, next_min_workers=current_gang_size(seen, p) if placed_by_rstorm else seen.replicas)
+    at_least = current_gang_size(seen, p) if placed_by_rstorm else seen.replicas
+    restart(seen, p, what, "WorkerFailed", failure=failure, next_min_workers=at_least)
     return True
 
 
@@ -107,9 +111,16 @@ def script_error(seen: Observed, p: Pass, current: dict[int, WorkerObservation],
 
 
 def restart(
-    seen: Observed, p: Pass, what: str, reason: str, *, next_min_workers: int, failure: WorkerFailure | None = None, why: str | None = None
+    seen: Observed,
+    p: Pass,
+    what: str,
+    reason: str,
+    *,
+    next_min_workers: int,
+    failure: WorkerFailure | None = None,
+    why: str | None = None,
 ) -> None:
-    """Delete the whole gang and start a new one of at least `least` workers (never fewer than
+    """Delete the whole gang and start a new one of at least `next_min_workers` (never fewer than
     spec.workers.minReplicas); `why`, where given, is why it may have fewer than replicas.
 
     After a failure the restart counts against backoffLimit (or the job fails there) and
@@ -138,7 +149,8 @@ def restart(
         restart_after=timestamp(p.now + timedelta(seconds=backoff)),
         replacing=[],  # the new gang starts whole
     )
-    update_size(seen, p, next_min_workers=max(seen.min_workers, next_min_workers), reason=size_on_record(seen, p).reason if why is None else why)
+    reason_for_size = size_on_record(seen, p).reason if why is None else why
+    update_size(seen, p, next_min_workers=max(seen.min_workers, next_min_workers), reason=reason_for_size)
     if failure is not None:
         when = f"in {backoff:.0f} s" if backoff else "at once"
         message = f"{what}; restarting the whole gang ({restarts + p.status.replaced_workers} of {limit}) {when}"
