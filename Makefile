@@ -68,7 +68,7 @@ PROCESS_TESTS = $(VENV_PYTHON) -m pytest -m 'process and not recovery' $(PROCESS
 RECOVERY_TESTS = $(VENV_PYTHON) -m pytest -m recovery $(PROCESS_XDIST)
 
 # The suite but its recovery runs (make test-recovery), the unit tests first: a red one fails at
-# once, before the slow part starts. At most 18 minutes on 2 cores.
+# once, before the slow part starts.
 # The tests cover the benchmarks too, whose extra (matplotlib) the bench set-up installs.
 test: setup $(VENV)/.bench-done
 	@echo "--- the unit tests (make test-fast)"
