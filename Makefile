@@ -76,7 +76,7 @@ test: setup $(VENV)/.bench-done
 	@echo "--- the tests that start processes (make test-process)"
 	$(PROCESS_TESTS) $(PYTEST_ARGS)
 
-# The unit tests only: no process started; at most 3 minutes on 2 cores.
+# The unit tests only: no process started; at most 2 minutes on 2 cores.
 test-fast: setup $(VENV)/.bench-done
 	$(FAST_TESTS) $(PYTEST_ARGS)
 
